@@ -1,0 +1,34 @@
+# pyserini-aligner: `make run` (the main job) and `make test`. Both set themselves up through `make install`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATASET ?= beir/scifact/test
+RUN_DIR ?= runs/$(subst /,_,$(DATASET))
+
+# Data: the BEIR zips beside the checkout, linked into a writable ir_datasets home (see README).
+BEIR_DIR_DEFAULT := $(abspath ../shared/data/beir)
+export PYSERINI_ALIGNER_BEIR_DIR ?= $(if $(wildcard $(BEIR_DIR_DEFAULT)/*.zip),$(BEIR_DIR_DEFAULT),)
+export IR_DATASETS_HOME ?= $(abspath .cache/ir_datasets)
+
+.PHONY: install run test clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[test]"
+	# an editable install skips the start-up hook that a wheel install puts in site-packages
+	cp pyserini_aligner.pth "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	touch $@
+
+run: install
+	$(BIN)/python -m eval.beir --dataset $(DATASET) --output $(RUN_DIR)
+
+test: install
+	$(BIN)/python -m pytest tests -q
+
+clean:
+	rm -rf $(VENV) .cache runs build *.egg-info

@@ -1,0 +1,34 @@
+"""``python -m eval.beir --dataset beir/scifact/test --systems bm25 --output runs/scifact``"""
+import argparse
+import logging
+import sys
+
+from eval.beir.harness import run_harness
+from eval.beir.systems import SYSTEMS
+from pyserini_aligner.data import DataError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.beir", description=__doc__)
+    parser.add_argument("--dataset", required=True, help="ir_datasets id (beir/scifact/test) or a local BEIR folder")
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), help=f"any of {', '.join(SYSTEMS)}")
+    parser.add_argument("--output", required=True, help="folder for runs, results.json and results.md")
+    parser.add_argument("--cache", default=".cache/indexes", help="folder for indexes (reused between runs)")
+    parser.add_argument("--hits", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss").setLevel(logging.WARNING)
+    try:
+        run_harness(args.dataset, args.systems, args.output, args.cache, hits=args.hits, threads=args.threads,
+                    progress=not args.quiet)
+    except (DataError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(open(f"{args.output}/results.md", encoding="utf-8").read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

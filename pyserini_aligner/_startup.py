@@ -1,0 +1,67 @@
+"""Interpreter start-up hook, run from ``pyserini_aligner.pth`` (and on ``import pyserini_aligner``).
+
+It installs one import hook and imports nothing heavy: the work happens only when Pyserini's own
+modules are imported. Hooks, by module name:
+
+- ``jnius`` (before it starts the JVM): pick a Java >= 21 and drop JVM options the runtime lacks;
+- ``pyserini.encode._openai``: let it import when ``OPENAI_API_KEY`` is unset;
+- ``pyserini.encode`` (after): register the ``aligner`` encoders in Pyserini's encoder maps;
+- ``pyserini.search.faiss._searcher`` (after): ``FaissSearcher(<aligner index>, ...)`` gives an ``AlignerSearcher``;
+- ``pyserini.search.lucene.__main__`` (run by ``python -m``): an AligneR ``--index`` is searched with AligneR.
+"""
+import importlib.abc
+import importlib.machinery
+import sys
+
+_HOOKED = frozenset({
+    "jnius",
+    "pyserini.encode",
+    "pyserini.encode._openai",
+    "pyserini.search.faiss._searcher",
+    "pyserini.search.lucene.__main__",
+})
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Wraps the real loader of a hooked module; everything not overridden is delegated."""
+
+    def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
+        self._inner = inner
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(self._inner, attr)
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        from pyserini_aligner.integration import hooks
+
+        hooks.exec_hooked(self._name, self._inner, module)
+
+    def get_code(self, fullname: str):
+        """``runpy`` (``python -m``) executes this code object instead of calling ``exec_module``."""
+        from pyserini_aligner.integration import hooks
+
+        return hooks.main_code(self._name, self._inner) or self._inner.get_code(fullname)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in _HOOKED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _HookedLoader(spec.loader, name)
+        return spec
+
+
+def install() -> None:
+    """Put the hook first on ``sys.meta_path`` (idempotent)."""
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+install()

@@ -1,0 +1,215 @@
+"""Sparse alignment scoring (AligneR): score = Σ S∘A / Σ A with A = Ã ∘ (u^q ⊗ u^d).
+
+Ã is the pairwise alignment of query token i to doc token j chosen from S = Q·Dᵀ: top-k per query
+token (k=1 is ColBERT's MaxSim), top-p (⌊p·m⌋ tokens, at least 1, m = real doc length) or
+differentiable alignment "da" (each row is the entropy-regularised top-k LP of salience.py).
+Padded positions are never aligned and never change a score, whatever values they hold.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pyserini_aligner.salience import solve_entropic_lp
+
+_FORMS = "'top-k:K' (integer K >= 1), 'top-p:P' (0 < P <= 1) or 'da:K:EPS' (K > 0, EPS > 0)"
+_CHUNK_ELEMENTS = 1 << 25  # similarity entries materialised at once by alignment_scores
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Alignment strategy: kind "top-k" (uses k), "top-p" (uses p) or "da" (uses k and eps)."""
+
+    kind: str
+    k: float = 1.0
+    p: float = 0.0
+    eps: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("k", "p", "eps"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"strategy {name} must be finite, got {getattr(self, name)}")
+        if self.kind == "top-k":
+            if self.k < 1 or not float(self.k).is_integer():
+                raise ValueError(f"top-k needs an integer k >= 1, got {self.k}")
+        elif self.kind == "top-p":
+            if not 0.0 < self.p <= 1.0:
+                raise ValueError(f"top-p needs 0 < p <= 1, got {self.p}")
+        elif self.kind == "da":
+            if not (self.k > 0 and self.eps > 0):
+                raise ValueError(f"da needs k > 0 and eps > 0, got k={self.k}, eps={self.eps}")
+        else:
+            raise ValueError(f"strategy kind must be 'top-k', 'top-p' or 'da', got {self.kind!r}")
+
+    def __str__(self) -> str:
+        if self.kind == "top-k":
+            return f"top-k:{_fmt(self.k)}"
+        if self.kind == "top-p":
+            return f"top-p:{_fmt(self.p)}"
+        return f"da:{_fmt(self.k)}:{_fmt(self.eps)}"
+
+
+def parse_strategy(spec: str | Strategy) -> Strategy:
+    """Strategy from "top-k:1", "top-p:0.015" or "da:4:0.04" (a Strategy is returned as is)."""
+    if isinstance(spec, Strategy):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"alignment strategy must be a string, got {type(spec).__name__}; expected {_FORMS}")
+    parts = spec.strip().split(":")
+    n_args = {"top-k": 1, "top-p": 1, "da": 2}.get(parts[0])
+    if n_args is None or len(parts) != n_args + 1:
+        raise ValueError(f"bad alignment strategy {spec!r}; expected {_FORMS}")
+    try:
+        nums = [float(v) for v in parts[1:]]
+        if parts[0] == "top-k":
+            return Strategy("top-k", k=nums[0])
+        if parts[0] == "top-p":
+            return Strategy("top-p", p=nums[0])
+        return Strategy("da", k=nums[0], eps=nums[1])
+    except ValueError as err:
+        raise ValueError(f"bad alignment strategy {spec!r} ({err}); expected {_FORMS}") from None
+
+
+def _per_doc_k(d_mask: Tensor, strategy: Strategy) -> tuple[Tensor | None, int]:
+    """(per-doc count [...] or None for a constant count, static upper bound on the count)."""
+    m = d_mask.shape[-1]
+    if strategy.kind == "top-k":
+        return None, min(int(strategy.k), m)
+    bound = max(math.floor(strategy.p * m + 1e-9), 1)
+    k_doc = torch.floor(d_mask.sum(-1).double() * strategy.p + 1e-9).clamp_min(1).long()
+    return k_doc, min(bound, m)
+
+
+def _topk_select(sim: Tensor, d_mask: Tensor, strategy: Strategy) -> tuple[Tensor, Tensor, Tensor]:
+    """Top entries per row of sim [..., n, m] (padded columns excluded, modified in place).
+
+    Returns (values [..., n, K], doc positions [..., n, K], kept [..., n, K] bool); values of
+    entries not kept are 0.
+    """
+    k_doc, n_top = _per_doc_k(d_mask, strategy)
+    if n_top == 0:
+        empty = sim[..., :0]
+        return empty, empty.long(), empty.bool()
+    cols = d_mask.unsqueeze(-2).expand_as(sim)
+    sim.masked_fill_(~cols, -math.inf)
+    vals, idx = sim.topk(n_top, dim=-1)
+    kept = cols.gather(-1, idx)
+    if k_doc is not None:
+        rank = torch.arange(n_top, device=sim.device)
+        kept = kept & (rank < k_doc.unsqueeze(-1).unsqueeze(-1))
+    return torch.where(kept, vals, torch.zeros_like(vals)), idx, kept
+
+
+def alignment_weights(sim: Tensor, d_mask: Tensor, strategy: Strategy | str) -> Tensor:
+    """Pairwise alignment Ã [..., n, m] from similarities sim [..., n, m] and d_mask [..., m] (bool).
+
+    top-k: per row the min(k, m_real) largest real entries get 1; top-p: k = max(floor(p·m_real), 1)
+    per doc; da: each row = solve_entropic_lp(row, k, eps, d_mask). Padded columns are 0.
+    """
+    strategy = parse_strategy(strategy)
+    d_mask = d_mask.to(torch.bool).expand(*sim.shape[:-2], sim.shape[-1])
+    if strategy.kind == "da":
+        return solve_entropic_lp(sim, strategy.k, strategy.eps, d_mask.unsqueeze(-2))
+    _, idx, kept = _topk_select(sim.detach().clone(), d_mask, strategy)
+    return torch.zeros_like(sim).scatter(-1, idx, kept.to(sim.dtype))
+
+
+def _score(sim: Tensor, q_w: Tensor, d_mask: Tensor, d_w: Tensor | None, strategy: Strategy) -> Tensor:
+    """Σ S∘A / Σ A over the last two dims; returns [...].
+
+    sim [..., n, m] (padded columns are overwritten in place), q_w [..., n] query weights (u^q, 0 at
+    padding), d_mask [..., m] bool, d_w [..., m] doc weights u^d or None.
+    """
+    d_mask = d_mask.expand(*sim.shape[:-2], sim.shape[-1])
+    if strategy.kind == "da":
+        sim.masked_fill_(~d_mask.unsqueeze(-2), 0.0)
+        lam = solve_entropic_lp(sim, strategy.k, strategy.eps, d_mask.unsqueeze(-2))
+        if d_w is not None:
+            lam = lam * d_w.unsqueeze(-2)
+        num, den = (lam * sim).sum(-1), lam.sum(-1)
+    else:
+        vals, idx, kept = _topk_select(sim, d_mask, strategy)
+        if d_w is None:
+            num, den = vals.sum(-1), kept.to(sim.dtype).sum(-1)
+        else:
+            w = d_w.unsqueeze(-2).expand(*sim.shape).gather(-1, idx) * kept
+            num, den = (vals * w).sum(-1), w.sum(-1)
+    num, den = (num * q_w).sum(-1), (den * q_w).sum(-1)
+    ok = den > 0
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def _prepare(
+    q: Tensor, q_mask: Tensor, d: Tensor, d_mask: Tensor, q_sal: Tensor | None, d_sal: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Validate shapes; zero padded query tokens and saliences (padded doc columns of S are masked later)."""
+    if q.dim() != 3 or d.dim() != 3 or q.shape[-1] != d.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and d {tuple(d.shape)} must be [B, len, dim] with equal dim")
+    if q_mask.shape != q.shape[:2] or d_mask.shape != d.shape[:2]:
+        raise ValueError(
+            f"q_mask {tuple(q_mask.shape)} / d_mask {tuple(d_mask.shape)} must match "
+            f"q {tuple(q.shape[:2])} / d {tuple(d.shape[:2])}"
+        )
+    for name, sal, ref in (("q_sal", q_sal, q_mask), ("d_sal", d_sal, d_mask)):
+        if sal is not None and sal.shape != ref.shape:
+            raise ValueError(f"{name} {tuple(sal.shape)} must have shape {tuple(ref.shape)}")
+    q_mask, d_mask = q_mask.to(device=q.device, dtype=torch.bool), d_mask.to(device=q.device, dtype=torch.bool)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    q = torch.where(q_mask.unsqueeze(-1), q, zero)
+    q_w = q_mask.to(q.dtype) if q_sal is None else torch.where(q_mask, q_sal.to(q.dtype), zero)
+    d_w = None if d_sal is None else torch.where(d_mask, d_sal.to(q.dtype), zero)
+    return q, q_w, d, d_mask, d_w
+
+
+def alignment_scores(
+    q: Tensor,
+    q_mask: Tensor,
+    d: Tensor,
+    d_mask: Tensor,
+    strategy: Strategy | str,
+    q_sal: Tensor | None = None,
+    d_sal: Tensor | None = None,
+) -> Tensor:
+    """Scores [Bq, Bd] of every query q [Bq, n, dim] against every doc d [Bd, m, dim].
+
+    Masks are bool (True = real token); q_sal [Bq, n] / d_sal [Bd, m] are unary saliences (None = 1).
+    Σ A = 0 gives 0. Computed in q's dtype; docs are processed in chunks to bound memory.
+    """
+    strategy = parse_strategy(strategy)
+    q, q_w, d, d_mask, d_w = _prepare(q, q_mask, d, d_mask, q_sal, d_sal)
+    per_doc = max(1, q.shape[0] * q.shape[1] * d.shape[1])
+    step = max(1, _CHUNK_ELEMENTS // per_doc)
+    out = []
+    for start in range(0, d.shape[0], step):
+        sl = slice(start, start + step)
+        sim = torch.einsum("qnh,bmh->qbnm", q, d[sl].to(q.dtype))
+        d_w_sl = None if d_w is None else d_w[sl].unsqueeze(0)
+        out.append(_score(sim, q_w.unsqueeze(1), d_mask[sl].unsqueeze(0), d_w_sl, strategy))
+    if not out:
+        return q.new_zeros(q.shape[0], 0)
+    return torch.cat(out, dim=1)
+
+
+def alignment_scores_paired(
+    q: Tensor,
+    q_mask: Tensor,
+    d: Tensor,
+    d_mask: Tensor,
+    strategy: Strategy | str,
+    q_sal: Tensor | None = None,
+    d_sal: Tensor | None = None,
+) -> Tensor:
+    """Scores [B] of query i (q [B, n, dim]) against doc i (d [B, m, dim]); arguments as in alignment_scores."""
+    strategy = parse_strategy(strategy)
+    if q.shape[0] != d.shape[0]:
+        raise ValueError(f"paired scoring needs as many queries as docs, got {q.shape[0]} and {d.shape[0]}")
+    q, q_w, d, d_mask, d_w = _prepare(q, q_mask, d, d_mask, q_sal, d_sal)
+    sim = torch.einsum("bnh,bmh->bnm", q, d.to(q.dtype))
+    return _score(sim, q_w, d_mask, d_w, strategy)

@@ -1,0 +1,1 @@
+"""Shipped AligneR checkpoints (folders loadable with AlignerModel.from_pretrained)."""

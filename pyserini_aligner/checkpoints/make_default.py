@@ -1,0 +1,46 @@
+"""Regenerate the shipped untrained default checkpoint: ``python -m pyserini_aligner.checkpoints.make_default``.
+
+It is a documented initialisation, not a trained model: MiniLM backbone as is, a seeded Gaussian projection
+384 → 128 (a random map roughly preserves inner products, so MaxSim over it behaves like MaxSim over MiniLM
+token states), salience heads W=0, b=1 (every real token equally salient) and use_salience=False.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerConfig, AlignerModel
+
+SEED = 0
+DESCRIPTION = ("Untrained AligneR initialisation: all-MiniLM-L6-v2 backbone unchanged, Gaussian projection "
+               f"384->128 (seed {SEED}, N(0, 1/384)), salience heads W=0 b=1, use_salience=false. "
+               "Regenerate with python -m pyserini_aligner.checkpoints.make_default.")
+
+
+def default_config() -> AlignerConfig:
+    """Config of the shipped untrained checkpoint."""
+    return AlignerConfig(backbone="minilm", hidden_size=384, dim=128, query_maxlen=64, doc_maxlen=256,
+                         keep_special=True, use_salience=False, salience_mode="lp", alpha_q=0.5, alpha_d=0.4,
+                         eps=0.002, default_strategy="top-k:1", description=DESCRIPTION)
+
+
+def make_default(output: Path = DEFAULT_CHECKPOINT) -> str:
+    """Write the checkpoint into ``output``; returns its fingerprint."""
+    model = AlignerModel(default_config())
+    model.reset_heads(seed=SEED)
+    model.save_pretrained(output)
+    return model.fingerprint()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint folder to write")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    print(f"wrote {args.output} (fingerprint {make_default(args.output)})")
+
+
+if __name__ == "__main__":
+    main()

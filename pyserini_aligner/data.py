@@ -1,0 +1,213 @@
+"""Corpora, queries and qrels: ir_datasets IDs (``beir/scifact/test``) or a local BEIR folder.
+
+With ``PYSERINI_ALIGNER_BEIR_DIR`` set to a folder of ``<name>.zip`` BEIR files, those files are linked
+into ir_datasets' cache layout (``$IR_DATASETS_HOME/beir/<name>/source.zip``) before loading, so that
+nothing is downloaded. Without it, ir_datasets' own download path is used unchanged.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+BEIR_DIR_ENV = "PYSERINI_ALIGNER_BEIR_DIR"
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message names the dataset, file or line."""
+
+
+@dataclass(frozen=True)
+class Doc:
+    docid: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """Title and body, as Pyserini's BEIR ``contents`` field."""
+        return f"{self.title} {self.text}".strip() if self.title else self.text
+
+
+def ir_datasets_home() -> Path:
+    return Path(os.environ.get("IR_DATASETS_HOME", Path.home() / ".ir_datasets"))
+
+
+def link_beir_sources(beir_dir: str | os.PathLike | None = None) -> list[str]:
+    """Link every ``<beir_dir>/<name>.zip`` to ``$IR_DATASETS_HOME/beir/<name>/source.zip``; returns the names."""
+    beir_dir = beir_dir or os.environ.get(BEIR_DIR_ENV)
+    if not beir_dir:
+        return []
+    source = Path(beir_dir)
+    if not source.is_dir():
+        raise DataError(f"{BEIR_DIR_ENV}={beir_dir!r} is not a folder")
+    names = []
+    for archive in sorted(source.glob("*.zip")):
+        target = ir_datasets_home() / "beir" / archive.stem / "source.zip"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            if target.is_symlink():  # dangling link left from another copy of the data
+                target.unlink()
+            target.symlink_to(archive.resolve())
+        names.append(archive.stem)
+    return names
+
+
+def quiet_ir_datasets() -> None:
+    """Keep ir_datasets' per-step INFO lines ("[starting] opening zip file") out of the console."""
+    from ir_datasets import log as irds_log
+
+    if getattr(irds_log.Logger, "_pyserini_aligner_quiet", False):
+        return
+    make_logger = irds_log.Logger.logger
+
+    def logger(self):
+        made = make_logger(self)
+        made.setLevel(max(made.level, logging.WARNING))
+        return made
+
+    irds_log.Logger.logger = logger
+    irds_log.Logger._pyserini_aligner_quiet = True
+
+
+def _open_ir_dataset(dataset_id: str):
+    linked = link_beir_sources()
+    import ir_datasets
+
+    quiet_ir_datasets()
+
+    try:
+        dataset = ir_datasets.load(dataset_id)
+    except KeyError as error:
+        raise DataError(f"unknown dataset ID {dataset_id!r}: ir_datasets has no such dataset "
+                        "(BEIR ids look like 'beir/scifact/test' or 'beir/nfcorpus/dev')") from error
+    parts = dataset_id.split("/")
+    if parts[0] == "beir" and len(parts) > 1 and os.environ.get(BEIR_DIR_ENV) and parts[1] not in linked:
+        raise DataError(f"data file missing for {dataset_id!r}: expected "
+                        f"{Path(os.environ[BEIR_DIR_ENV]) / (parts[1] + '.zip')} ({BEIR_DIR_ENV})")
+    return dataset
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    if not path.is_file():
+        raise DataError(f"data file missing: {path}")
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}, line {number}: expected a JSON object")
+            yield number, record
+
+
+def _field(record: dict, name: str, path: Path, number: int) -> str:
+    if name not in record:
+        raise DataError(f"{path}, line {number}: missing field {name!r}")
+    return str(record[name])
+
+
+class Dataset:
+    """One test collection: ``docs()``, ``queries()`` and ``qrels()``, from ir_datasets or a BEIR folder.
+
+    ``spec`` is an ir_datasets ID (``beir/scifact/test``) or a folder with ``corpus.jsonl``,
+    ``queries.jsonl`` and ``qrels/<split>.tsv`` (``split`` defaults to test).
+    """
+
+    def __init__(self, spec: str, split: str = "test") -> None:
+        self.spec = spec
+        self.folder = Path(spec) if Path(spec).is_dir() else None
+        self.split = split
+        self._ir = None if self.folder else _open_ir_dataset(spec)
+
+    @property
+    def name(self) -> str:
+        return f"{self.folder.name}/{self.split}" if self.folder else self.spec
+
+    def docs(self) -> Iterator[Doc]:
+        """Every document; raises DataError for an empty corpus."""
+        count = 0
+        if self.folder:
+            path = self.folder / "corpus.jsonl"
+            for number, record in _read_jsonl(path):
+                count += 1
+                yield Doc(_field(record, "_id", path, number), str(record.get("title") or ""),
+                          _field(record, "text", path, number))
+        else:
+            if not self._ir.has_docs():
+                raise DataError(f"{self.spec!r} has no documents")
+            for doc in self._ir.docs_iter():
+                count += 1
+                yield Doc(doc.doc_id, getattr(doc, "title", "") or "", doc.text)
+        if count == 0:
+            raise DataError(f"empty corpus: {self.folder / 'corpus.jsonl' if self.folder else self.spec}")
+
+    def queries(self) -> dict[str, str]:
+        """Query id → text (only queries that have qrels in this split, for a BEIR folder)."""
+        if self.folder:
+            path = self.folder / "queries.jsonl"
+            wanted = self.qrels()
+            queries = {}
+            for number, record in _read_jsonl(path):
+                qid = _field(record, "_id", path, number)
+                if qid in wanted:
+                    queries[qid] = _field(record, "text", path, number)
+            return queries
+        if not self._ir.has_queries():
+            raise DataError(f"{self.spec!r} has no queries (name a split, e.g. {self.spec}/test)")
+        return {query.query_id: query.text for query in self._ir.queries_iter()}
+
+    def qrels(self) -> dict[str, dict[str, int]]:
+        """Query id → {docid: relevance}."""
+        qrels: dict[str, dict[str, int]] = {}
+        if self.folder:
+            path = self.folder / "qrels" / f"{self.split}.tsv"
+            if not path.is_file():
+                raise DataError(f"data file missing: {path}")
+            with path.open(encoding="utf-8", newline="") as rows:
+                for number, row in enumerate(csv.reader(rows, delimiter="\t"), 1):
+                    if number == 1 and row and row[0] == "query-id":
+                        continue
+                    if len(row) != 3 or not row[2].lstrip("-").isdigit():
+                        raise DataError(f"{path}, line {number}: expected 'query-id<TAB>corpus-id<TAB>score'")
+                    qrels.setdefault(row[0], {})[row[1]] = int(row[2])
+            return qrels
+        if not self._ir.has_qrels():
+            raise DataError(f"{self.spec!r} has no qrels (name a split, e.g. {self.spec}/test)")
+        for qrel in self._ir.qrels_iter():
+            qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
+        return qrels
+
+
+def iter_corpus(spec: str) -> Iterator[tuple[str, str]]:
+    """(docid, contents) for every document of a dataset ID or BEIR folder."""
+    for doc in Dataset(spec).docs():
+        yield doc.docid, doc.contents
+
+
+def load_queries(spec: str) -> dict[str, str]:
+    return Dataset(spec).queries()
+
+
+def load_qrels(spec: str) -> dict[str, dict[str, int]]:
+    return Dataset(spec).qrels()
+
+
+def write_json_collection(docs: Iterator[Doc], folder: str | os.PathLike) -> int:
+    """Write ``docs`` as a Pyserini JsonCollection (``docs.jsonl`` with ``id`` and ``contents``); returns the count."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with (folder / "docs.jsonl").open("w", encoding="utf-8") as out:
+        for doc in docs:
+            out.write(json.dumps({"id": doc.docid, "contents": doc.contents}, ensure_ascii=False) + "\n")
+            count += 1
+    return count

@@ -1,0 +1,57 @@
+"""``python -m pyserini_aligner.index --corpus <JsonCollection | ir_datasets id> --index <dir> ...``
+(or ``--from-index <dir>`` to re-prune / re-FAISS an existing index without re-encoding)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pyserini_aligner.index.builder import DEFAULT_INDEX_TYPE, build_index, derive_index
+from pyserini_aligner.index.corpus import read_corpus
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.index",
+                                     description="Build a multi-vector AligneR index (token vectors + FAISS).")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", help="JsonCollection .jsonl/.json file or folder (fields id, contents), "
+                                         "or an ir_datasets id such as beir/scifact")
+    source.add_argument("--from-index", metavar="DIR",
+                        help="derive from an existing index without re-encoding (new --doc-prune/--index-type)")
+    parser.add_argument("--index", required=True, help="output index folder")
+    parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
+    parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
+                        help="fraction β^d of each document's most salient tokens put in FAISS (default 1.0)")
+    parser.add_argument("--index-type", default=None,
+                        help=f"FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), IVF256,Flat, IVF256,PQ16x8, HNSW32")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--max-docs", type=int, default=None, help="index only the first N documents")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
+    common = dict(progress=not args.quiet, overwrite=args.overwrite)
+    try:
+        if args.from_index:
+            manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,
+                                    **common)
+        else:
+            manifest = build_index(read_corpus(args.corpus), args.index, args.encoder,
+                                   doc_prune=1.0 if args.doc_prune is None else args.doc_prune,
+                                   index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
+                                   device=args.device, max_docs=args.max_docs, **common)
+    except (ValueError, OSError) as err:
+        sys.exit(f"error: {err}")
+    if not args.quiet:
+        print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
+              f"{manifest.num_kept} in FAISS ({manifest.index_type})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Corpus readers for indexing: Pyserini JsonCollection files/folders, or an ir_datasets id.
+
+Each reader yields ``(docid, text, Location)``; the location ("file, line N") is used in error messages.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+
+class Location(NamedTuple):
+    """Where a document came from, for error messages: ``<source>, line 12`` or ``<source>, document 12``."""
+
+    source: str
+    number: int
+    unit: str = "line"
+
+    def __str__(self) -> str:
+        return f"{self.source}, {self.unit} {self.number}"
+
+
+CorpusItem = tuple[str, str, Location]
+JSON_SUFFIXES = (".jsonl", ".json")
+
+
+class CorpusError(ValueError):
+    """Bad corpus input; the message names the file and line."""
+
+
+def collection_files(path: Path) -> list[Path]:
+    """The .jsonl/.json files of a JsonCollection: ``path`` itself, or those under the folder (sorted, recursive)."""
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in JSON_SUFFIXES)
+    if not files:
+        raise CorpusError(f"no .jsonl or .json files in the corpus folder {path}")
+    return files
+
+
+def _doc_from_record(record, where: Location) -> tuple[str, str]:
+    if not isinstance(record, dict):
+        raise CorpusError(f"{where}: expected a JSON object with fields 'id' and 'contents'")
+    for field in ("id", "contents"):
+        if field not in record:
+            raise CorpusError(f"{where}: missing field {field!r}")
+    docid, contents = record["id"], record["contents"]
+    if isinstance(docid, bool) or not isinstance(docid, (str, int)):
+        raise CorpusError(f"{where}: field 'id' must be a string, got {type(docid).__name__}")
+    if not isinstance(contents, str):
+        raise CorpusError(f"{where}: field 'contents' must be a string, got {type(contents).__name__}")
+    return str(docid), contents
+
+
+def _read_file(path: Path) -> Iterator[CorpusItem]:
+    with path.open(encoding="utf-8") as handle:
+        head = handle.read(1 << 12).lstrip()
+        handle.seek(0)
+        if path.suffix == ".json" and head.startswith("["):  # a JSON array of documents
+            try:
+                records = json.load(handle)
+            except json.JSONDecodeError as err:
+                raise CorpusError(f"{path}, line {err.lineno}: not valid JSON ({err.msg})") from None
+            if not isinstance(records, list):
+                raise CorpusError(f"{path}: expected a JSON array of documents")
+            source = str(path)
+            for position, record in enumerate(records, 1):
+                where = Location(source, position, "document")
+                yield (*_doc_from_record(record, where), where)
+            return
+        source = str(path)
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = Location(source, number)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CorpusError(f"{where}: not valid JSON ({err.msg})") from None
+            yield (*_doc_from_record(record, where), where)
+
+
+def read_json_collection(path: str | os.PathLike) -> Iterator[CorpusItem]:
+    """Documents of a JsonCollection (fields ``id`` and ``contents``); CorpusError when it holds none."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus not found: {path}")
+    count = 0
+    for file in collection_files(path):
+        for item in _read_file(file):
+            count += 1
+            yield item
+    if count == 0:
+        raise CorpusError(f"empty corpus: no documents in {path}")
+
+
+def read_corpus(spec: str | os.PathLike) -> Iterator[CorpusItem]:
+    """A JsonCollection file/folder when ``spec`` exists on disk, else an ir_datasets id (e.g. ``beir/scifact``)."""
+    path = Path(spec)
+    if path.exists() or path.suffix in JSON_SUFFIXES or path.is_absolute() or str(spec).startswith("."):
+        yield from read_json_collection(path)
+        return
+    from pyserini_aligner.data import iter_corpus
+
+    for position, (docid, text) in enumerate(iter_corpus(str(spec)), 1):
+        yield docid, text, Location(str(spec), position, "document")

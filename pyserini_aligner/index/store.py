@@ -1,0 +1,263 @@
+"""On-disk layout of a pyserini-aligner multi-vector index, and checked read access to it.
+
+An index folder holds (T tokens over N documents, K = tokens kept in FAISS, d = vector dimension):
+
+- ``manifest.json``     format, model fingerprint/name, counts, FAISS factory string, default strategy;
+- ``docids.txt``        N lines, document i's id on line i+1;
+- ``doc_offsets.i64``   [N+1] int64, document i owns token positions offsets[i] .. offsets[i+1]-1;
+- ``doc_vectors.f16``   [T, d] float16, every token vector (memory-mapped at search time);
+- ``doc_salience.f32``  [T] float32, unary salience of every token;
+- ``kept.bool``         [T] bool, True where the token is in FAISS (the β^d most salient of its document);
+- ``faiss_ids.i64``     [K] int64, FAISS row → token position;
+- ``faiss.index``       FAISS index over the K kept vectors (inner product).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_NAME = "pyserini-aligner"  # also read by pyserini_aligner.integration.hooks.is_aligner_index
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DOCIDS = "docids.txt"
+OFFSETS = "doc_offsets.i64"
+VECTORS = "doc_vectors.f16"
+SALIENCE = "doc_salience.f32"
+KEPT = "kept.bool"
+FAISS_IDS = "faiss_ids.i64"
+FAISS_INDEX = "faiss.index"
+
+
+class IndexFormatError(ValueError):
+    """A corrupt, truncated or inconsistent index file; the message names the file."""
+
+
+@dataclass
+class Manifest:
+    """Contents of ``manifest.json``."""
+
+    model_name: str  # what AlignerModel.from_pretrained was given ("aligner" or a checkpoint folder)
+    model_fingerprint: str
+    dim: int
+    doc_prune: float  # β^d: fraction of each document's tokens kept in FAISS
+    index_type: str  # FAISS factory string, e.g. "Flat", "IVF256,Flat", "HNSW32"
+    num_docs: int
+    num_tokens: int
+    num_kept: int
+    num_truncated: int  # documents cut at the model's doc_maxlen
+    num_empty: int  # documents whose text was blank
+    default_strategy: str  # alignment strategy used when the searcher is not told one
+    created: str = ""
+    package_version: str = ""
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+
+def read_manifest(index_dir: str | os.PathLike) -> Manifest:
+    """Parse and check ``<index_dir>/manifest.json``; FileNotFoundError / IndexFormatError name the file."""
+    path = Path(index_dir) / MANIFEST
+    if not Path(index_dir).is_dir():
+        raise FileNotFoundError(f"index folder not found: {index_dir}")
+    if not path.is_file():
+        raise FileNotFoundError(f"index file missing: {path} (not a pyserini-aligner index folder?)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IndexFormatError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{path}: not a pyserini-aligner manifest (field 'format' != {FORMAT_NAME!r})")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise IndexFormatError(f"{path}: format_version {data.get('format_version')!r} is not supported "
+                               f"(this version reads {FORMAT_VERSION}); rebuild the index")
+    fields = {f.name: f for f in dataclasses.fields(Manifest)}
+    missing = [name for name, f in fields.items()
+               if name not in data and f.default is dataclasses.MISSING]
+    if missing:
+        raise IndexFormatError(f"{path}: missing field(s) {missing}")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise IndexFormatError(f"{path}: unknown field(s) {unknown}")
+    manifest = Manifest(**data)
+    for name in ("dim", "num_docs", "num_tokens", "num_kept", "num_truncated", "num_empty"):
+        value = getattr(manifest, name)
+        if not isinstance(value, int) or value < 0:
+            raise IndexFormatError(f"{path}: field '{name}' must be a non-negative integer, got {value!r}")
+    if manifest.num_kept > manifest.num_tokens:
+        raise IndexFormatError(f"{path}: num_kept {manifest.num_kept} > num_tokens {manifest.num_tokens}")
+    return manifest
+
+
+def write_manifest(index_dir: str | os.PathLike, manifest: Manifest) -> None:
+    """Write ``manifest.json`` atomically (temporary file + rename)."""
+    if not manifest.created:
+        manifest.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    _atomic_write(Path(index_dir) / MANIFEST, manifest.to_json())
+
+
+def set_default_strategy(index_dir: str | os.PathLike, strategy) -> Manifest:
+    """Record ``strategy`` (spec string or Strategy) as the index's default alignment strategy; returns the manifest."""
+    from pyserini_aligner.alignment import parse_strategy
+
+    manifest = read_manifest(index_dir)
+    manifest.default_strategy = str(parse_strategy(strategy))
+    write_manifest(index_dir, manifest)
+    return manifest
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _checked_file(path: Path, expected_bytes: int) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"index file missing: {path}")
+    size = path.stat().st_size
+    if size != expected_bytes:
+        raise IndexFormatError(f"{path}: {size} bytes, the manifest implies {expected_bytes} "
+                               "(truncated or corrupt index file; rebuild the index)")
+    return path
+
+
+def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Read-only memmap (an empty array for zero-size files, which numpy cannot map)."""
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+class StoredIndex:
+    """Read access to an index folder: docids, offsets and memory-mapped token vectors/saliences.
+
+    Every file's size is checked against the manifest on open; the FAISS index is read by :meth:`faiss_index`.
+    """
+
+    def __init__(self, index_dir: str | os.PathLike):
+        self.index_dir = Path(index_dir)
+        self.manifest = m = read_manifest(self.index_dir)
+        d = m.dim
+        files = {
+            OFFSETS: 8 * (m.num_docs + 1), VECTORS: 2 * m.num_tokens * d, SALIENCE: 4 * m.num_tokens,
+            KEPT: m.num_tokens, FAISS_IDS: 8 * m.num_kept,
+        }
+        paths = {name: _checked_file(self.index_dir / name, size) for name, size in files.items()}
+        self.offsets = np.fromfile(paths[OFFSETS], dtype=np.int64)
+        lengths = np.diff(self.offsets)
+        if self.offsets[0] != 0 or self.offsets[-1] != m.num_tokens or (lengths < 0).any():
+            raise IndexFormatError(f"{paths[OFFSETS]}: offsets are not a non-decreasing run from 0 to "
+                                   f"num_tokens={m.num_tokens} (corrupt index file)")
+        self.lengths = lengths
+        self.vectors = _memmap(paths[VECTORS], np.float16, (m.num_tokens, d))
+        self.salience = _memmap(paths[SALIENCE], np.float32, (m.num_tokens,))
+        self.kept = _memmap(paths[KEPT], np.bool_, (m.num_tokens,))
+        self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
+        if len(self.faiss_ids) and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= m.num_tokens):
+            raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {m.num_tokens})")
+        self.docids = self._read_docids(self.index_dir / DOCIDS, m.num_docs)
+        self._docid_rows: dict[str, int] | None = None
+
+    @staticmethod
+    def _read_docids(path: Path, count: int) -> list[str]:
+        if not path.is_file():
+            raise FileNotFoundError(f"index file missing: {path}")
+        try:
+            docids = path.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as err:
+            raise IndexFormatError(f"{path}: not UTF-8 text ({err})") from None
+        if docids and docids[-1] == "":
+            docids.pop()
+        if len(docids) != count:
+            raise IndexFormatError(f"{path}: {len(docids)} docids, the manifest says num_docs={count}")
+        return docids
+
+    @property
+    def num_docs(self) -> int:
+        return self.manifest.num_docs
+
+    def row_of(self, docid: str) -> int | None:
+        """Row of ``docid`` in the index (None when absent)."""
+        if self._docid_rows is None:
+            self._docid_rows = {docid: row for row, docid in enumerate(self.docids)}
+        return self._docid_rows.get(docid)
+
+    def doc_of_token(self, positions: np.ndarray) -> np.ndarray:
+        """Document row of each token position (int64 array, same shape)."""
+        return np.searchsorted(self.offsets, positions, side="right") - 1
+
+    def faiss_index(self):
+        """Read ``faiss.index`` and check it against the manifest (IndexFormatError naming the file otherwise)."""
+        import faiss
+
+        path = self.index_dir / FAISS_INDEX
+        if not path.is_file():
+            raise FileNotFoundError(f"index file missing: {path}")
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as err:
+            raise IndexFormatError(f"{path}: FAISS cannot read it ({str(err).strip().splitlines()[-1]})") from None
+        if index.d != self.manifest.dim or index.ntotal != self.manifest.num_kept:
+            raise IndexFormatError(f"{path}: FAISS index has d={index.d}, ntotal={index.ntotal}; the manifest says "
+                                   f"dim={self.manifest.dim}, num_kept={self.manifest.num_kept}")
+        return index
+
+    def token_layout(self, rows: np.ndarray, kept_only: bool = False):
+        """Token positions of documents ``rows``, flattened: (positions [t], owner [t] = index into rows,
+        within [t] = rank inside its document, lengths [len(rows)])."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, lengths = self.offsets[rows], self.lengths[rows]
+        owner = np.repeat(np.arange(len(rows)), lengths)
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        positions = np.repeat(starts, lengths) + within
+        if kept_only:
+            keep = self.kept[positions]
+            positions, owner = positions[keep], owner[keep]
+            lengths = np.bincount(owner, minlength=len(rows))
+            within = np.arange(len(positions)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return positions, owner, within, lengths
+
+    def padded_salience(self, rows: np.ndarray):
+        """(salience [B, m] float32, mask [B, m] bool) tensors of documents ``rows``, padded to the longest."""
+        import torch
+
+        positions, owner, within, lengths = self.token_layout(rows)
+        width = max(int(lengths.max()) if len(lengths) else 0, 1)
+        salience = torch.zeros(len(lengths), width)
+        mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+        salience[owner, within] = torch.from_numpy(np.ascontiguousarray(self.salience[positions]))
+        mask[owner, within] = True
+        return salience, mask
+
+    def gather(self, rows: np.ndarray, kept_only: bool = False):
+        """Token vectors of documents ``rows`` as padded tensors.
+
+        Returns (vectors [B, m, d] float32, mask [B, m] bool, salience [B, m] float32); m = longest selected doc.
+        ``kept_only`` selects only the tokens that are in FAISS.
+        """
+        import torch
+
+        positions, owner, within, lengths = self.token_layout(rows, kept_only)
+        width = max(int(lengths.max()) if len(lengths) else 0, 1)
+        vectors = np.zeros((len(lengths), width, self.manifest.dim), dtype=np.float32)
+        salience = np.zeros((len(lengths), width), dtype=np.float32)
+        mask = np.zeros((len(lengths), width), dtype=np.bool_)
+        vectors[owner, within] = self.vectors[positions]
+        salience[owner, within] = self.salience[positions]
+        mask[owner, within] = True
+        return torch.from_numpy(vectors), torch.from_numpy(mask), torch.from_numpy(salience)

