@@ -72,19 +72,21 @@ def sorted_encode(model, texts: list[str], batch_size: int) -> list[np.ndarray]:
     return [e.vectors for e in model.encode(texts, is_query=False, batch_size=batch_size)]
 
 
-def timed(fn, device: torch.device, repeats: int) -> tuple[list[float], list[np.ndarray]]:
-    """Wall seconds of ``repeats`` runs after one warm-up run; also the last output."""
-    result = fn()
-    times = []
+def timed(fns: dict, device: torch.device, repeats: int) -> tuple[dict[str, list[float]], dict[str, list]]:
+    """Wall seconds of ``repeats`` runs of each function after one warm-up each; runs are interleaved
+    (a, b, a, b, ...) so machine load drifts hit every variant alike. Also returns each one's last output."""
+    outputs = {name: fn() for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return times, result
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            outputs[name] = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return times, outputs
 
 
 def main() -> None:
@@ -122,15 +124,16 @@ def main() -> None:
         texts = (scifact_docs(args.scifact, model.tokenizer, args.n_docs, lengths, maxlen) if args.scifact
                  else synthetic_docs(model.tokenizer, args.n_docs, lengths, maxlen))
         tokens = sum(min(len(ids), maxlen) for ids in model.tokenizer(texts)["input_ids"])
-        t_loop, v_loop = timed(lambda: unsorted_loop(model, texts, args.batch_size), device, args.repeats)
-        t_sorted, v_sorted = timed(lambda: sorted_encode(model, texts, args.batch_size), device, args.repeats)
+        times, outputs = timed({"unsorted": lambda: unsorted_loop(model, texts, args.batch_size),
+                                "sorted": lambda: sorted_encode(model, texts, args.batch_size)}, device, args.repeats)
+        t_loop, t_sorted = times["unsorted"], times["sorted"]
         loop_s, sorted_s = statistics.median(t_loop), statistics.median(t_sorted)
         report["results"][lengths] = {
             "mean_tokens": tokens / len(texts),
             "unsorted_docs_per_s": len(texts) / loop_s, "sorted_docs_per_s": len(texts) / sorted_s,
             "speedup_sorted_over_unsorted": loop_s / sorted_s,
             "unsorted_times_s": t_loop, "sorted_times_s": t_sorted,
-            "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(v_loop, v_sorted)),
+            "max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(outputs["unsorted"], outputs["sorted"])),
         }
         print(f"{lengths:5s} mean {tokens / len(texts):.0f} tok: unsorted {len(texts) / loop_s:.1f} docs/s, "
               f"sorted {len(texts) / sorted_s:.1f} docs/s, ratio {loop_s / sorted_s:.2f}")

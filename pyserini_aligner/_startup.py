@@ -9,7 +9,6 @@ modules are imported. Hooks, by module name:
 - ``pyserini.search.faiss._searcher`` (after): ``FaissSearcher(<aligner index>, ...)`` gives an ``AlignerSearcher``;
 - ``pyserini.search.lucene.__main__`` (run by ``python -m``): an AligneR ``--index`` is searched with AligneR.
 """
-import importlib.abc
 import importlib.machinery
 import sys
 
@@ -22,10 +21,10 @@ _HOOKED = frozenset({
 })
 
 
-class _HookedLoader(importlib.abc.Loader):
+class _HookedLoader:
     """Wraps the real loader of a hooked module; everything not overridden is delegated."""
 
-    def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
+    def __init__(self, inner, name: str) -> None:
         self._inner = inner
         self._name = name
 
@@ -47,7 +46,9 @@ class _HookedLoader(importlib.abc.Loader):
         return hooks.main_code(self._name, self._inner) or self._inner.get_code(fullname)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
+    """A meta path finder (plain class: importing importlib.abc would cost start-up time)."""
+
     def find_spec(self, name, path, target=None):
         if name not in _HOOKED:
             return None

@@ -51,8 +51,10 @@ def new_faiss_index(dim: int, index_type: str):
 
 
 def _faiss_message(err: RuntimeError) -> str:
+    """The useful part of a FAISS C++ exception ("Error in <function> at <file>: Error: '<check>' failed: <why>")."""
     lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "unknown FAISS error"
+    message = lines[-1] if lines else "unknown FAISS error"
+    return message.rsplit("failed: ", 1)[-1].rsplit("Error: ", 1)[-1]
 
 
 class _Writer:
@@ -96,11 +98,13 @@ def _load_model(encoder, device: str | None):
 
 
 def model_name_of(encoder) -> str:
-    """Name to record in the manifest: "aligner", an absolute checkpoint folder, or "" for an in-memory model."""
+    """Name to record in the manifest: "aligner", an absolute checkpoint folder, or for an in-memory model its
+    ``name_or_path`` attribute when it has one (else "": searchers must then be given the model)."""
     if isinstance(encoder, (str, os.PathLike)):
         name = str(encoder)
         return name if name == "aligner" or not Path(name).exists() else str(Path(name).resolve())
-    return ""
+    model = getattr(encoder, "model", encoder)
+    return str(getattr(model, "name_or_path", "") or "")
 
 
 def _checked_items(corpus: Iterable, max_docs: int | None, docids: "_DocidRegistry") -> Iterator[tuple[str, str]]:
@@ -173,13 +177,14 @@ def _encode_chunk(model, chunk: list[tuple[str, str]], writer: "_Writer", batch_
 def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner", *, doc_prune: float = 1.0,
                 index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str | None = None,
                 max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
-                overwrite: bool = False, seed: int = 0) -> store.Manifest:
+                overwrite: bool = False, seed: int = 0, model_name: str | None = None) -> store.Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
     AlignerModel. doc_prune: β^d in (0, 1], the fraction of each document's most salient tokens put in FAISS
     (all tokens are stored for refinement). index_type: FAISS factory string (inner product); trained indexes
-    are trained on up to ``train_size`` kept vectors sampled with ``seed``.
+    are trained on up to ``train_size`` kept vectors sampled with ``seed``. model_name: what to record as the
+    model's name in the manifest (default: derived from ``encoder``).
     """
     from pyserini_aligner.salience import keep_count
 
@@ -212,7 +217,8 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         from pyserini_aligner import __version__
 
         manifest = store.Manifest(
-            model_name=model_name_of(encoder), model_fingerprint=model.fingerprint(), dim=dim,
+            model_name=model_name if model_name is not None else model_name_of(encoder),
+            model_fingerprint=model.fingerprint(), dim=dim,
             doc_prune=float(doc_prune), index_type=faiss_factory_string(index_type), num_docs=writer.num_docs,
             num_tokens=writer.num_tokens, num_kept=writer.num_kept, num_truncated=num_truncated,
             num_empty=num_empty, default_strategy=model.config.default_strategy, package_version=__version__)

@@ -1,0 +1,1 @@
+"""Training AligneR checkpoints: ``python -m pyserini_aligner.train --config <yaml>``."""

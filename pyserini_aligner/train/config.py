@@ -1,0 +1,169 @@
+"""Training configuration: a flat dataclass read from YAML; bad values raise ValueError naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+PRECISIONS = ("bf16", "fp32")
+SALIENCE_MODES = ("lp", "relu", "hard")
+SELECT_METRICS = ("ndcg@10", "ndcg@10_pruned")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; YAML keys are these field names."""
+
+    # data: a bundle written by ``python -m pyserini_aligner.train.prepare``
+    data: str = ".device_carry/train_data/bundle.json.gz"
+    train_sets: list[str] = field(default_factory=lambda: ["scifact", "nfcorpus"])
+    validation_sets: list[str] = field(default_factory=lambda: ["nfcorpus-dev", "scifact-heldout"])
+    output_dir: str = "runs/train"
+    # model: "untrained" = MiniLM + seeded Gaussian projection (make_default's init), or a checkpoint folder
+    init: str = "untrained"
+    dim: int = 128
+    query_maxlen: int = 64
+    doc_maxlen: int = 256
+    keep_special: bool = True
+    use_salience: bool = True
+    salience_mode: str = "lp"
+    alpha_q: float = 0.5
+    alpha_d: float = 0.4
+    eps: float = 0.002
+    strategy: str = "top-k:1"
+    train_layers: int = 2  # top transformer layers fine-tuned (0 = heads only)
+    description: str = ""
+    # optimisation
+    seed: int = 13
+    epochs: int = 2
+    max_steps: int = 0  # > 0 stops after this many steps
+    batch_queries: int = 32
+    negatives_per_query: int = 3
+    negative_depth: int = 30  # BM25 (or model) negatives are drawn from the top negative_depth non-positive hits
+    in_batch_negatives: bool = True
+    temperature: float = 0.02
+    lr_backbone: float = 2e-5
+    lr_heads: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    precision: str = "bf16"  # autocast dtype on CUDA (CPU always runs fp32)
+    model_negatives_after_epoch: int = -1  # >= 0: after that many epochs, re-mine negatives with the model
+    # validation and checkpoints
+    eval_every: int = 0  # steps between validations (0 = at epoch ends only); step 0 is always validated
+    checkpoint_every: int = 0  # steps between resume states (0 = at epoch ends only)
+    log_every: int = 10
+    eval_batch_size: int = 128
+    prune_beta_d: float = 0.2  # pruned-search proxy in validation (β^d, β^q, FAISS neighbours per query token)
+    prune_beta_q: float = 0.5
+    prune_k_per_token: int = 100
+    select_metric: str = "ndcg@10"  # mean of this over validation_sets picks the 'best' checkpoint
+
+    def validate(self, source: str = "TrainConfig") -> None:
+        """Raise ValueError naming ``source`` and the offending field."""
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{source}: field '{name}' = {getattr(self, name)!r} {why}")
+
+        for name, hint in get_type_hints(TrainConfig).items():
+            value = getattr(self, name)
+            if not _is_type(value, hint):
+                raise bad(name, f"must be of type {_type_name(hint)}")
+        positive = ("dim", "query_maxlen", "doc_maxlen", "epochs", "batch_queries", "negative_depth",
+                    "log_every", "eval_batch_size", "prune_k_per_token")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        for name in ("train_layers", "max_steps", "negatives_per_query", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        if self.query_maxlen < 3 or self.doc_maxlen < 3:
+            raise bad("query_maxlen" if self.query_maxlen < 3 else "doc_maxlen", "must be >= 3")
+        for name in ("alpha_q", "alpha_d", "prune_beta_d", "prune_beta_q"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise bad(name, "must be in (0, 1]")
+        for name in ("eps", "temperature"):
+            if not getattr(self, name) > 0.0:
+                raise bad(name, "must be > 0")
+        for name in ("lr_backbone", "lr_heads", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0.0:
+                raise bad(name, "must be >= 0")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise bad("warmup_ratio", "must be in [0, 1)")
+        if self.precision not in PRECISIONS:
+            raise bad("precision", f"must be one of {PRECISIONS}")
+        if self.salience_mode not in SALIENCE_MODES:
+            raise bad("salience_mode", f"must be one of {SALIENCE_MODES}")
+        if self.select_metric not in SELECT_METRICS:
+            raise bad("select_metric", f"must be one of {SELECT_METRICS}")
+        if not self.train_sets:
+            raise bad("train_sets", "must name at least one training set")
+        if self.model_negatives_after_epoch < -1:
+            raise bad("model_negatives_after_epoch", "must be -1 (never) or an epoch count >= 0")
+        from pyserini_aligner.alignment import parse_strategy
+
+        try:
+            parse_strategy(self.strategy)
+        except ValueError as err:
+            raise bad("strategy", f"is not an alignment strategy ({err})") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "config") -> "TrainConfig":
+        """Build and validate; unknown keys raise ValueError naming ``source`` and the key."""
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a mapping of field: value, got {type(data).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"{source}: unknown field(s) {unknown}; known fields: {known}")
+        hints = get_type_hints(cls)
+        values = {name: (float(v) if hints[name] is float and type(v) is int else v) for name, v in data.items()}
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from a YAML file, then ``overrides`` ("field=value", value parsed as YAML) on top."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training config not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: invalid YAML ({err})") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of field: value, got {type(data).__name__}")
+    for item in overrides or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--set {item!r}: expected field=value")
+        data[name.strip()] = yaml.safe_load(value)
+    return TrainConfig.from_dict(data, source=str(path))
+
+
+def _is_type(value: Any, hint: Any) -> bool:
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        return isinstance(value, list) and all(_is_type(v, item) for v in value)
+    if hint is float:
+        return isinstance(value, float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    if get_origin(hint) is list:
+        return f"list of {_type_name(get_args(hint)[0])}"
+    return getattr(hint, "__name__", str(hint))

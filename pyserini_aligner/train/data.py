@@ -1,0 +1,196 @@
+"""Training bundle (one gzip JSON file) and the query batches drawn from it.
+
+Bundle layout (written by ``python -m pyserini_aligner.train.prepare``)::
+
+    {"format": "pyserini-aligner-train-bundle", "version": 1, "meta": {...},
+     "corpora":    {name: {"docids": [...], "texts": [...]}},
+     "train":      {name: [{"qid", "text", "positives": {docid: rel}, "negatives": [docid, ...]}]},
+     "validation": {name: {"corpus": name, "queries": {qid: text}, "qrels": {qid: {docid: rel}}}}}
+
+``negatives`` are ranked (BM25 best first) and never contain a positive. Only json/gzip/random are used here,
+so this module runs on the GPU box.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT = "pyserini-aligner-train-bundle"
+VERSION = 1
+
+
+@dataclass
+class Corpus:
+    name: str
+    docids: list[str]
+    texts: list[str]
+    row: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.row = {docid: i for i, docid in enumerate(self.docids)}
+
+
+@dataclass
+class TrainQuery:
+    corpus: str
+    qid: str
+    text: str
+    positives: dict[str, int]  # docid -> relevance (> 0)
+    negatives: list[str]  # ranked, no positives
+
+
+@dataclass
+class ValidationSet:
+    name: str
+    corpus: str
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+@dataclass
+class Bundle:
+    corpora: dict[str, Corpus]
+    train: dict[str, list[TrainQuery]]
+    validation: dict[str, ValidationSet]
+    meta: dict
+
+
+def write_bundle(bundle: dict, path: str | os.PathLike) -> Path:
+    """Write a bundle dict (layout above, without format/version) as gzip JSON; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "version": VERSION, **bundle}
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as out:
+        json.dump(data, out, ensure_ascii=False, separators=(",", ":"))
+    return path
+
+
+def load_bundle(path: str | os.PathLike) -> Bundle:
+    """Read and check a bundle; every problem raises ValueError naming the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training bundle not found: {path} (make it with python -m "
+                                "pyserini_aligner.train.prepare --output <dir>)")
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            data = json.load(lines)
+    except (OSError, json.JSONDecodeError, EOFError) as err:
+        raise ValueError(f"{path}: not a gzip JSON training bundle ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: 'format' is not {FORMAT!r}")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{path}: 'version' {data.get('version')!r} is not supported (expected {VERSION})")
+
+    def need(obj: dict, key: str, kind: type, where: str):
+        if not isinstance(obj, dict) or key not in obj:
+            raise ValueError(f"{path}: missing key '{where}{key}'")
+        if not isinstance(obj[key], kind):
+            raise ValueError(f"{path}: '{where}{key}' must be a {kind.__name__}")
+        return obj[key]
+
+    corpora = {}
+    for name, corpus in need(data, "corpora", dict, "").items():
+        docids, texts = need(corpus, "docids", list, f"corpora.{name}."), need(corpus, "texts", list, f"corpora.{name}.")
+        if len(docids) != len(texts):
+            raise ValueError(f"{path}: corpora.{name} has {len(docids)} docids but {len(texts)} texts")
+        corpora[name] = Corpus(name, [str(d) for d in docids], texts)
+    train = {}
+    for name, rows in need(data, "train", dict, "").items():
+        if name not in corpora:
+            raise ValueError(f"{path}: train.{name} has no corpus 'corpora.{name}'")
+        queries = []
+        for i, row in enumerate(rows):
+            where = f"train.{name}[{i}]."
+            positives = need(row, "positives", dict, where)
+            if not positives:
+                raise ValueError(f"{path}: '{where}positives' is empty")
+            unknown = [d for d in list(positives) + need(row, "negatives", list, where) if d not in corpora[name].row]
+            if unknown:
+                raise ValueError(f"{path}: '{where}' names docids not in corpora.{name}: {unknown[:3]}")
+            queries.append(TrainQuery(name, str(need(row, "qid", str, where)), need(row, "text", str, where),
+                                      {d: int(r) for d, r in positives.items()}, list(row["negatives"])))
+        train[name] = queries
+    validation = {}
+    for name, vset in need(data, "validation", dict, "").items():
+        corpus = need(vset, "corpus", str, f"validation.{name}.")
+        if corpus not in corpora:
+            raise ValueError(f"{path}: validation.{name}.corpus {corpus!r} is not in 'corpora'")
+        validation[name] = ValidationSet(name, corpus, need(vset, "queries", dict, f"validation.{name}."),
+                                         need(vset, "qrels", dict, f"validation.{name}."))
+    return Bundle(corpora, train, validation, data.get("meta", {}))
+
+
+def select(bundle: Bundle, train_sets: list[str], validation_sets: list[str], source: str = "config") -> Bundle:
+    """The bundle restricted to the named sets; a name the bundle lacks raises ValueError naming the field."""
+    for fname, names, have in (("train_sets", train_sets, bundle.train), ("validation_sets", validation_sets,
+                                                                          bundle.validation)):
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise ValueError(f"{source}: field '{fname}' names {missing}, not in the bundle (has {sorted(have)})")
+    return Bundle(bundle.corpora, {n: bundle.train[n] for n in train_sets},
+                  {n: bundle.validation[n] for n in validation_sets}, bundle.meta)
+
+
+@dataclass
+class Batch:
+    """One training step: queries, docs (positives first, then each query's negatives) and which docs count."""
+
+    corpus: str
+    queries: list[int]  # indices into BatchSampler.queries
+    doc_rows: list[int]  # corpus rows: [B positives] + [B * n_neg negatives]
+    allowed: list[list[bool]]  # [B][len(doc_rows)] doc j may be scored against query i (True for i's positive)
+
+
+class BatchSampler:
+    """Deterministic batches: epoch e's order and each batch's sampled docs depend only on (seed, e, index)."""
+
+    def __init__(self, bundle: Bundle, batch_queries: int, negatives_per_query: int, negative_depth: int,
+                 in_batch_negatives: bool, seed: int):
+        self.corpora = bundle.corpora
+        self.queries: list[TrainQuery] = [q for name in sorted(bundle.train) for q in bundle.train[name]]
+        self.batch_queries, self.n_neg, self.depth = batch_queries, negatives_per_query, negative_depth
+        self.in_batch, self.seed = in_batch_negatives, seed
+
+    def epoch(self, epoch: int) -> list[list[int]]:
+        """Query-index batches for ``epoch``: each corpus shuffled and cut apart (one corpus per batch, so that
+        in-batch negatives come from the same collection), then the batches shuffled together."""
+        rng = random.Random(f"{self.seed}:epoch:{epoch}")
+        batches = []
+        for name in sorted({q.corpus for q in self.queries}):
+            idx = [i for i, q in enumerate(self.queries) if q.corpus == name]
+            rng.shuffle(idx)
+            size = min(self.batch_queries, len(idx))
+            batches += [idx[s:s + size] for s in range(0, len(idx) - size + 1, size)]
+        rng.shuffle(batches)
+        return batches
+
+    def batch(self, query_idx: list[int], epoch: int, number: int) -> Batch:
+        """Sample one positive per query (weights 2^rel − 1) and ``negatives_per_query`` negatives from the top
+        ``negative_depth`` of its ranked list (topped up with random non-positive docs when the list is short)."""
+        rng = random.Random(f"{self.seed}:batch:{epoch}:{number}")
+        queries = [self.queries[i] for i in query_idx]
+        corpus = self.corpora[queries[0].corpus]
+        positives, negatives = [], []
+        for q in queries:
+            docids = sorted(q.positives)
+            weights = [2.0 ** q.positives[d] - 1.0 for d in docids]
+            positives.append(corpus.row[rng.choices(docids, weights=weights)[0]])
+            pool = q.negatives[:self.depth]
+            chosen = rng.sample(pool, min(self.n_neg, len(pool)))
+            while len(chosen) < self.n_neg:
+                docid = corpus.docids[rng.randrange(len(corpus.docids))]
+                if docid not in q.positives and docid not in chosen:
+                    chosen.append(docid)
+            negatives.append([corpus.row[d] for d in chosen])
+        doc_rows = positives + [r for negs in negatives for r in negs]
+        allowed = []
+        for i, q in enumerate(queries):
+            own = {i} | {len(queries) + i * self.n_neg + j for j in range(self.n_neg)}
+            allowed.append([j == i or ((self.in_batch or j in own) and corpus.docids[r] not in q.positives)
+                            for j, r in enumerate(doc_rows)])
+        return Batch(corpus.name, list(query_idx), doc_rows, allowed)

@@ -1,0 +1,331 @@
+"""Contrastive training of AligneR: in-batch + hard negatives, alignment scores / temperature, cross-entropy.
+
+Output folder: ``log.jsonl`` (loss, learning rates, validation nDCG@10), ``state.pt`` (resume state),
+``best/`` and ``last/`` (checkpoint folders loadable with AlignerModel.from_pretrained: config.json,
+heads.safetensors, backbone_delta.safetensors holding only the fine-tuned layers, in fp16), ``summary.json``
+and ``config.yaml``. Imports torch/transformers/safetensors/yaml/tqdm only (runs on the GPU box).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel
+from pyserini_aligner.train.config import TrainConfig
+from pyserini_aligner.train.data import BatchSampler, load_bundle, select
+from pyserini_aligner.train.validate import encode_ids, evaluate, pad_ids, score_all
+
+log = logging.getLogger(__name__)
+STATE_FILE = "state.pt"
+LOG_FILE = "log.jsonl"
+# fields that may change between a run and its --resume without changing what is trained
+_RESUME_FREE = {"output_dir", "eval_every", "checkpoint_every", "log_every", "eval_batch_size", "description"}
+
+
+def build_model(cfg: TrainConfig) -> AlignerModel:
+    """The starting model: "untrained" (MiniLM, projection seed 0, salience W=0 b=1) or a checkpoint folder,
+    with the config's model fields applied."""
+    fields = dict(dim=cfg.dim, query_maxlen=cfg.query_maxlen, doc_maxlen=cfg.doc_maxlen,
+                  keep_special=cfg.keep_special, use_salience=cfg.use_salience, salience_mode=cfg.salience_mode,
+                  alpha_q=cfg.alpha_q, alpha_d=cfg.alpha_d, eps=cfg.eps, default_strategy=cfg.strategy,
+                  description=cfg.description)
+    if cfg.init == "untrained":
+        model = AlignerModel(AlignerConfig(**fields))
+        model.reset_heads(seed=0)
+        return model
+    model = AlignerModel.from_pretrained(cfg.init)
+    if model.config.dim != cfg.dim:
+        raise ValueError(f"config field 'dim' = {cfg.dim} but checkpoint {cfg.init} has dim {model.config.dim}")
+    for name, value in fields.items():
+        setattr(model.config, name, value)
+    model.config.validate()
+    return model
+
+
+def freeze(model: AlignerModel, train_layers: int) -> list[str]:
+    """Freeze the backbone except its top ``train_layers`` transformer layers; returns their state-dict names."""
+    layers = getattr(getattr(model.backbone, "encoder", None), "layer", None)
+    if layers is None:
+        raise ValueError(f"backbone {model.backbone_source} has no encoder.layer list; use train_layers: 0")
+    if train_layers > len(layers):
+        raise ValueError(f"config field 'train_layers' = {train_layers} but the backbone has {len(layers)} layers")
+    for p in model.backbone.parameters():
+        p.requires_grad_(False)
+    names = []
+    for i in range(len(layers) - train_layers, len(layers)):
+        for name, p in layers[i].named_parameters():
+            p.requires_grad_(True)
+            names.append(f"encoder.layer.{i}.{name}")
+    return names
+
+
+def export_checkpoint(model: AlignerModel, backbone_names: list[str], path: Path) -> None:
+    """save_pretrained, then replace the backbone delta by the fine-tuned layers only, stored as fp16."""
+    model.save_pretrained(path)
+    state = model.backbone.state_dict()
+    delta = {n: state[n].detach().to("cpu", torch.float16).contiguous() for n in backbone_names}
+    if delta:
+        save_file(delta, str(path / DELTA_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+        (path / DELTA_FILE).chmod(0o644)
+
+
+def contrastive_loss(scores: torch.Tensor, allowed: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Cross-entropy of query i's positive (doc i) against the allowed docs; scores/allowed [B, D]."""
+    logits = (scores / temperature).masked_fill(~allowed, -math.inf)
+    return F.cross_entropy(logits, torch.arange(scores.shape[0], device=scores.device))
+
+
+class Trainer:
+    """One training run of ``cfg`` into ``output_dir`` (see module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, output_dir: str | Path | None = None, device: str | None = None,
+                 progress: bool = True):
+        self.cfg = cfg
+        self.out = Path(output_dir or cfg.output_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.progress = progress
+        self.strategy = parse_strategy(cfg.strategy)
+        self.bundle = select(load_bundle(cfg.data), cfg.train_sets, cfg.validation_sets)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.model = build_model(cfg).to(self.device)
+        if self.device.type == "cuda" and cfg.precision == "bf16":
+            self.model.compute_dtype = torch.bfloat16
+        self.backbone_names = freeze(self.model, cfg.train_layers)
+        self.sampler = BatchSampler(self.bundle, cfg.batch_queries, cfg.negatives_per_query, cfg.negative_depth,
+                                    cfg.in_batch_negatives, cfg.seed)
+        self._tokenize()
+        self.per_epoch = len(self.sampler.epoch(0))
+        if self.per_epoch == 0:
+            raise ValueError(f"{cfg.data}: no training batch can be formed from train_sets {cfg.train_sets}")
+        self.total = self.per_epoch * cfg.epochs
+        if cfg.max_steps:
+            self.total = min(self.total, cfg.max_steps)
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr_heads)
+        warmup = int(cfg.warmup_ratio * self.total)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (self.total - s) / max(
+                1, self.total - warmup)))
+        self.step, self.best, self.best_step, self.mined = 0, -math.inf, -1, None
+        self._epoch: tuple[int, list[list[int]]] = (-1, [])
+
+    # ------------------------------------------------------------------ set-up
+    def _tokenize(self) -> None:
+        tok = self.model.tokenize
+        used = {q.corpus for q in self.sampler.queries} | {v.corpus for v in self.bundle.validation.values()}
+        self.corpus_ids = {name: tok(self.bundle.corpora[name].texts, is_query=False)[0] for name in sorted(used)}
+        self.query_ids = tok([q.text for q in self.sampler.queries], is_query=True)[0]
+        self.val_query_ids = {name: tok(list(v.queries.values()), is_query=True)[0]
+                              for name, v in self.bundle.validation.items()}
+
+    def _param_groups(self) -> list[dict]:
+        decay, no_decay, heads = [], [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if not name.startswith("backbone."):
+                heads.append(p)
+            elif p.dim() < 2:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        groups = [{"params": heads, "lr": self.cfg.lr_heads, "weight_decay": 0.0, "name": "heads"}]
+        if decay:
+            groups += [{"params": decay, "lr": self.cfg.lr_backbone, "weight_decay": self.cfg.weight_decay,
+                        "name": "backbone"},
+                       {"params": no_decay, "lr": self.cfg.lr_backbone, "weight_decay": 0.0, "name": "backbone_nd"}]
+        return groups
+
+    def _set_train_mode(self) -> None:
+        """Dropout only where weights are trained: frozen layers run in eval mode."""
+        self.model.train()
+        layers = self.model.backbone.encoder.layer
+        self.model.backbone.embeddings.eval()
+        for layer in layers[:len(layers) - self.cfg.train_layers]:
+            layer.eval()
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, batch) -> dict[str, float]:
+        """One optimisation step on a Batch; returns loss, accuracy and active salience fractions."""
+        cfg, model = self.cfg, self.model
+        self._set_train_mode()
+        corpus = self.corpus_ids[batch.corpus]
+        q = model(*pad_ids([self.query_ids[i] for i in batch.queries], model.pad_id, self.device), is_query=True)
+        d = model(*pad_ids([corpus[r] for r in batch.doc_rows], model.pad_id, self.device), is_query=False)
+        sal = cfg.use_salience
+        scores = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, self.strategy,
+                                  q.salience if sal else None, d.salience if sal else None)
+        allowed = torch.tensor(batch.allowed, device=self.device)
+        loss = contrastive_loss(scores, allowed, cfg.temperature)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
+                                           cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        with torch.no_grad():
+            masked = scores.masked_fill(~allowed, -math.inf)
+            acc = (masked.argmax(1) == torch.arange(len(batch.queries), device=self.device)).float().mean()
+            active = [((o.salience > 1e-3) & o.mask).sum() / o.mask.sum() for o in (q, d)]
+        return {"loss": float(loss), "acc": float(acc), "q_active": float(active[0]), "d_active": float(active[1])}
+
+    def validate(self, model: AlignerModel | None = None) -> dict:
+        """Validation nDCG@10 per set plus the selection score (mean of select_metric)."""
+        model = model or self.model
+        cfg = self.cfg
+        sets = evaluate(model, self.bundle.validation, self.corpus_ids,
+                        {n: c.docids for n, c in self.bundle.corpora.items()}, self.val_query_ids, cfg.strategy,
+                        cfg.eval_batch_size, cfg.prune_beta_q, cfg.prune_beta_d, cfg.prune_k_per_token)
+        score = sum(row[cfg.select_metric] for row in sets.values()) / max(1, len(sets))
+        return {"sets": sets, "score": score}
+
+    def mine_negatives(self) -> list[list[str]]:
+        """Top negative_depth non-positive docs per training query by the current model (exhaustive)."""
+        mined: list[list[str]] = [[] for _ in self.sampler.queries]
+        for name in sorted({q.corpus for q in self.sampler.queries}):
+            corpus = self.bundle.corpora[name]
+            docs = encode_ids(self.model, self.corpus_ids[name], False, self.cfg.eval_batch_size)
+            idx = [i for i, q in enumerate(self.sampler.queries) if q.corpus == name]
+            for s in range(0, len(idx), 256):
+                part = idx[s:s + 256]
+                queries = encode_ids(self.model, [self.query_ids[i] for i in part], True, self.cfg.eval_batch_size)
+                scores = score_all(self.model, queries, docs, self.strategy)
+                for row, i in enumerate(part):
+                    positives = [corpus.row[d] for d in self.sampler.queries[i].positives]
+                    scores[row, positives] = -math.inf
+                top = scores.topk(min(self.cfg.negative_depth, scores.shape[1]), dim=1).indices.cpu().tolist()
+                for row, i in enumerate(part):
+                    mined[i] = [corpus.docids[j] for j in top[row]]
+            del docs
+        return mined
+
+    def _apply_mined(self) -> None:
+        for q, negatives in zip(self.sampler.queries, self.mined):
+            q.negatives = negatives
+
+    # ------------------------------------------------------------------ persistence
+    def _log(self, record: dict) -> None:
+        with (self.out / LOG_FILE).open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+    def save_state(self) -> None:
+        trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        state = {"step": self.step, "best": self.best, "best_step": self.best_step, "trainable": trainable,
+                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "rng_cpu": torch.get_rng_state(), "mined": self.mined, "config": self.cfg.to_dict(),
+                 "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
+        tmp = self.out / (STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.out / STATE_FILE)
+
+    def load_state(self) -> None:
+        path = self.out / STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume: no {STATE_FILE} in {self.out}")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        changed = sorted(k for k, v in state["config"].items()
+                         if k not in _RESUME_FREE and getattr(self.cfg, k, None) != v)
+        if changed:
+            raise ValueError(f"--resume: {path} was written with a different config; changed field(s) {changed}")
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in state["trainable"].items():
+                params[name].copy_(tensor.to(self.device))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng_cpu"])
+        if state["rng_cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
+        self.step, self.best, self.best_step, self.mined = (state["step"], state["best"], state["best_step"],
+                                                            state["mined"])
+        if self.mined is not None:
+            self._apply_mined()
+        log.info("resumed %s at step %d of %d", self.out, self.step, self.total)
+
+    # ------------------------------------------------------------------ run
+    def _evaluate_and_keep(self, epoch: int) -> dict:
+        start = time.time()
+        result = self.validate()
+        improved = result["score"] > self.best
+        if improved:
+            self.best, self.best_step = result["score"], self.step
+            export_checkpoint(self.model, self.backbone_names, self.out / "best")
+        record = {"event": "validation", "step": self.step, "epoch": epoch, **result, "best": self.best,
+                  "improved": improved, "seconds": round(time.time() - start, 2)}
+        self._log(record)
+        log.info("step %d validation %s score %.4f%s", self.step,
+                 {n: round(r["ndcg@10"], 4) for n, r in result["sets"].items()}, result["score"],
+                 " (best)" if improved else "")
+        return record
+
+    def run(self, resume: bool = False, stop_after: int | None = None) -> dict:
+        """Train to the end (or for ``stop_after`` more steps, keeping a resumable state); returns the summary."""
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.load_state()
+        else:
+            if (self.out / LOG_FILE).exists():
+                (self.out / LOG_FILE).unlink()
+            import yaml
+
+            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+            self._log({"event": "start", "config": cfg.to_dict(), "device": str(self.device),
+                       "steps": self.total, "steps_per_epoch": self.per_epoch,
+                       "train_queries": len(self.sampler.queries), "backbone_tensors": len(self.backbone_names)})
+            self._evaluate_and_keep(0)
+        stop = self.total if stop_after is None else min(self.total, self.step + stop_after)
+        bar = tqdm(total=self.total, initial=self.step, desc="train", unit="step", disable=not self.progress)
+        started, running = time.time(), []
+        while self.step < stop:
+            epoch, number = divmod(self.step, self.per_epoch)
+            if cfg.model_negatives_after_epoch == epoch and self.mined is None and number == 0:
+                self.mined = self.mine_negatives()
+                self._apply_mined()
+                self._log({"event": "mined_negatives", "step": self.step, "epoch": epoch})
+            if self._epoch[0] != epoch:
+                self._epoch = (epoch, self.sampler.epoch(epoch))
+            batch = self.sampler.batch(self._epoch[1][number], epoch, number)
+            stats = self.train_step(batch)
+            self.step += 1
+            running.append(stats["loss"])
+            bar.update(1)
+            bar.set_postfix(loss=f"{sum(running[-20:]) / len(running[-20:]):.3f}")
+            if self.step % cfg.log_every == 0 or self.step == self.total:
+                lrs = {g["name"]: g["lr"] for g in self.optimizer.param_groups}
+                self._log({"event": "train", "step": self.step, "epoch": epoch, **stats, "lr": lrs,
+                           "elapsed_s": round(time.time() - started, 2)})
+            epoch_end = self.step % self.per_epoch == 0 or self.step == self.total
+            if (cfg.eval_every and self.step % cfg.eval_every == 0) or (epoch_end and not cfg.eval_every) \
+                    or self.step == self.total:
+                self._evaluate_and_keep(epoch)
+            if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or epoch_end or self.step == stop:
+                self.save_state()
+        bar.close()
+        if self.step < self.total:
+            return {"finished": False, "step": self.step, "steps": self.total}
+        export_checkpoint(self.model, self.backbone_names, self.out / "last")
+        summary = {"finished": True, "steps": self.total, "best_step": self.best_step, "best_score": self.best,
+                   "select_metric": cfg.select_metric}
+        if (self.out / "best").is_dir():  # the shipped form (fp16 delta) re-validated
+            reloaded = AlignerModel.from_pretrained(self.out / "best", device=self.device,
+                                                    dtype=self.model.compute_dtype)
+            summary["best_reloaded"] = self.validate(reloaded)
+            del reloaded
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        self._log({"event": "done", **summary})
+        return summary

@@ -1,0 +1,102 @@
+"""Every recipe in integrations/ runs end to end through Pyserini's own CLIs on a small SciFact subset."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyserini_aligner.bm25 import bm25_search, build_lucene_index
+from pyserini_aligner.data import Dataset, write_json_collection
+from pyserini_aligner.trec import read_run, write_run
+
+RECIPES = Path(__file__).resolve().parents[1] / "integrations"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from conftest import make_beir_folder
+
+    root = tmp_path_factory.mktemp("integrations")
+    dataset = Dataset(str(make_beir_folder(root / "beir", n_docs=150)))
+    write_json_collection(dataset.docs(), root / "collection")
+    queries = dataset.queries()
+    topics = root / "topics.tsv"
+    topics.write_text("".join(f"{qid}\t{text}\n" for qid, text in queries.items()))
+    build_lucene_index(dataset.docs(), root / "lucene")
+    out = root / "out"
+    out.mkdir()
+    write_run(bm25_search(root / "lucene", queries), out / "run.bm25.trec", tag="bm25")
+    env = dict(os.environ, PYTHON=sys.executable, CORPUS=str(root / "collection"), INDEX=str(root / "index"),
+               LUCENE_INDEX=str(root / "lucene"), TOPICS=str(topics), OUT=str(out),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env.pop("OPENAI_API_KEY", None)
+    recipe(env, "build_index.sh")
+    return env, queries, out
+
+
+@pytest.fixture(scope="module")
+def faiss_run(setup) -> Path:
+    env, _, out = setup
+    recipe(env, "faiss_search.sh")
+    return out / "run.aligner.trec"
+
+
+def recipe(env: dict, name: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(["bash", str(RECIPES / name)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def check_run(path: Path, queries: dict, remove_query: bool = False) -> dict:
+    run = read_run(path)
+    assert set(run) == set(queries)
+    assert all(len(hits) >= 10 for hits in run.values())
+    if remove_query:
+        assert all(qid not in hits for qid, hits in run.items())
+    return run
+
+
+def test_faiss_cli_with_aligner_encoder(setup, faiss_run):
+    check_run(faiss_run, setup[1], remove_query=True)
+
+
+def test_lucene_habit_is_forwarded_to_aligner(setup, faiss_run):
+    env, queries, out = setup
+    recipe(env, "lucene_habit.sh")
+    habit, faiss_run = read_run(out / "run.habit.trec"), read_run(faiss_run)
+    check_run(out / "run.habit.trec", queries)
+    for qid in queries:  # same searcher, same scores
+        top = sorted(faiss_run[qid], key=faiss_run[qid].get, reverse=True)[:10]
+        assert sorted(habit[qid], key=habit[qid].get, reverse=True)[:10] == top
+
+
+def test_hybrid_cli(setup):
+    env, queries, out = setup
+    recipe(env, "hybrid_search.sh")
+    check_run(out / "run.hybrid.trec", queries)
+
+
+def test_plugin_cli_with_knobs(setup):
+    env, queries, out = setup
+    recipe(env, "aligner_search.sh")
+    check_run(out / "run.aligner-top2.trec", queries, remove_query=True)
+
+
+def test_fusion_pyserini_and_ranx(setup, faiss_run):
+    env, queries, out = setup
+    recipe(env, "fusion.sh")
+    for name in ("run.pyserini-rrf.trec", "run.ranx-rrf.trec"):
+        fused = read_run(out / name)
+        assert set(fused) == set(queries)
+
+
+def test_other_pyserini_encoders_untouched():
+    """The start-up hook adds 'aligner' and leaves Pyserini's own encoder map and FaissSearcher as they were."""
+    code = ("import pyserini.encode as e; from pyserini.search.faiss import FaissSearcher;"
+            "assert e.query_encoder_class_map['auto'] is e.AutoQueryEncoder;"
+            "assert 'aligner' in e.query_encoder_class_map;"
+            "import tempfile, os; d = tempfile.mkdtemp();"
+            "s = FaissSearcher.__new__(FaissSearcher, d); assert type(s) is FaissSearcher; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -1,0 +1,218 @@
+"""AlignerSearcher, ExhaustiveScorer and AlignmentReranker on the first 200 SciFact documents with the real model."""
+import copy
+import json
+import shutil
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pyserini_aligner.alignment import alignment_scores
+from pyserini_aligner.index import IndexFormatError, build_index, derive_index, read_json_collection, store
+from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
+from pyserini_aligner.search.searcher import pad_encoded
+
+SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir" / "scifact.zip"
+N_DOCS, N_QUERIES = 200, 12
+
+
+def read_scifact(n_docs: int, n_queries: int) -> tuple[list[dict], list[dict]]:
+    """The first n_docs documents (JsonCollection records) and the first n_queries queries of SciFact."""
+    with zipfile.ZipFile(SCIFACT) as archive:
+        docs = [json.loads(line) for line in archive.read("scifact/corpus.jsonl").decode().splitlines()[:n_docs]]
+        queries = [json.loads(line) for line in archive.read("scifact/queries.jsonl").decode().splitlines()[:n_queries]]
+    records = [{"id": d["_id"], "contents": f"{d['title']} {d['text']}".strip()} for d in docs]
+    return records, [{"id": q["_id"], "text": q["text"]} for q in queries]
+
+
+@pytest.fixture(scope="session")
+def model():
+    return AlignerModel.from_pretrained("aligner")
+
+
+@pytest.fixture(scope="session")
+def data():
+    return read_scifact(N_DOCS, N_QUERIES)
+
+
+@pytest.fixture(scope="session")
+def index_dir(tmp_path_factory, model, data) -> Path:
+    """Flat index of the first 200 SciFact documents (built once per session, shared with test_index.py)."""
+    base = tmp_path_factory.getbasetemp()
+    target = base / "scifact200_flat"
+    if not (target / store.MANIFEST).is_file():
+        corpus = base / "scifact200.jsonl"
+        corpus.write_text("".join(json.dumps(r) + "\n" for r in data[0]))
+        build_index(read_json_collection(corpus), target, model, progress=False, model_name="aligner")
+    return target
+
+
+@pytest.fixture(scope="session")
+def exhaustive(index_dir, model):
+    return ExhaustiveScorer(index_dir, encoder=model)
+
+
+@pytest.fixture(scope="session")
+def expected(exhaustive, data):
+    queries = data[1]
+    return exhaustive.batch_search([q["text"] for q in queries], [q["id"] for q in queries], k=10)
+
+
+def as_pairs(hits) -> list[tuple[str, float]]:
+    return [(h.docid, h.score) for h in hits]
+
+
+def assert_same_ranking(got, want):
+    assert [d for d, _ in got] == [d for d, _ in want]
+    assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
+
+
+def test_searcher_equals_exhaustive_with_large_k(index_dir, model, data, expected):
+    searcher = AlignerSearcher(index_dir, encoder=model, k_per_token=100_000, max_candidates=N_DOCS)
+    queries = data[1]
+    got = searcher.batch_search([q["text"] for q in queries], [q["id"] for q in queries], k=10)
+    assert list(got) == [q["id"] for q in queries]
+    for q in queries:
+        assert_same_ranking(as_pairs(got[q["id"]]), as_pairs(expected[q["id"]]))
+        assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(expected[q["id"]]))
+
+
+def test_default_knobs_find_the_exhaustive_top_hits(index_dir, model, data, expected):
+    searcher = AlignerSearcher(index_dir, encoder=model, max_candidates=50)
+    overlap = [len({h.docid for h in searcher.search(q["text"], k=10)} & {h.docid for h in expected[q["id"]]})
+               for q in data[1]]
+    assert np.mean(overlap) >= 9.0
+
+
+def test_searcher_loads_model_from_manifest(index_dir, data, expected):
+    searcher = AlignerSearcher(index_dir)
+    assert str(searcher.strategy) == "top-k:1" and searcher.num_docs == N_DOCS and searcher.dimension == 128
+    q = data[1][0]
+    assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(expected[q["id"]]))
+
+
+@pytest.mark.parametrize("factory, exact", [("IVF16,Flat", True), ("HNSW16", False), ("IVF16,PQ16x8", False)])
+def test_faiss_factory_strings(tmp_path, index_dir, model, data, expected, factory, exact):
+    target = tmp_path / "idx"
+    derive_index(index_dir, target, index_type=factory, progress=False)
+    searcher = AlignerSearcher(target, encoder=model, k_per_token=200, max_candidates=N_DOCS)
+    for q in data[1][:4]:
+        got = searcher.search(q["text"], k=10)
+        assert len(got) == 10 and len({h.docid for h in got}) == 10
+        if exact:  # nprobe defaults to min(32, nlist): every list is probed
+            assert_same_ranking(as_pairs(got), as_pairs(expected[q["id"]]))
+        else:
+            assert len({h.docid for h in got} & {h.docid for h in expected[q["id"]]}) >= 6
+
+
+def test_pruned_index_and_refine_with_kept(tmp_path, index_dir, model, data):
+    target = tmp_path / "pruned"
+    derive_index(index_dir, target, doc_prune=0.5, progress=False)
+    q = data[1][1]["text"]
+    searcher = AlignerSearcher(target, encoder=model, k_per_token=100_000, max_candidates=N_DOCS, refine_with="kept",
+                               query_prune=0.5)
+    got = searcher.search(q, k=5)
+    vectors, mask, _ = searcher.store.gather(np.arange(N_DOCS), kept_only=True)
+    assert mask.sum(1).tolist() == [searcher.store.kept[a:b].sum() for a, b in
+                                    zip(searcher.store.offsets[:-1], searcher.store.offsets[1:])]
+    qv, qm, _ = pad_encoded(model.encode([q], is_query=True), 128)
+    scores = alignment_scores(qv, qm, vectors, mask, "top-k:1")[0]
+    best = torch.argsort(scores, descending=True, stable=True)[:5]
+    assert [h.docid for h in got] == [searcher.docids[i] for i in best]
+    assert np.allclose([h.score for h in got], scores[best].numpy(), atol=1e-5)
+
+
+def test_strategy_knob(index_dir, model, data):
+    q = data[1][2]["text"]
+    exact = ExhaustiveScorer(index_dir, encoder=model, strategy="top-p:0.02")
+    searcher = AlignerSearcher(index_dir, encoder=model, strategy="top-p:0.02", k_per_token=100_000, max_candidates=N_DOCS)
+    assert_same_ranking(as_pairs(searcher.search(q, k=10)), as_pairs(exact.search(q, k=10)))
+    with pytest.raises(ValueError, match="bad alignment strategy"):
+        AlignerSearcher(index_dir, encoder=model, strategy="max")
+
+
+def test_empty_query_and_return_vector(index_dir, model):
+    searcher = AlignerSearcher(index_dir, encoder=model)
+    assert searcher.search("") == [] and searcher.search("   ") == []
+    hits = searcher.batch_search(["", "vitamin D deficiency"], ["empty", "q"], k=3)
+    assert hits["empty"] == [] and len(hits["q"]) == 3
+    q_vectors, prf = searcher.search("vitamin D deficiency", k=3, return_vector=True)
+    assert q_vectors.shape[1] == 128 and [h.docid for h in prf] == [h.docid for h in hits["q"]]
+    row = searcher.store.row_of(prf[0].docid)
+    assert prf[0].vectors.shape == (searcher.store.lengths[row], 128)
+
+
+def test_model_mismatch_errors(index_dir, model):
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.projection.weight.mul_(1.01)
+    with pytest.raises(ValueError, match="model fingerprint mismatch: index .* was built with model aligner"):
+        AlignerSearcher(index_dir, encoder=other)
+    other.config.dim = 64
+    other.projection = torch.nn.Linear(384, 64, bias=False)
+    with pytest.raises(ValueError, match="encoder produces 64-d vectors but index .* holds 128-d vectors"):
+        AlignerSearcher(index_dir, encoder=other)
+
+
+def test_corrupt_or_missing_files_are_named(tmp_path, index_dir, model):
+    broken = tmp_path / "broken"
+    shutil.copytree(index_dir, broken)
+    (broken / store.FAISS_INDEX).write_bytes(b"garbage")
+    with pytest.raises(IndexFormatError, match=r"faiss\.index: FAISS cannot read it"):
+        AlignerSearcher(broken, encoder=model)
+    (broken / store.FAISS_INDEX).unlink()
+    with pytest.raises(FileNotFoundError, match=r"index file missing: .*faiss\.index"):
+        AlignerSearcher(broken, encoder=model)
+    with open(broken / store.SALIENCE, "ab") as handle:
+        handle.write(b"\0" * 4)
+    with pytest.raises(IndexFormatError, match=r"doc_salience\.f32: \d+ bytes, the manifest implies"):
+        AlignerSearcher(broken, encoder=model)
+    lines = (broken / store.DOCIDS).read_text().splitlines()
+    shutil.copy(index_dir / store.SALIENCE, broken / store.SALIENCE)
+    (broken / store.DOCIDS).write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(IndexFormatError, match=r"docids\.txt: 199 docids, the manifest says num_docs=200"):
+        AlignerSearcher(broken, encoder=model)
+
+
+def term_overlap_candidates(query: str, docs: list[dict], n: int) -> list[tuple[str, str]]:
+    """A BM25-like candidate list: the n documents sharing the most query terms (idf-weighted)."""
+    terms = [set(d["contents"].lower().split()) for d in docs]
+    df = Counter(t for doc_terms in terms for t in doc_terms)
+    q_terms = set(query.lower().split())
+    scores = [sum(np.log(len(docs) / df[t]) for t in q_terms & doc_terms) for doc_terms in terms]
+    order = np.argsort(scores, kind="stable")[::-1][:n]
+    return [(docs[i]["id"], docs[i]["contents"]) for i in order]
+
+
+def test_reranker_reorders_candidates_with_exhaustive_scores(index_dir, model, data, exhaustive):
+    docs, queries = data
+    q = queries[3]["text"]
+    candidates = term_overlap_candidates(q, docs, 20)
+    reranker = AlignmentReranker(index_dir, encoder=model)
+    reranked = reranker.rerank(q, candidates)
+    full = exhaustive.scores([q])[0]
+    want = sorted(((c[0], float(full[exhaustive.store.row_of(c[0])])) for c in candidates), key=lambda p: -p[1])
+    assert_same_ranking(as_pairs(reranked), want)
+    assert [h.docid for h in reranked] != [c[0] for c in candidates]
+    assert [h.docid for h in reranker.rerank(q, [c[0] for c in candidates], k=5)] == [d for d, _ in want[:5]]
+
+    from_text = AlignmentReranker(model).rerank(q, candidates)  # no index: every candidate encoded from its text
+    assert [h.docid for h in from_text][:5] == [d for d, _ in want[:5]]
+    assert np.allclose([h.score for h in from_text], [s for _, s in want], atol=2e-3)
+    assert reranker.rerank("", candidates) == [] and reranker.rerank(q, []) == []
+
+
+def test_reranker_mixes_stored_and_new_documents(index_dir, model, data):
+    docs, queries = data
+    q = queries[0]["text"]
+    reranker = AlignmentReranker(index_dir, encoder=model)
+    new = ("new-doc", docs[0]["contents"])  # same text as an indexed document, under an unknown docid
+    hits = {h.docid: h.score for h in reranker.rerank(q, [docs[0]["id"], new, docs[1]["id"]])}
+    assert set(hits) == {docs[0]["id"], "new-doc", docs[1]["id"]}
+    assert abs(hits["new-doc"] - hits[docs[0]["id"]]) < 2e-3
+    with pytest.raises(ValueError, match="candidate 'unknown' is not in the index and carries no text"):
+        reranker.rerank(q, ["unknown"])
