@@ -1,0 +1,1 @@
+"""Speed and size benchmark: ``python -m eval.bench --dataset beir/scifact/test --output <dir>``."""

@@ -1,0 +1,25 @@
+"""``python -m eval.bench --dataset beir/scifact/test --output runs/bench_scifact``"""
+import argparse
+import logging
+import sys
+
+from eval.bench.run import run_bench
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.bench", description=__doc__)
+    parser.add_argument("--dataset", required=True, help="ir_datasets id (beir/scifact/test) or a local BEIR folder")
+    parser.add_argument("--output", required=True, help="folder for bench.json and bench.md")
+    parser.add_argument("--cache", default=".cache/indexes", help="folder for indexes (shared with eval.beir)")
+    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss").setLevel(logging.WARNING)
+    run_bench(args.dataset, args.output, args.cache, encoder=args.encoder, threads=args.threads)
+    print(open(f"{args.output}/bench.md", encoding="utf-8").read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The benchmark: build, size, latency, throughput and quality of AligneR against Pyserini's BM25 and dense search.
+
+Everything runs in one process tree on the same corpus and queries; index builds run in child processes so
+their time and peak memory are measured alone. Numbers are medians/percentiles of one run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+from eval.bench import measure
+from eval.metrics import evaluate
+from pyserini_aligner.data import Dataset
+
+log = logging.getLogger(__name__)
+FAISS_PART = ("faiss.index", "faiss_ids.i64")
+REFINE_PART = ("doc_vectors.f16", "doc_salience.f32", "doc_offsets.i64", "kept.bool", "docids.txt")
+
+
+def _corpus_id(dataset: Dataset) -> str:
+    return str(dataset.folder) if dataset.folder else dataset.spec
+
+
+def build_aligner(dataset: Dataset, index_dir: Path, encoder: str, extra: list[str]) -> dict:
+    """Build an AligneR index in a child process: seconds, peak RSS, bytes per document."""
+    stats = measure.timed_module("pyserini_aligner.index", ["--corpus", _corpus_id(dataset), "--index", str(index_dir),
+                                                            "--encoder", encoder, "--overwrite", "--quiet", *extra])
+    docs = json.loads((index_dir / "manifest.json").read_text())["num_docs"]
+    stats["faiss_bytes_per_doc"] = round(measure.file_bytes(index_dir, FAISS_PART) / docs)
+    stats["refine_bytes_per_doc"] = round(measure.file_bytes(index_dir, REFINE_PART) / docs)
+    stats["total_bytes_per_doc"] = stats["faiss_bytes_per_doc"] + stats["refine_bytes_per_doc"]
+    return stats
+
+
+def _measure_searcher(name: str, searcher, queries: dict[str, str], qrels: dict, threads: int) -> dict:
+    """p50/p95 per-query latency at k=10 and k=1000, batch QPS, and nDCG@10 of the k=1000 run."""
+    texts, qids = list(queries.values()), list(queries)
+    row = {}
+    for k in (10, 1000):
+        times = measure.per_query_latency(lambda q: searcher.search(q, k=k), texts)
+        row[f"k{k}"] = measure.percentiles_ms(times)
+    row["qps_batch32"] = round(measure.throughput_qps(
+        lambda batch: searcher.batch_search(batch, [str(i) for i in range(len(batch))], k=10, threads=threads), texts), 1)
+    hits = searcher.batch_search(texts, qids, k=1000, threads=threads)
+    row["ndcg@10"] = round(evaluate(qrels, {q: {h.docid: float(h.score) for h in hs} for q, hs in hits.items()},
+                                    ("ndcg@10",))["ndcg@10"], 4)
+    log.info("%s: %s", name, row)
+    return row
+
+
+def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.PathLike, encoder: str = "aligner",
+              threads: int = 2) -> dict:
+    """Run every measurement; writes ``bench.json`` and ``bench.md`` in ``output`` and returns the dict."""
+    from eval.beir.systems import Context, dense_searcher, lucene_index, work_dir
+    from pyserini.search.lucene import LuceneSearcher
+    from pyserini_aligner.search.searcher import AlignerSearcher
+
+    dataset = Dataset(dataset_spec)
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    ctx = Context(dataset=dataset, work=work_dir(dataset, cache), threads=threads)
+    queries, qrels = dataset.queries(), dataset.qrels()
+    report = {"dataset": dataset.name, "machine": f"{platform.machine()} {os.cpu_count()} cores (CPU)",
+              "queries": len(queries), "build": {}, "search": {}}
+
+    index_dir = Path(cache) / "bench" / f"{ctx.work.name}-aligner"
+    report["build"]["aligner"] = build_aligner(dataset, index_dir, encoder, [])
+    vectors = index_dir / "doc_vectors.f16"
+    report["build"]["aligner"]["stream_vectors_seconds"] = round(measure.stream_seconds(vectors), 4)
+
+    bm25 = LuceneSearcher(str(lucene_index(ctx)))
+    bm25.set_bm25(0.9, 0.4)
+    searchers = {"bm25": bm25, "dense": dense_searcher(ctx), "aligner": AlignerSearcher(index_dir)}
+    for name, searcher in searchers.items():
+        report["search"][name] = _measure_searcher(name, searcher, queries, qrels, threads)
+    aligner = report["search"]["aligner"]
+    report["ratios"] = {f"aligner_vs_{base}_p50_k{k}": round(aligner[f"k{k}"]["p50_ms"] /
+                                                                report["search"][base][f"k{k}"]["p50_ms"], 2)
+                        for base in ("bm25", "dense") for k in (10, 1000)}
+    report["created"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    (output / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (output / "bench.md").write_text(bench_markdown(report), encoding="utf-8")
+    return report
+
+
+def bench_markdown(report: dict) -> str:
+    """The report as Markdown tables."""
+    build = report["build"]["aligner"]
+    lines = [f"### Benchmark: {report['dataset']} ({report['queries']} queries, {report['machine']})", "",
+             "| AligneR index build | seconds | peak RSS MiB | FAISS B/doc | refinement B/doc | total B/doc | "
+             "stream vectors s |", "|---|---:|---:|---:|---:|---:|---:|",
+             f"| full tokens, exact IP | {build['seconds']} | {build['peak_rss_mib']} | {build['faiss_bytes_per_doc']} | "
+             f"{build['refine_bytes_per_doc']} | {build['total_bytes_per_doc']} | {build['stream_vectors_seconds']} |", "",
+             "| system | p50 ms k=10 | p95 ms k=10 | p50 ms k=1000 | p95 ms k=1000 | QPS (batch 32) | nDCG@10 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, row in report["search"].items():
+        lines.append(f"| {name} | {row['k10']['p50_ms']} | {row['k10']['p95_ms']} | {row['k1000']['p50_ms']} | "
+                     f"{row['k1000']['p95_ms']} | {row['qps_batch32']} | {row['ndcg@10']} |")
+    lines += ["", "| ratio (p50 latency) | value |", "|---|---:|"]
+    lines += [f"| {name} | {value} |" for name, value in report["ratios"].items()]
+    return "\n".join(lines) + "\n"
