@@ -26,6 +26,8 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
 
 run: install
 	$(BIN)/python -m eval.beir --dataset $(DATASET) --output $(RUN_DIR)
+	$(BIN)/python -m eval.sweeps --dataset $(DATASET) --output $(RUN_DIR)/sweeps
+	cat $(RUN_DIR)/results.md
 
 test: install
 	$(BIN)/python -m pytest tests -q

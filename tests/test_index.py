@@ -1,6 +1,7 @@
 """Multi-vector index: streaming build, on-disk layout, atomicity, docid checks, β^d pruning, corpus readers, CLI."""
 import copy
 import json
+import os
 import math
 import shutil
 import zipfile
@@ -17,7 +18,7 @@ from pyserini_aligner.index import store
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.salience import keep_count
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir" / "scifact.zip"
+SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
 N_DOCS = 200
 
 
@@ -72,7 +73,8 @@ def leftovers(folder: Path) -> list[str]:
 
 def test_build_writes_layout_and_counts(index_dir, model, corpus_file):
     m = read_manifest(index_dir)
-    assert (m.format, m.model_name, m.dim, m.doc_prune, m.index_type) == ("pyserini-aligner", "aligner", 128, 1.0, "Flat")
+    assert (m.format, m.model_name, m.dim, m.doc_prune, m.index_type) == (
+        "pyserini-aligner", "aligner", 128, 1.0, "Flat")
     assert m.model_fingerprint == model.fingerprint()
     assert m.default_strategy == model.config.default_strategy
     assert m.num_docs == N_DOCS and m.num_kept == m.num_tokens and m.num_empty == 0
@@ -108,7 +110,8 @@ def test_build_is_atomic_on_late_error(tmp_path, model):
 
 def test_failed_overwrite_keeps_old_index(tmp_path, model):
     target = tmp_path / "index"
-    build_index(read_json_collection(write_jsonl(tmp_path / "a.jsonl", short_records(3))), target, model, progress=False)
+    corpus = write_jsonl(tmp_path / "a.jsonl", short_records(3))
+    build_index(read_json_collection(corpus), target, model, progress=False)
     with pytest.raises(FileExistsError, match="index target exists"):
         build_index([("x", "text")], target, model, progress=False)
     with pytest.raises(ValueError, match="empty corpus"):
@@ -127,7 +130,8 @@ def test_duplicate_docids_refused(tmp_path, model):
                                          r"again at .*dup\.jsonl, line 5"):
         build_index(read_json_collection(corpus), target, model, progress=False)
     assert not target.exists() and leftovers(tmp_path) == []
-    with pytest.raises(ValueError, match=r"duplicate docid 'a': first at corpus, document 1, again at corpus, document 3"):
+    expected = "duplicate docid 'a': first at corpus, document 1, again at corpus, document 3"
+    with pytest.raises(ValueError, match=expected):
         build_index([("a", "x"), ("b", "y"), ("a", "z")], target, model, progress=False)
 
 
@@ -135,7 +139,8 @@ def test_doc_prune_keeps_most_salient(tmp_path, model):
     salient = copy.deepcopy(model)  # a model whose document salience varies from token to token
     salient.config.use_salience = True
     with torch.no_grad():
-        salient.d_salience.weight.copy_(torch.randn(salient.d_salience.weight.shape, generator=torch.Generator().manual_seed(0)))
+        weight = salient.d_salience.weight
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
     records = short_records(12, words=40)
     beta = 0.3
     target = tmp_path / "pruned"
@@ -163,7 +168,7 @@ def test_derive_index_reprunes_without_encoding(tmp_path, index_dir):
 def test_bad_factory_string_fails_before_encoding(tmp_path, model):
     with pytest.raises(ValueError, match="index_type 'Bogus12'"):
         build_index([("a", "x")], tmp_path / "i", model, index_type="Bogus12", progress=False)
-    with pytest.raises(ValueError, match=r"FAISS training on 3 kept token vectors failed \(Number of training points \(3\) should be at least"):
+    with pytest.raises(ValueError, match=r"FAISS training on 3 kept token vectors failed \(Number of training points"):
         build_index([("a", "x")], tmp_path / "i", model, index_type="IVF64,Flat", progress=False)
     assert list(tmp_path.iterdir()) == []
 
@@ -217,12 +222,13 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(4))
     cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--index-type", "HNSW8", "--quiet"])
     m = read_manifest(tmp_path / "idx")
-    assert (m.num_docs, m.index_type) == (4, "HNSW8")
+    assert (m.num_docs, m.index_type, m.corpus) == (4, "HNSW8", str(corpus.resolve()))
     bad = write_jsonl(tmp_path / "bad.jsonl", short_records(2), extra_lines={2: "oops"})
     with pytest.raises(SystemExit, match=r"error: .*bad\.jsonl, line 2: not valid JSON"):
         cli.main(["--corpus", str(bad), "--index", str(tmp_path / "idx2"), "--quiet"])
     with pytest.raises(SystemExit, match="error: index target exists"):
         cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--quiet"])
-    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx3"), "--doc-prune", "0.5", "--quiet"])
+    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx3"), "--doc-prune", "0.5",
+              "--quiet"])
     assert read_manifest(tmp_path / "idx3").index_type == "HNSW8"
     assert not (tmp_path / "idx2").exists() and leftovers(tmp_path) == []

@@ -1,6 +1,7 @@
 """AlignerSearcher, ExhaustiveScorer and AlignmentReranker on the first 200 SciFact documents with the real model."""
 import copy
 import json
+import os
 import shutil
 import zipfile
 from collections import Counter
@@ -16,7 +17,7 @@ from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
 from pyserini_aligner.search.searcher import pad_encoded
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir" / "scifact.zip"
+SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
 N_DOCS, N_QUERIES = 200, 12
 
 
@@ -216,3 +217,29 @@ def test_reranker_mixes_stored_and_new_documents(index_dir, model, data):
     assert abs(hits["new-doc"] - hits[docs[0]["id"]]) < 2e-3
     with pytest.raises(ValueError, match="candidate 'unknown' is not in the index and carries no text"):
         reranker.rerank(q, ["unknown"])
+
+
+def test_reranker_takes_pyserini_lucene_hits(tmp_path, index_dir, model, data, exhaustive):
+    from pyserini.search.lucene import LuceneSearcher
+
+    from pyserini_aligner.bm25 import build_lucene_index
+    from pyserini_aligner.data import Doc
+
+    docs, queries = data
+    build_lucene_index([Doc(d["id"], "", d["contents"]) for d in docs], tmp_path / "lucene", threads=1)
+    q = queries[4]["text"]
+    hits = LuceneSearcher(str(tmp_path / "lucene")).search(q, k=15)
+    full = exhaustive.scores([q])[0]
+    want = sorted(((h.docid, float(full[exhaustive.store.row_of(h.docid)])) for h in hits), key=lambda p: -p[1])
+    assert_same_ranking(as_pairs(AlignmentReranker(index_dir, encoder=model).rerank(q, hits)), want)
+    from_raw = AlignmentReranker(model, "top-k:1").rerank(q, hits)  # texts read from the hits' stored raw JSON
+    assert np.allclose([h.score for h in from_raw], [s for _, s in want], atol=2e-3)
+
+
+def test_pyserini_faiss_searcher_opens_aligner_index(index_dir, data, expected):
+    from pyserini.search.faiss import FaissSearcher
+
+    searcher = FaissSearcher(str(index_dir), "aligner")
+    assert isinstance(searcher, AlignerSearcher)
+    q = data[1][0]
+    assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(expected[q["id"]]))

@@ -1,5 +1,6 @@
 """Trainer on CPU with the real MiniLM: config errors, bundle, a few steps, resume, loss decrease, nDCG vs ranx."""
 
+import dataclasses
 import json
 import math
 import random
@@ -132,8 +133,13 @@ def test_loss_decreases_on_a_repeated_batch(bundle_path, tmp_path):
 
 
 def test_train_resume_and_shipped_checkpoint(bundle_path, tmp_path):
-    cfg = tiny_config(bundle_path)
-    straight = Trainer(cfg, tmp_path / "straight", device="cpu", progress=False).run()
+    cfg = tiny_config(bundle_path, projection_init="pca", positive_top=1, model_negatives_after_epoch=1)
+    trainer = Trainer(cfg, tmp_path / "straight", device="cpu", progress=False)
+    weight = trainer.model.projection.weight  # PCA init: orthonormal rows
+    torch.testing.assert_close(weight @ weight.T, torch.eye(cfg.dim), atol=1e-4, rtol=0)
+    assert all(q.sample_from and len(q.sample_from) == 1 and q.sample_from[0] in q.positives
+               for q in trainer.sampler.queries)
+    straight = trainer.run()
     assert straight["finished"] and straight["steps"] == 4
     interrupted = Trainer(cfg, tmp_path / "resumed", device="cpu", progress=False).run(stop_after=1)
     assert not interrupted["finished"] and interrupted["step"] == 1
@@ -149,10 +155,12 @@ def test_train_resume_and_shipped_checkpoint(bundle_path, tmp_path):
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
     vals = [r for r in records if r["event"] == "validation"]
     assert [r["step"] for r in vals] == [0, 2, 4] and 0.0 <= vals[0]["sets"]["tiny-dev"]["ndcg@10"] <= 1.0
+    assert [r["step"] for r in records if r["event"] == "mined_negatives"] == [2]
+    assert all(len(q.negatives) == 3 and not set(q.negatives) & set(q.positives) for q in trainer.sampler.queries)
     model = AlignerModel.from_pretrained(tmp_path / "straight" / "best")
     assert model.config.use_salience and model.config.doc_maxlen == 24
     reloaded = straight["best_reloaded"]["sets"]["tiny-dev"]["ndcg@10"]
     assert reloaded == pytest.approx(straight["best_score"], abs=0.05)  # fp16 delta keeps the ranking quality
     with pytest.raises(ValueError, match=r"changed field\(s\) \['temperature'\]"):
-        Trainer(tiny_config(bundle_path, temperature=0.5), tmp_path / "resumed", device="cpu",
+        Trainer(dataclasses.replace(cfg, temperature=0.5), tmp_path / "resumed", device="cpu",
                 progress=False).run(resume=True)

@@ -1,4 +1,8 @@
-"""``python -m eval.beir --dataset beir/scifact/test --systems bm25 --output runs/scifact``"""
+"""``python -m eval.beir --dataset beir/scifact/test --output runs/scifact [--systems ...] [--encoder ...]``
+
+Runs BM25, the MiniLM dense baseline, AligneR (full, pruned, hybrid with BM25, RRF with BM25, few-shot adapted) on
+one BEIR dataset; writes run.<system>.trec, results.json and results.md (with significance tests against bm25 and
+dense). Indexes and runs are cached under --cache, keyed by model fingerprint and dataset."""
 import argparse
 import logging
 import sys
@@ -16,14 +20,23 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=".cache/indexes", help="folder for indexes (reused between runs)")
     parser.add_argument("--hits", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner' or a folder")
+    parser.add_argument("--candidates", type=int, default=100, help="aligner hits rescored by aligner-adapted")
+    parser.add_argument("--fold-size", type=int, default=8, help="queries per few-shot adaptation fold")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the folds and of the hybrid tuning sample")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)
+    if args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         run_harness(args.dataset, args.systems, args.output, args.cache, hits=args.hits, threads=args.threads,
-                    progress=not args.quiet)
-    except (DataError, ValueError) as error:
+                    progress=not args.quiet, encoder=args.encoder, candidates=args.candidates,
+                    fold_size=args.fold_size, seed=args.seed)
+    except (DataError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(open(f"{args.output}/results.md", encoding="utf-8").read())

@@ -1,4 +1,9 @@
-"""Run systems on one dataset, write their TREC runs, ``results.json`` and ``results.md``."""
+"""Run systems on one dataset, write their TREC runs, ``results.json`` and ``results.md``.
+
+results.json: {"dataset", "systems": {name: {"ndcg@10", "recall@100", "recall@1000", "run", "seconds", ...extras}},
+"significance": see ``eval.metrics.significance``}. A system that reports its own value of a metric (aligner-adapted:
+nDCG@10 as the mean over folds) keeps its run's value under "<metric>_run".
+"""
 from __future__ import annotations
 
 import json
@@ -9,15 +14,18 @@ from pathlib import Path
 from typing import Sequence
 
 from eval.beir.systems import SYSTEMS, Context, work_dir
-from eval.metrics import METRICS, evaluate
+from eval.metrics import METRICS, evaluate, significance
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.trec import write_run
 
 log = logging.getLogger(__name__)
 
+BASELINES = ("bm25", "dense")
+
 
 def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.PathLike, cache: str | os.PathLike,
-                hits: int = 1000, threads: int = 2, progress: bool = True) -> dict:
+                hits: int = 1000, threads: int = 2, progress: bool = True, encoder: str = "aligner",
+                candidates: int = 100, fold_size: int = 8, seed: int = 0) -> dict:
     """Run ``systems`` on the dataset; returns the results dict also written to ``<output>/results.json``."""
     unknown = [name for name in systems if name not in SYSTEMS]
     if unknown:
@@ -25,27 +33,67 @@ def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.Path
     dataset = Dataset(dataset_spec)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    ctx = Context(dataset=dataset, work=work_dir(dataset, cache), hits=hits, threads=threads, progress=progress)
-    qrels = dataset.qrels()
+    ctx = Context(dataset=dataset, work=work_dir(dataset, cache), hits=hits, threads=threads, progress=progress,
+                  encoder=encoder, candidates=candidates, fold_size=fold_size, seed=seed)
     results = {"dataset": dataset.name, "systems": {}}
     for name in systems:
-        log.info("running %s on %s", name, dataset.name)
         start = time.perf_counter()
-        ctx.runs[name] = SYSTEMS[name](ctx)
+        ctx.require(name)
         seconds = time.perf_counter() - start
         run_path = write_run(ctx.runs[name], output / f"run.{name}.trec", tag=name)
-        scores = evaluate(qrels, {q: dict(h) for q, h in ctx.runs[name].items()})
-        results["systems"][name] = {**{m: round(scores[m], 4) for m in METRICS}, "run": str(run_path),
-                                    "seconds": round(seconds, 1)}
+        scores = evaluate(ctx.qrels, {q: dict(h) for q, h in ctx.runs[name].items()})
+        row = {m: round(scores[m], 4) for m in METRICS}
+        extras = ctx.extras.get(name, {})
+        row.update({f"{m}_run": row[m] for m in METRICS if m in extras})
+        row.update({"run": str(run_path), "seconds": round(seconds, 1), **extras})
+        results["systems"][name] = row
+    results["significance"] = significance(ctx.qrels, {n: {q: dict(h) for q, h in ctx.runs[n].items()}
+                                                       for n in systems}, BASELINES)
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (output / "results.md").write_text(results_markdown(results), encoding="utf-8")
     return results
 
 
+def _cell(row: dict, metric: str) -> str:
+    std = row.get(f"{metric}_std")
+    return f"{row[metric]:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+
+
+def _note(name: str, row: dict) -> str:
+    if name == "hybrid":
+        return f"alpha={row['alpha']:g} ({row['alpha_source']})"
+    if name == "aligner-pruned":
+        return f"β^d={row['doc_prune']:g}, β^q={row['query_prune']:g}"
+    if name == "aligner-adapted":
+        chosen = ", ".join(f"{s}×{n}" for s, n in sorted(row["chosen"].items(), key=lambda x: -x[1]))
+        return f"{row['folds']} folds of {row['fold_size']}; run nDCG@10 {row['ndcg@10_run']:.4f}; chosen {chosen}"
+    if "strategy" in row:
+        return f"strategy {row['strategy']}"
+    return ""
+
+
+def _p_cell(p: float | None, max_p: float) -> str:
+    return "n/a" if p is None else f"{p:.4f}" + ("*" if p <= max_p else "")
+
+
 def results_markdown(results: dict) -> str:
-    """The results as a Markdown table, one row per system."""
-    lines = [f"### {results['dataset']}", "", "| system | " + " | ".join(METRICS) + " |",
-             "|---|" + "---:|" * len(METRICS)]
+    """The results as Markdown: one row per system, then the significance tests against each baseline."""
+    lines = [f"### {results['dataset']}", "", "| system | " + " | ".join(METRICS) + " | notes |",
+             "|---|" + "---:|" * len(METRICS) + "---|"]
     for name, row in results["systems"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{row[m]:.4f}" for m in METRICS) + " |")
+        lines.append(f"| {name} | " + " | ".join(_cell(row, m) for m in METRICS) + f" | {_note(name, row)} |")
+    sig = results.get("significance", {})
+    if sig.get("pairs"):
+        tests = list(sig["tests"])
+        lines += ["", f"Significance ({'; '.join(sig['tests'].values())}; p-values, "
+                      f"{sig['n_permutations']} permutations; W/T/L = queries won/tied/lost):", "",
+                  "| system | baseline | metric | Δ | " + " | ".join(f"p ({t})" for t in tests) + " | W/T/L |",
+                  "|---|---|---|---:|" + "---:|" * len(tests) + "---|"]
+        for name, bases in sig["pairs"].items():
+            for base, per_metric in bases.items():
+                for metric, cell in per_metric.items():
+                    ps = " | ".join(_p_cell(cell[f"p_{t}"], sig["max_p"]) for t in tests)
+                    lines.append(f"| {name} | {base} | {metric} | {cell['delta']:+.4f} | {ps} | "
+                                 f"{cell['win']}/{cell['tie']}/{cell['loss']} |")
+        lines.append(f"\n\\* p ≤ {sig['max_p']}; n/a: the t-test is undefined (identical per-query scores)")
     return "\n".join(lines) + "\n"

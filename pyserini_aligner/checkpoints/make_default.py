@@ -1,7 +1,9 @@
-"""Regenerate the shipped untrained default checkpoint: ``python -m pyserini_aligner.checkpoints.make_default``.
+"""Write the untrained AligneR baseline: ``python -m pyserini_aligner.checkpoints.make_default --output <dir>``.
 
-It is a documented initialisation, not a trained model: MiniLM backbone as is, a seeded Gaussian projection
-384 → 128 (a random map roughly preserves inner products, so MaxSim over it behaves like MaxSim over MiniLM
+The shipped ``aligner`` checkpoint is trained (see checkpoints/aligner/README.md); this is the untrained
+initialisation it was trained from and is compared against (the trainer's ``init: untrained`` draws the same
+weights). It is a documented initialisation, not a trained model: MiniLM backbone as is, a seeded Gaussian
+projection 384 → 128 (a random map roughly preserves inner products, so MaxSim over it behaves like MaxSim over MiniLM
 token states), salience heads W=0, b=1 (every real token equally salient) and use_salience=False.
 """
 
@@ -11,22 +13,22 @@ import argparse
 import logging
 from pathlib import Path
 
-from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerConfig, AlignerModel
+from pyserini_aligner.model import AlignerConfig, AlignerModel
 
 SEED = 0
 DESCRIPTION = ("Untrained AligneR initialisation: all-MiniLM-L6-v2 backbone unchanged, Gaussian projection "
                f"384->128 (seed {SEED}, N(0, 1/384)), salience heads W=0 b=1, use_salience=false. "
-               "Regenerate with python -m pyserini_aligner.checkpoints.make_default.")
+               "Regenerate with python -m pyserini_aligner.checkpoints.make_default --output <dir>.")
 
 
 def default_config() -> AlignerConfig:
-    """Config of the shipped untrained checkpoint."""
+    """Config of the untrained baseline checkpoint."""
     return AlignerConfig(backbone="minilm", hidden_size=384, dim=128, query_maxlen=64, doc_maxlen=256,
                          keep_special=True, use_salience=False, salience_mode="lp", alpha_q=0.5, alpha_d=0.4,
                          eps=0.002, default_strategy="top-k:1", description=DESCRIPTION)
 
 
-def make_default(output: Path = DEFAULT_CHECKPOINT) -> str:
+def make_default(output: Path) -> str:
     """Write the checkpoint into ``output``; returns its fingerprint."""
     model = AlignerModel(default_config())
     model.reset_heads(seed=SEED)
@@ -36,7 +38,8 @@ def make_default(output: Path = DEFAULT_CHECKPOINT) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint folder to write")
+    parser.add_argument("--output", type=Path, required=True,
+                        help="checkpoint folder to write (not the shipped checkpoints/aligner, which is trained)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     print(f"wrote {args.output} (fingerprint {make_default(args.output)})")

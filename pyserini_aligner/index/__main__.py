@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from pyserini_aligner.index.builder import DEFAULT_INDEX_TYPE, build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
@@ -23,13 +24,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
                         help="fraction β^d of each document's most salient tokens put in FAISS (default 1.0)")
     parser.add_argument("--index-type", default=None,
-                        help=f"FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), IVF256,Flat, IVF256,PQ16x8, HNSW32")
+                        help=f"FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), IVF256,Flat, "
+                             "IVF256,PQ16x8, HNSW32")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--max-docs", type=int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
+
+
+def corpus_name(spec: str) -> str:
+    """What the manifest records as the corpus: an absolute path for files/folders, else the ir_datasets id."""
+    return str(Path(spec).resolve()) if Path(spec).exists() else spec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
             manifest = build_index(read_corpus(args.corpus), args.index, args.encoder,
                                    doc_prune=1.0 if args.doc_prune is None else args.doc_prune,
                                    index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
-                                   device=args.device, max_docs=args.max_docs, **common)
+                                   device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
+                                   **common)
     except (ValueError, OSError) as err:
         sys.exit(f"error: {err}")
     if not args.quiet:

@@ -34,7 +34,8 @@ _ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
 def faiss_factory_string(index_type: str) -> str:
     """FAISS factory string for ``index_type``; "IndexFlatIP"/"FlatIP" mean exact inner product ("Flat")."""
     if not isinstance(index_type, str) or not index_type.strip():
-        raise ValueError(f"index_type must be a FAISS factory string such as 'Flat' or 'IVF256,Flat', got {index_type!r}")
+        raise ValueError(f"index_type must be a FAISS factory string such as 'Flat' or 'IVF256,Flat', "
+                         f"got {index_type!r}")
     return _FLAT_ALIASES.get(index_type.strip().lower(), index_type.strip())
 
 
@@ -46,28 +47,22 @@ def new_faiss_index(dim: int, index_type: str):
     try:
         return faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as err:
-        raise ValueError(f"index_type {index_type!r}: FAISS cannot build it ({_faiss_message(err)}); "
+        raise ValueError(f"index_type {index_type!r}: FAISS cannot build it ({store.faiss_error_message(err)}); "
                          "examples: 'IndexFlatIP', 'IVF256,Flat', 'IVF256,PQ16x8', 'HNSW32'") from None
-
-
-def _faiss_message(err: RuntimeError) -> str:
-    """The useful part of a FAISS C++ exception ("Error in <function> at <file>: Error: '<check>' failed: <why>")."""
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    message = lines[-1] if lines else "unknown FAISS error"
-    return message.rsplit("failed: ", 1)[-1].rsplit("Error: ", 1)[-1]
 
 
 class _Writer:
     """Appends per-document token data to the index files of ``folder``."""
 
-    def __init__(self, folder: Path, dim: int):
-        self.dim = dim
+    def __init__(self, folder: Path):
         self.files = {name: (folder / name).open("wb") for name in
                       (store.VECTORS, store.SALIENCE, store.KEPT, store.OFFSETS, store.DOCIDS)}
         self.num_docs = self.num_tokens = self.num_kept = 0
         self.files[store.OFFSETS].write(np.zeros(1, dtype=np.int64).tobytes())
 
-    def add(self, docids: list[str], vectors: list[np.ndarray], salience: list[np.ndarray], kept: list[np.ndarray]) -> None:
+    def add(self, docids: list[str], vectors: list[np.ndarray], salience: list[np.ndarray],
+            kept: list[np.ndarray]) -> None:
+        """Append documents: vectors [len, d], salience [len] and kept [len] (bool) per document."""
         lengths = np.array([len(v) for v in vectors], dtype=np.int64)
         if lengths.sum():
             self.files[store.VECTORS].write(np.concatenate(vectors).astype(np.float16).tobytes())
@@ -111,7 +106,8 @@ def _checked_items(corpus: Iterable, max_docs: int | None, docids: "_DocidRegist
     """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids."""
     for position, item in enumerate(islice(corpus, max_docs), 1):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-            raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), got {item!r:.80}")
+            raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
+                             f"got {item!r:.80}")
         where = item[2] if len(item) == 3 else Location("corpus", position, "document")
         if not isinstance(where, Location):
             raise TypeError(f"corpus item {position}: location must be a Location, got {type(where).__name__}")
@@ -177,14 +173,16 @@ def _encode_chunk(model, chunk: list[tuple[str, str]], writer: "_Writer", batch_
 def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner", *, doc_prune: float = 1.0,
                 index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str | None = None,
                 max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
-                overwrite: bool = False, seed: int = 0, model_name: str | None = None) -> store.Manifest:
+                overwrite: bool = False, seed: int = 0, model_name: str | None = None,
+                corpus_name: str = "") -> store.Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
     AlignerModel. doc_prune: β^d in (0, 1], the fraction of each document's most salient tokens put in FAISS
     (all tokens are stored for refinement). index_type: FAISS factory string (inner product); trained indexes
     are trained on up to ``train_size`` kept vectors sampled with ``seed``. model_name: what to record as the
-    model's name in the manifest (default: derived from ``encoder``).
+    model's name in the manifest (default: derived from ``encoder``). corpus_name: where the texts came from
+    (JsonCollection path or ir_datasets id), recorded in the manifest.
     """
     from pyserini_aligner.salience import keep_count
 
@@ -205,7 +203,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         docids = _DocidRegistry()
         num_truncated = num_empty = 0
         chunk_docs = batch_size * 8  # encode() sorts each chunk by length, so bigger chunks pad less
-        with _Writer(work, dim) as writer, tqdm(total=max_docs, unit="doc", desc="index", disable=not progress) as bar:
+        with _Writer(work) as writer, tqdm(total=max_docs, unit="doc", desc="index", disable=not progress) as bar:
             for chunk in _chunks(_checked_items(corpus, max_docs, docids), chunk_docs):
                 num_truncated += _encode_chunk(model, chunk, writer, batch_size, doc_prune)
                 num_empty += sum(not text.strip() for _, text in chunk)
@@ -221,7 +219,8 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             model_fingerprint=model.fingerprint(), dim=dim,
             doc_prune=float(doc_prune), index_type=faiss_factory_string(index_type), num_docs=writer.num_docs,
             num_tokens=writer.num_tokens, num_kept=writer.num_kept, num_truncated=num_truncated,
-            num_empty=num_empty, default_strategy=model.config.default_strategy, package_version=__version__)
+            num_empty=num_empty, default_strategy=model.config.default_strategy, corpus=corpus_name,
+            package_version=__version__)
         _finish(work, target, manifest, train_size, seed, progress, overwrite)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -235,7 +234,8 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
                  index_type: str | None = None, progress: bool = True, train_size: int = 100_000,
                  overwrite: bool = False, seed: int = 0) -> store.Manifest:
     """A new index from an existing one without re-encoding: the same stored tokens with another β^d
-    (recomputed from the stored saliences) and/or FAISS factory string; returns the new manifest."""
+    (recomputed from the stored saliences) and/or FAISS factory string; returns the new manifest.
+    The token files are hard-linked when the file system allows (copied otherwise)."""
     from pyserini_aligner.salience import prune_mask
 
     source = store.StoredIndex(source_dir)
@@ -252,8 +252,11 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
-        for name in (store.VECTORS, store.SALIENCE, store.OFFSETS, store.DOCIDS):
-            shutil.copyfile(source.index_dir / name, work / name)
+        for name in (store.VECTORS, store.SALIENCE, store.OFFSETS, store.DOCIDS):  # never modified in place
+            try:
+                os.link(source.index_dir / name, work / name)
+            except OSError:  # another file system, or no hard links there
+                shutil.copyfile(source.index_dir / name, work / name)
         num_kept = 0
         with (work / store.KEPT).open("wb") as out:
             for start in range(0, old.num_docs, 4096):
@@ -324,7 +327,7 @@ def _build_faiss(folder: Path, dim: int, index_type: str, num_tokens: int, num_k
             index.train(np.ascontiguousarray(vectors[faiss_ids[sample]], dtype=np.float32))
         except RuntimeError as err:
             raise ValueError(f"index_type {index_type!r}: FAISS training on {count} kept token vectors failed "
-                             f"({_faiss_message(err)}); use a smaller index or more documents") from None
+                             f"({store.faiss_error_message(err)}); use a smaller index or more documents") from None
     for start in tqdm(range(0, num_kept, _ADD_CHUNK), desc="faiss add", unit="chunk", disable=not progress):
         rows = faiss_ids[start:start + _ADD_CHUNK]
         index.add(np.ascontiguousarray(vectors[rows], dtype=np.float32))

@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +56,7 @@ class Manifest:
     num_truncated: int  # documents cut at the model's doc_maxlen
     num_empty: int  # documents whose text was blank
     default_strategy: str  # alignment strategy used when the searcher is not told one
+    corpus: str = ""  # where the texts came from (JsonCollection path or ir_datasets id), when known
     created: str = ""
     package_version: str = ""
     format: str = FORMAT_NAME
@@ -126,6 +129,13 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def faiss_error_message(err: RuntimeError) -> str:
+    """The useful part of a FAISS C++ exception ("Error in <function> at <file>: Error: '<check>' failed: <why>")."""
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    message = re.sub(r"^Error in .*? at \S+:\d+: ", "", lines[-1] if lines else "unknown FAISS error")
+    return message.rsplit("failed: ", 1)[-1].removeprefix("Error: ")
+
+
 def _checked_file(path: Path, expected_bytes: int) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"index file missing: {path}")
@@ -172,6 +182,7 @@ class StoredIndex:
             raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {m.num_tokens})")
         self.docids = self._read_docids(self.index_dir / DOCIDS, m.num_docs)
         self._docid_rows: dict[str, int] | None = None
+        self._vectors_tensor = None
 
     @staticmethod
     def _read_docids(path: Path, count: int) -> list[str]:
@@ -211,7 +222,7 @@ class StoredIndex:
         try:
             index = faiss.read_index(str(path))
         except RuntimeError as err:
-            raise IndexFormatError(f"{path}: FAISS cannot read it ({str(err).strip().splitlines()[-1]})") from None
+            raise IndexFormatError(f"{path}: FAISS cannot read it ({faiss_error_message(err)})") from None
         if index.d != self.manifest.dim or index.ntotal != self.manifest.num_kept:
             raise IndexFormatError(f"{path}: FAISS index has d={index.d}, ntotal={index.ntotal}; the manifest says "
                                    f"dim={self.manifest.dim}, num_kept={self.manifest.num_kept}")
@@ -244,20 +255,53 @@ class StoredIndex:
         mask[owner, within] = True
         return salience, mask
 
-    def gather(self, rows: np.ndarray, kept_only: bool = False):
+    def gather(self, rows: np.ndarray, kept_only: bool = False, workspace: "Workspace | None" = None):
         """Token vectors of documents ``rows`` as padded tensors.
 
         Returns (vectors [B, m, d] float32, mask [B, m] bool, salience [B, m] float32); m = longest selected doc.
-        ``kept_only`` selects only the tokens that are in FAISS.
+        ``kept_only`` selects only the tokens that are in FAISS. With a ``workspace``, vectors is a view into its
+        memory, valid until the workspace's next use (saves page-faulting a fresh buffer on every call).
         """
         import torch
 
         positions, owner, within, lengths = self.token_layout(rows, kept_only)
-        width = max(int(lengths.max()) if len(lengths) else 0, 1)
-        vectors = np.zeros((len(lengths), width, self.manifest.dim), dtype=np.float32)
-        salience = np.zeros((len(lengths), width), dtype=np.float32)
-        mask = np.zeros((len(lengths), width), dtype=np.bool_)
-        vectors[owner, within] = self.vectors[positions]
+        batch, width, d = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1), self.manifest.dim
+        vectors = workspace.take(batch, width, d) if workspace is not None else torch.empty(batch, width, d)
+        if kept_only:  # kept tokens are scattered: gather them first, then copy document by document
+            source = torch.from_numpy(np.ascontiguousarray(self.vectors[positions]))
+            begins = np.cumsum(lengths) - lengths
+        else:
+            source, begins = self._vector_tensor(), self.offsets[np.asarray(rows, dtype=np.int64)]
+        for i, (begin, length) in enumerate(zip(begins.tolist(), lengths.tolist())):
+            vectors[i, :length].copy_(source[begin:begin + length])
+            vectors[i, length:].zero_()
+        salience = np.zeros((batch, width), dtype=np.float32)
         salience[owner, within] = self.salience[positions]
-        mask[owner, within] = True
-        return torch.from_numpy(vectors), torch.from_numpy(mask), torch.from_numpy(salience)
+        mask = torch.arange(width)[None, :] < torch.from_numpy(np.asarray(lengths))[:, None]
+        return vectors, mask, torch.from_numpy(salience)
+
+    def _vector_tensor(self):
+        """doc_vectors as a read-only float16 torch tensor [T, d] sharing the memmap (never written to)."""
+        import torch
+
+        if self._vectors_tensor is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch warns that the memmap is not writable
+                self._vectors_tensor = torch.from_numpy(self.vectors)
+        return self._vectors_tensor
+
+
+class Workspace:
+    """Reusable float32 scratch memory for :meth:`StoredIndex.gather` (one user at a time)."""
+
+    def __init__(self):
+        self._buffer = None
+
+    def take(self, *shape: int):
+        """A float32 tensor of ``shape`` over this workspace's memory (contents undefined)."""
+        import torch
+
+        size = int(np.prod(shape))
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = torch.empty(size)
+        return self._buffer[:size].view(*shape)

@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.store import StoredIndex, Workspace
 from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, load_model, pad_encoded
 
 
@@ -29,6 +29,7 @@ class ExhaustiveScorer:
         self.use_salience = self.model.config.use_salience
         self.batch_size, self.doc_batch, self.progress = batch_size, doc_batch, progress
         self.docids = self.store.docids
+        self._workspace = Workspace()
 
     def scores(self, queries: list[str]) -> torch.Tensor:
         """Scores [len(queries), num_docs] of every query against every document (0 for empty queries)."""
@@ -41,7 +42,7 @@ class ExhaustiveScorer:
         starts = range(0, self.store.num_docs, self.doc_batch)
         for start in tqdm(starts, desc="exhaustive", unit="batch", disable=not self.progress):
             rows = np.arange(start, min(start + self.doc_batch, self.store.num_docs))
-            d, d_mask, d_sal = self.store.gather(rows)
+            d, d_mask, d_sal = self.store.gather(rows, workspace=self._workspace)
             out[live, start:start + len(rows)] = alignment_scores(
                 q, q_mask, d, d_mask, self.strategy, q_sal if self.use_salience else None,
                 d_sal if self.use_salience else None)

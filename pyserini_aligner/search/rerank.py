@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import MANIFEST, StoredIndex
+from pyserini_aligner.index.store import MANIFEST, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, load_model, pad_encoded
 
@@ -81,6 +81,7 @@ class AlignmentReranker:
         self.use_salience = self.model.config.use_salience
         self.dim = self.model.config.dim
         self.batch_size = batch_size
+        self._workspace = Workspace()
 
     def rerank(self, query: str, candidates: Sequence, k: int | None = None, threads: int = 1) -> list:
         """DenseSearchResult list of the candidates (first occurrence of each docid) sorted by AligneR score, best
@@ -116,10 +117,11 @@ class AlignmentReranker:
         if stored:
             order = np.argsort([rows[i] for i in stored], kind="stable")
             positions = np.asarray(stored)[order]
-            d, d_mask, d_sal = self.store.gather(np.asarray([rows[i] for i in positions]))
+            d, d_mask, d_sal = self.store.gather(np.asarray([rows[i] for i in positions]), workspace=self._workspace)
             scores[positions] = self._score(q, q_mask, q_sal, d, d_mask, d_sal)
         if fresh:
-            d, d_mask, d_sal = pad_encoded(self.model.encode(texts, is_query=False, batch_size=self.batch_size), self.dim)
+            encoded = self.model.encode(texts, is_query=False, batch_size=self.batch_size)
+            d, d_mask, d_sal = pad_encoded(encoded, self.dim)
             scores[fresh] = self._score(q, q_mask, q_sal, d, d_mask, d_sal)
         return scores
 
@@ -137,4 +139,5 @@ def load_model_plain(source, device: str) -> AlignerModel:
         return source.model
     if isinstance(source, (str, os.PathLike)):
         return AlignerModel.from_pretrained(str(source), device=device)
-    raise TypeError(f"source must be an index folder, a checkpoint name/folder or an AlignerModel, got {type(source).__name__}")
+    raise TypeError("source must be an index folder, a checkpoint name/folder or an AlignerModel, "
+                    f"got {type(source).__name__}")

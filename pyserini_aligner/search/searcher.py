@@ -18,13 +18,15 @@ import numpy as np
 import torch
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import Manifest, StoredIndex
+from pyserini_aligner.index.store import Manifest, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel, EncodedText
 from pyserini_aligner.salience import prune_mask
 
 log = logging.getLogger(__name__)
 
 REFINE_WITH = ("all", "kept")
+DEFAULT_MAX_CANDIDATES = 256
+REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_NPROBE = 32
 DEFAULT_EF_SEARCH = 128
 
@@ -54,14 +56,17 @@ def load_model(encoder, manifest: Manifest, index_dir: str | os.PathLike, device
     elif isinstance(encoder, (str, os.PathLike)):
         model = AlignerModel.from_pretrained(str(encoder), device=device)
     else:
-        raise TypeError(f"encoder must be an AligneR checkpoint name/folder or an AlignerModel, got {type(encoder).__name__}")
+        raise TypeError("encoder must be an AligneR checkpoint name/folder or an AlignerModel, "
+                        f"got {type(encoder).__name__}")
     if model.config.dim != manifest.dim:
-        raise ValueError(f"encoder produces {model.config.dim}-d vectors but index {index_dir} holds {manifest.dim}-d vectors")
+        raise ValueError(f"encoder produces {model.config.dim}-d vectors but index {index_dir} holds "
+                         f"{manifest.dim}-d vectors")
     fingerprint = model.fingerprint()
     if fingerprint != manifest.model_fingerprint:
         raise ValueError(f"model fingerprint mismatch: index {index_dir} was built with model "
                          f"{manifest.model_name or '<in-memory>'} (fingerprint {manifest.model_fingerprint[:12]}…), "
-                         f"the encoder given has fingerprint {fingerprint[:12]}…; use the index's model or rebuild the index")
+                         f"the encoder given has fingerprint {fingerprint[:12]}…; use the index's model or rebuild "
+                         "the index")
     return model
 
 
@@ -110,12 +115,13 @@ class AlignerSearcher:
     a checkpoint name/folder, an AlignerModel or an AlignerQueryEncoder. strategy: alignment strategy for
     refinement (default: the manifest's). k_per_token: FAISS neighbours per kept query token. query_prune: β^q,
     fraction of query tokens sent to FAISS (refinement always uses all). max_candidates: documents refined per
-    query. refine_with: "all" stored doc tokens or only the "kept" ones. nprobe / ef_search: FAISS IVF / HNSW
-    search parameters (None: min(32, nlist) and max(128, k_per_token)).
+    query (at least k). refine_with: "all" stored doc tokens or only the "kept" ones. nprobe / ef_search: FAISS
+    IVF / HNSW search parameters (None: min(32, nlist) and max(128, k_per_token)). Not thread-safe: use one
+    searcher per thread (``threads`` parallelises inside a search).
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
-                 k_per_token: int = 100, query_prune: float = 1.0, max_candidates: int = 1000,
+                 k_per_token: int = 100, query_prune: float = 1.0, max_candidates: int = DEFAULT_MAX_CANDIDATES,
                  refine_with: str = "all", nprobe: int | None = None, ef_search: int | None = None,
                  device: str = "cpu", batch_size: int = 32):
         self.index_dir = Path(index_dir)
@@ -134,6 +140,7 @@ class AlignerSearcher:
         self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
         self.refine_with, self.batch_size = refine_with, batch_size
         self.use_salience = self.model.config.use_salience
+        self._workspace = Workspace()
         self._set_faiss_params(nprobe, ef_search)
         # Pyserini FaissSearcher attributes
         self.docids = self.store.docids
@@ -164,7 +171,8 @@ class AlignerSearcher:
             space.set_index_parameter(self.index, "efSearch", ef)
         except RuntimeError:
             if ef_search is not None:
-                raise ValueError(f"ef_search given but the index ({self.manifest.index_type}) is not an HNSW index") from None
+                raise ValueError(f"ef_search given but the index ({self.manifest.index_type}) is not an HNSW "
+                                 "index") from None
 
     # ------------------------------------------------------------------ public API
     def search(self, q: str, k: int = 10, threads: int = 1, remove_dups: bool = False, return_vector: bool = False):
@@ -219,13 +227,17 @@ class AlignerSearcher:
             query_vectors[i] = encoded[j].vectors
             rows = slice(bounds[j], bounds[j + 1])
             weights = q_sal[j][kept[j]].numpy() if self.use_salience else None
-            candidates = self._candidates(distances[rows], labels[rows], weights)
+            candidates = self._candidates(distances[rows], labels[rows], weights, max(self.max_candidates, k))
+            if len(candidates) < k:
+                log.debug("query %d: FAISS found only %d candidate documents for k=%d (raise k_per_token)",
+                          i, len(candidates), k)
             if len(candidates):
                 hits[i] = self._refine(q[j:j + 1], q_mask[j:j + 1], q_sal[j:j + 1], candidates, k)
         return query_vectors, hits
 
-    def _candidates(self, distances: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-        """Up to max_candidates document rows from FAISS hits distances/labels [r, K] of one query's kept tokens.
+    def _candidates(self, distances: np.ndarray, labels: np.ndarray, weights: np.ndarray | None,
+                    limit: int) -> np.ndarray:
+        """Up to ``limit`` document rows (sorted) from FAISS hits distances/labels [r, K] of one query's kept tokens.
 
         Proxy score per doc: Σ over query tokens of w · (best hit similarity − that token's K-th similarity),
         i.e. a MaxSim estimate where a token's missing documents are imputed with its lowest retrieved score.
@@ -247,19 +259,22 @@ class AlignerSearcher:
         if weights is not None and weights.sum() > 0:
             gain = gain * weights[token_row[first]]
         unique_docs, inverse = np.unique(docs[first], return_inverse=True)
-        if len(unique_docs) <= self.max_candidates:
+        if len(unique_docs) <= limit:
             return unique_docs
         proxy = np.bincount(inverse, weights=gain)
-        best = top_rows(proxy, unique_docs, self.max_candidates)
+        best = top_rows(proxy, unique_docs, limit)
         return np.sort(unique_docs[best])
 
     def _refine(self, q: torch.Tensor, q_mask: torch.Tensor, q_sal: torch.Tensor, rows: np.ndarray,
                 k: int) -> list[tuple[int, float]]:
         """Exact alignment scores of documents ``rows`` (sorted) for one query q [1, n, d]; top k (row, score)."""
-        vectors, mask, salience = self.store.gather(rows, kept_only=self.refine_with == "kept")
-        scores = alignment_scores(q, q_mask, vectors, mask, self.strategy,
-                                  q_sal if self.use_salience else None,
-                                  salience if self.use_salience else None)[0].numpy()
+        sal = self.use_salience
+        scores = np.empty(len(rows), dtype=np.float32)
+        for start in range(0, len(rows), REFINE_CHUNK):
+            chunk = rows[start:start + REFINE_CHUNK]
+            vectors, mask, salience = self.store.gather(chunk, self.refine_with == "kept", self._workspace)
+            scores[start:start + len(chunk)] = alignment_scores(
+                q, q_mask, vectors, mask, self.strategy, q_sal if sal else None, salience if sal else None)[0].numpy()
         best = top_rows(scores, rows, k)
         return [(int(rows[b]), float(scores[b])) for b in best]
 

@@ -24,8 +24,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = load_config(args.config, args.set)
-    trainer = Trainer(cfg, output_dir=args.output, device=args.device, progress=not args.quiet)
+    try:
+        cfg = load_config(args.config, args.set)
+        trainer = Trainer(cfg, output_dir=args.output, device=args.device, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as err:
+        parser.exit(2, f"error: {err}\n")
     summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
     print(json.dumps(summary, indent=2))
 

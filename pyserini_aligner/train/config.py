@@ -10,6 +10,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 PRECISIONS = ("bf16", "fp32")
 SALIENCE_MODES = ("lp", "relu", "hard")
+PROJECTION_INITS = ("random", "pca")
 SELECT_METRICS = ("ndcg@10", "ndcg@10_pruned")
 
 
@@ -35,6 +36,7 @@ class TrainConfig:
     eps: float = 0.002
     strategy: str = "top-k:1"
     train_layers: int = 2  # top transformer layers fine-tuned (0 = heads only)
+    projection_init: str = "random"  # with init "untrained": "random" (seed-0 Gaussian, as make_default) | "pca"
     description: str = ""
     # optimisation
     seed: int = 13
@@ -42,11 +44,15 @@ class TrainConfig:
     max_steps: int = 0  # > 0 stops after this many steps
     batch_queries: int = 32
     negatives_per_query: int = 3
-    negative_depth: int = 30  # BM25 (or model) negatives are drawn from the top negative_depth non-positive hits
+    negative_depth: int = 30  # BM25 (or model) negatives are drawn from ranks [negative_skip, negative_depth)
+    negative_skip: int = 0  # of the non-positive hits (skipping the top ones avoids unjudged relevant docs)
+    positive_top: int = 0  # > 0: sample positives only among the positive_top ones the initial model scores highest
     in_batch_negatives: bool = True
     temperature: float = 0.02
     lr_backbone: float = 2e-5
-    lr_heads: float = 1e-3
+    lr_heads: float = 1e-3  # projection
+    lr_salience: float = 1e-3  # salience heads
+    train_salience: list[str] = field(default_factory=lambda: ["q", "d"])  # heads trained; others keep their init
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
@@ -76,7 +82,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
-        for name in ("train_layers", "max_steps", "negatives_per_query", "eval_every", "checkpoint_every"):
+        for name in ("train_layers", "max_steps", "negatives_per_query", "negative_skip", "positive_top", "eval_every",
+                     "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
         if self.query_maxlen < 3 or self.doc_maxlen < 3:
@@ -87,13 +94,19 @@ class TrainConfig:
         for name in ("eps", "temperature"):
             if not getattr(self, name) > 0.0:
                 raise bad(name, "must be > 0")
-        for name in ("lr_backbone", "lr_heads", "weight_decay", "grad_clip"):
+        if self.negative_skip >= self.negative_depth:
+            raise bad("negative_skip", f"must be < negative_depth ({self.negative_depth})")
+        if not set(self.train_salience) <= {"q", "d"}:
+            raise bad("train_salience", "may only list 'q' and 'd'")
+        for name in ("lr_backbone", "lr_heads", "lr_salience", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0.0:
                 raise bad(name, "must be >= 0")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise bad("warmup_ratio", "must be in [0, 1)")
         if self.precision not in PRECISIONS:
             raise bad("precision", f"must be one of {PRECISIONS}")
+        if self.projection_init not in PROJECTION_INITS:
+            raise bad("projection_init", f"must be one of {PROJECTION_INITS}")
         if self.salience_mode not in SALIENCE_MODES:
             raise bad("salience_mode", f"must be one of {SALIENCE_MODES}")
         if self.select_metric not in SELECT_METRICS:

@@ -42,6 +42,7 @@ class TrainQuery:
     text: str
     positives: dict[str, int]  # docid -> relevance (> 0)
     negatives: list[str]  # ranked, no positives
+    sample_from: list[str] | None = None  # positives drawn in training (None: all of them)
 
 
 @dataclass
@@ -150,11 +151,11 @@ class BatchSampler:
     """Deterministic batches: epoch e's order and each batch's sampled docs depend only on (seed, e, index)."""
 
     def __init__(self, bundle: Bundle, batch_queries: int, negatives_per_query: int, negative_depth: int,
-                 in_batch_negatives: bool, seed: int):
+                 in_batch_negatives: bool, seed: int, negative_skip: int = 0):
         self.corpora = bundle.corpora
         self.queries: list[TrainQuery] = [q for name in sorted(bundle.train) for q in bundle.train[name]]
         self.batch_queries, self.n_neg, self.depth = batch_queries, negatives_per_query, negative_depth
-        self.in_batch, self.seed = in_batch_negatives, seed
+        self.in_batch, self.seed, self.skip = in_batch_negatives, seed, negative_skip
 
     def epoch(self, epoch: int) -> list[list[int]]:
         """Query-index batches for ``epoch``: each corpus shuffled and cut apart (one corpus per batch, so that
@@ -170,17 +171,17 @@ class BatchSampler:
         return batches
 
     def batch(self, query_idx: list[int], epoch: int, number: int) -> Batch:
-        """Sample one positive per query (weights 2^rel − 1) and ``negatives_per_query`` negatives from the top
-        ``negative_depth`` of its ranked list (topped up with random non-positive docs when the list is short)."""
+        """Sample one positive per query (weights 2^rel − 1) and ``negatives_per_query`` negatives from ranks
+        [negative_skip, negative_depth) of its ranked list (topped up with random non-positive docs when short)."""
         rng = random.Random(f"{self.seed}:batch:{epoch}:{number}")
         queries = [self.queries[i] for i in query_idx]
         corpus = self.corpora[queries[0].corpus]
         positives, negatives = [], []
         for q in queries:
-            docids = sorted(q.positives)
+            docids = q.sample_from or sorted(q.positives)
             weights = [2.0 ** q.positives[d] - 1.0 for d in docids]
             positives.append(corpus.row[rng.choices(docids, weights=weights)[0]])
-            pool = q.negatives[:self.depth]
+            pool = q.negatives[self.skip:self.depth]
             chosen = rng.sample(pool, min(self.n_neg, len(pool)))
             while len(chosen) < self.n_neg:
                 docid = corpus.docids[rng.randrange(len(corpus.docids))]

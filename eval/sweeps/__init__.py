@@ -1,0 +1,1 @@
+"""AligneR sweeps on one dataset: ``python -m eval.sweeps --dataset beir/scifact/test --output runs/sweeps``."""
