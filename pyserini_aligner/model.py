@@ -52,6 +52,7 @@ class AlignerConfig:
     doc_maxlen: int = 256
     keep_special: bool = True  # whether [CLS]/[SEP] vectors take part in alignment
     use_salience: bool = True  # False: salience is 1 on every real token
+    salience_in_score: bool = True  # with use_salience: u also weights the alignment score (False: pruning only)
     salience_mode: str = "lp"  # see salience.unary_salience: "lp" | "relu" | "hard"
     alpha_q: float = 0.5
     alpha_d: float = 0.4
@@ -72,7 +73,7 @@ class AlignerConfig:
         for name in ("query_maxlen", "doc_maxlen"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 3:
                 raise bad(name, "must be an integer >= 3 (room for [CLS], one token and [SEP])")
-        for name in ("keep_special", "use_salience"):
+        for name in ("keep_special", "use_salience", "salience_in_score"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
         if self.salience_mode not in SALIENCE_MODES:
@@ -221,6 +222,12 @@ class AlignerModel(nn.Module):
             for head in (self.q_salience, self.d_salience):
                 head.weight.zero_()
                 head.bias.fill_(1.0)
+
+    @property
+    def scores_with_salience(self) -> bool:
+        """Whether saliences u enter the alignment score (use_salience and salience_in_score); when False, scoring
+        call sites pass no saliences (u = 1), while u may still choose the tokens kept by β^d/β^q pruning."""
+        return self.config.use_salience and self.config.salience_in_score
 
     @property
     def device(self) -> torch.device:

@@ -67,7 +67,7 @@ def test_explanations_match_the_searcher(explanations, index_dir, explain_model)
     for e in explanations:
         n, m = e.sim.shape
         assert (len(e.q_tokens), len(e.d_tokens)) == (n, m) == e.align.shape
-        assert e.strategy == STRATEGY and not e.use_salience  # the default checkpoint has use_salience false
+        assert e.strategy == STRATEGY and not e.use_salience  # the default checkpoint scores without salience
         np.testing.assert_array_equal(e.align.sum(1), 2.0)  # top-k:2: two aligned doc tokens per query token
         assert e.contribution.sum() == pytest.approx(e.score, rel=1e-5)
         np.testing.assert_allclose(e.q_weight, e.sim.max(1), rtol=1e-6)
@@ -125,7 +125,7 @@ def test_missing_or_wrong_corpus(index_dir, corpus, explain_model, explanations)
 
 def test_salience_model_shades_by_salience(corpus):
     model = AlignerModel.from_pretrained("aligner")
-    model.config.use_salience = True
+    model.config.use_salience = model.config.salience_in_score = True
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for head in (model.q_salience, model.d_salience):

@@ -51,8 +51,22 @@ def test_vectors_unit_norm_shape_and_salience(model):
             n = len(model.tokenizer(text)["input_ids"])
             assert enc.vectors.shape == (n, 128) and enc.vectors.dtype == np.float32
             np.testing.assert_allclose(np.linalg.norm(enc.vectors, axis=1), 1.0, atol=1e-5)
-            np.testing.assert_array_equal(enc.salience, np.ones(n, dtype=np.float32))
+            assert enc.salience.shape == (n,) and (enc.salience >= 0).all() and enc.salience.max() > 0
             assert not enc.truncated
+
+
+def test_salience_in_score_switch(model, monkeypatch):
+    config = AlignerConfig.load(DEFAULT_CHECKPOINT / "config.json")
+    assert config.use_salience and not config.salience_in_score  # shipped: saliences prune, MaxSim scores
+    assert not model.scores_with_salience
+    monkeypatch.setattr(model.config, "salience_in_score", True)
+    assert model.scores_with_salience
+    monkeypatch.setattr(model.config, "use_salience", False)
+    assert not model.scores_with_salience
+    data = {k: v for k, v in config.to_dict().items() if k != "salience_in_score"}
+    assert AlignerConfig.from_dict(data).salience_in_score  # older configs: default True
+    with pytest.raises(ValueError, match="'salience_in_score'"):
+        AlignerConfig.from_dict({**data, "salience_in_score": "no"})
 
 
 def test_padding_is_never_a_real_token(model):
@@ -107,7 +121,9 @@ def test_salience_heads_per_side(model, monkeypatch):
     monkeypatch.setattr(model.config, "use_salience", True)
     monkeypatch.setattr(model.config, "salience_mode", "relu")
     with torch.no_grad():
-        monkeypatch.setattr(model.d_salience.bias, "data", torch.full((1,), 2.0))
+        for head, bias in ((model.q_salience, 1.0), (model.d_salience, 2.0)):
+            monkeypatch.setattr(head.weight, "data", torch.zeros_like(head.weight))
+            monkeypatch.setattr(head.bias, "data", torch.full((1,), bias))
     q, d = model.encode([TEXTS[0]], is_query=True)[0], model.encode([TEXTS[0]], is_query=False)[0]
     np.testing.assert_allclose(q.salience, 1.0)
     np.testing.assert_allclose(d.salience, 2.0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerModel
 from pyserini_aligner.train.config import TrainConfig, load_config
 from pyserini_aligner.train.data import BatchSampler, load_bundle, write_bundle
 from pyserini_aligner.train.loop import Trainer, contrastive_loss
@@ -164,3 +164,23 @@ def test_train_resume_and_shipped_checkpoint(bundle_path, tmp_path):
     with pytest.raises(ValueError, match=r"changed field\(s\) \['temperature'\]"):
         Trainer(dataclasses.replace(cfg, temperature=0.5), tmp_path / "resumed", device="cpu",
                 progress=False).run(resume=True)
+
+
+def test_salience_distill_trains_heads_only(bundle_path, tmp_path):
+    from pyserini_aligner.train.distill import SalienceDistiller
+
+    with pytest.raises(ValueError, match="'objective'"):
+        tiny_config(bundle_path, objective="salience_distill")  # needs a trained checkpoint as init
+    cfg = tiny_config(bundle_path, init="aligner", objective="salience_distill", use_salience=True,
+                      salience_in_score=False, train_layers=0, max_steps=20, lr_salience=1e-2, distill_rank=20)
+    summary = SalienceDistiller(cfg, output_dir=tmp_path, device="cpu", progress=False).run()
+    assert set(summary["pruning"]["tiny-dev"]) >= {"full", "beta_q=0.5/learned", "beta_q=1/idf", "beta_q=0.5/random"}
+    shipped, trained = AlignerModel.from_pretrained("aligner"), AlignerModel.from_pretrained(tmp_path / "best")
+    assert trained.config.use_salience and not trained.scores_with_salience
+    assert torch.equal(shipped.projection.weight, trained.projection.weight)
+    delta = "backbone_delta.safetensors"
+    assert (tmp_path / "best" / delta).read_bytes() == (DEFAULT_CHECKPOINT / delta).read_bytes()
+    text = "Metformin lowers blood glucose in diabetic patients."
+    assert torch.equal(torch.from_numpy(shipped.encode([text], False)[0].vectors),
+                       torch.from_numpy(trained.encode([text], False)[0].vectors))
+    assert trained.d_salience.weight.abs().sum() > 0 and trained.q_salience.weight.abs().sum() > 0

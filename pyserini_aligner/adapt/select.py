@@ -44,7 +44,7 @@ def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, S
     if not live:
         return runs
     encoded = dict(zip(live, model.encode([queries[q] for q in live], is_query=True, batch_size=batch_size)))
-    use_salience = model.config.use_salience
+    use_salience = model.scores_with_salience
     for qid in tqdm(live, desc="rescore", unit="query", disable=not progress):
         rows = []
         for docid in dict.fromkeys(candidates[qid]):

@@ -99,7 +99,7 @@ def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors
     q, d = torch.from_numpy(q_enc.vectors), torch.from_numpy(stored)
     q_sal = torch.from_numpy(q_enc.salience)
     d_sal = torch.from_numpy(np.array(doc_salience, dtype=np.float32))
-    use_salience = model.config.use_salience
+    use_salience = model.scores_with_salience  # u shown and used only when it weights the score
     sim = q @ d.T
     align = alignment_weights(sim, torch.ones(len(d), dtype=torch.bool), strategy)
     weights = align * (q_sal[:, None] * d_sal[None, :]) if use_salience else align

@@ -224,8 +224,8 @@ def render_html(explanations: list[Explanation], title: str = "AligneR explanati
     lines = "".join(f'<p class="meta">{html.escape(k)}: <code>{html.escape(str(v))}</code></p>'
                     for k, v in (details or {}).items())
     note = "" if first.use_salience else (
-        '<div class="note">This model has <code>use_salience = false</code>: every real token has salience 1, so '
-        "tokens are shaded by their maximum similarity to any token on the other side, and query tokens are ranked "
+        '<div class="note">This model scores without salience (<code>use_salience = false</code> or '
+        "<code>salience_in_score = false</code>): every real token weighs 1 in the score, so tokens are shaded by their maximum similarity to any token on the other side, and query tokens are ranked "
         "by it.</div>")
     explain = ("Score = Σ S∘A / Σ A with A = Ã ∘ (u<sup>q</sup> ⊗ u<sup>d</sup>). Outlined document tokens are "
                "aligned (Ã) to the numbered query tokens; share of score = Σ<sub>j</sub> A<sub>ij</sub> "

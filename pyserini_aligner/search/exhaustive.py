@@ -26,7 +26,7 @@ class ExhaustiveScorer:
         self.manifest = self.store.manifest
         self.model = load_model(encoder, self.manifest, self.index_dir, device)
         self.strategy = parse_strategy(strategy if strategy is not None else self.manifest.default_strategy)
-        self.use_salience = self.model.config.use_salience
+        self.use_salience = self.model.scores_with_salience
         self.batch_size, self.doc_batch, self.progress = batch_size, doc_batch, progress
         self.docids = self.store.docids
         self._workspace = Workspace()

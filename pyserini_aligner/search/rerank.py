@@ -78,7 +78,7 @@ class AlignmentReranker:
             self.model = load_model_plain(source, device)
             default = self.model.config.default_strategy
         self.strategy = parse_strategy(strategy if strategy is not None else default)
-        self.use_salience = self.model.config.use_salience
+        self.use_salience = self.model.scores_with_salience
         self.dim = self.model.config.dim
         self.batch_size = batch_size
         self._workspace = Workspace()

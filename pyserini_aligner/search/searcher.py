@@ -139,7 +139,7 @@ class AlignerSearcher:
             raise ValueError(f"refine_with must be one of {REFINE_WITH}, got {refine_with!r}")
         self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
         self.refine_with, self.batch_size = refine_with, batch_size
-        self.use_salience = self.model.config.use_salience
+        self.use_salience = self.model.scores_with_salience
         self._workspace = Workspace()
         self._set_faiss_params(nprobe, ef_search)
         # Pyserini FaissSearcher attributes

@@ -26,7 +26,11 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.set)
-        trainer = Trainer(cfg, output_dir=args.output, device=args.device, progress=not args.quiet)
+        if cfg.objective == "salience_distill":
+            from pyserini_aligner.train.distill import SalienceDistiller as trainer_class
+        else:
+            trainer_class = Trainer
+        trainer = trainer_class(cfg, output_dir=args.output, device=args.device, progress=not args.quiet)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
     summary = trainer.run(resume=args.resume, stop_after=args.stop_after)

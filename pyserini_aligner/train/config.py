@@ -12,6 +12,7 @@ PRECISIONS = ("bf16", "fp32")
 SALIENCE_MODES = ("lp", "relu", "hard")
 PROJECTION_INITS = ("random", "pca")
 SELECT_METRICS = ("ndcg@10", "ndcg@10_pruned")
+OBJECTIVES = ("contrastive", "salience_distill")
 
 
 @dataclass
@@ -30,6 +31,7 @@ class TrainConfig:
     doc_maxlen: int = 256
     keep_special: bool = True
     use_salience: bool = True
+    salience_in_score: bool = True  # False: saliences only choose the tokens kept by pruning
     salience_mode: str = "lp"
     alpha_q: float = 0.5
     alpha_d: float = 0.4
@@ -39,6 +41,8 @@ class TrainConfig:
     projection_init: str = "random"  # with init "untrained": "random" (seed-0 Gaussian, as make_default) | "pca"
     description: str = ""
     # optimisation
+    objective: str = "contrastive"  # or "salience_distill" (frozen encoder, salience heads only; see distill.py)
+    distill_rank: int = 500  # salience_distill: τ = similarity of a query token's distill_rank-th nearest doc token
     seed: int = 13
     epochs: int = 2
     max_steps: int = 0  # > 0 stops after this many steps
@@ -109,6 +113,12 @@ class TrainConfig:
             raise bad("projection_init", f"must be one of {PROJECTION_INITS}")
         if self.salience_mode not in SALIENCE_MODES:
             raise bad("salience_mode", f"must be one of {SALIENCE_MODES}")
+        if self.objective not in OBJECTIVES:
+            raise bad("objective", f"must be one of {OBJECTIVES}")
+        if self.objective == "salience_distill" and (self.init == "untrained" or not self.use_salience):
+            raise bad("objective", "salience_distill needs a trained checkpoint as init and use_salience: true")
+        if self.distill_rank < 1:
+            raise bad("distill_rank", "must be >= 1")
         if self.select_metric not in SELECT_METRICS:
             raise bad("select_metric", f"must be one of {SELECT_METRICS}")
         if not self.train_sets:

@@ -38,7 +38,8 @@ def build_model(cfg: TrainConfig) -> AlignerModel:
     """The starting model: "untrained" (MiniLM, projection seed 0, salience W=0 b=1) or a checkpoint folder,
     with the config's model fields applied."""
     fields = dict(dim=cfg.dim, query_maxlen=cfg.query_maxlen, doc_maxlen=cfg.doc_maxlen,
-                  keep_special=cfg.keep_special, use_salience=cfg.use_salience, salience_mode=cfg.salience_mode,
+                  keep_special=cfg.keep_special, use_salience=cfg.use_salience,
+                  salience_in_score=cfg.salience_in_score, salience_mode=cfg.salience_mode,
                   alpha_q=cfg.alpha_q, alpha_d=cfg.alpha_d, eps=cfg.eps, default_strategy=cfg.strategy,
                   description=cfg.description)
     if cfg.init == "untrained":
@@ -221,7 +222,7 @@ class Trainer:
         corpus = self.corpus_ids[batch.corpus]
         q = model(*pad_ids([self.query_ids[i] for i in batch.queries], model.pad_id, self.device), is_query=True)
         d = model(*pad_ids([corpus[r] for r in batch.doc_rows], model.pad_id, self.device), is_query=False)
-        sal = cfg.use_salience
+        sal = model.scores_with_salience
         scores = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, self.strategy,
                                   q.salience if sal else None, d.salience if sal else None)
         allowed = torch.tensor(batch.allowed, device=self.device)

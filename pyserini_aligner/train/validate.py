@@ -84,7 +84,7 @@ def encode_ids(model, ids: list[list[int]], is_query: bool, batch_size: int) -> 
 
 def score_all(model, queries: Encoded, docs: Encoded, strategy, chunk: int = 32) -> Tensor:
     """Exhaustive alignment scores [Q, N] (fp32) of every query against every doc."""
-    use_sal = model.config.use_salience
+    use_sal = model.scores_with_salience
     rows = []
     with torch.inference_mode():
         for s in range(0, queries.vectors.shape[0], chunk):
