@@ -13,10 +13,12 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=".cache/indexes", help="folder for indexes (shared with eval.beir)")
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--timed-queries", type=int, default=100, help="queries timed one by one per system and k")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)
-    run_bench(args.dataset, args.output, args.cache, encoder=args.encoder, threads=args.threads)
+    run_bench(args.dataset, args.output, args.cache, encoder=args.encoder, threads=args.threads,
+              timed_queries=args.timed_queries)
     print(open(f"{args.output}/bench.md", encoding="utf-8").read())
     return 0
 
