@@ -4,9 +4,9 @@ Runs BM25, the MiniLM dense baseline, AligneR (full, pruned, hybrid with BM25, R
 one BEIR dataset; writes run.<system>.trec, results.json and results.md (with significance tests against bm25 and
 dense). Indexes and runs are cached under --cache, keyed by model fingerprint and dataset."""
 import argparse
-import logging
 import sys
 
+from eval.cli import configure_logging
 from eval.beir.harness import run_harness
 from eval.beir.systems import SYSTEMS
 from pyserini_aligner.data import DataError
@@ -26,12 +26,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the folds and of the hybrid tuning sample")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("faiss").setLevel(logging.WARNING)
-    if args.quiet:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
+    configure_logging(args.quiet)
     try:
         run_harness(args.dataset, args.systems, args.output, args.cache, hits=args.hits, threads=args.threads,
                     progress=not args.quiet, encoder=args.encoder, candidates=args.candidates,

@@ -1,9 +1,9 @@
 """``python -m eval.bench --dataset beir/scifact/test --output runs/bench_scifact``"""
 import argparse
-import logging
 import sys
 
 from eval.bench.run import run_bench
+from eval.cli import configure_logging
 
 
 def main(argv=None) -> int:
@@ -15,8 +15,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timed-queries", type=int, default=100, help="queries timed one by one per system and k")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("faiss").setLevel(logging.WARNING)
+    configure_logging()
     run_bench(args.dataset, args.output, args.cache, encoder=args.encoder, threads=args.threads,
               timed_queries=args.timed_queries)
     print(open(f"{args.output}/bench.md", encoding="utf-8").read())

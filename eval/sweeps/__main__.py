@@ -4,10 +4,10 @@ top-p 0.5, 1, 1.5, 2 %; nDCG@10, as the paper's Table 3) and the pruning sweep (
 Shares --cache with ``python -m eval.beir``: indexes and runs built there are reused."""
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
+from eval.cli import configure_logging
 from eval.beir.systems import Context, work_dir
 from eval.sweeps.plot import plot_pruning
 from eval.sweeps.run import DOC_PRUNES, PRUNING_HITS, QUERY_PRUNES, alignment_sweep, pruning_sweep, sweeps_markdown
@@ -31,13 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("faiss").setLevel(logging.WARNING)
-    if args.quiet:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    configure_logging(args.quiet)
     try:
         dataset = Dataset(args.dataset)
         ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), hits=args.hits, threads=args.threads,
