@@ -14,10 +14,11 @@ def main(argv=None) -> int:
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timed-queries", type=int, default=100, help="queries timed one by one per system and k")
+    parser.add_argument("--build-only", action="store_true", help="measure the index builds only (no searches)")
     args = parser.parse_args(argv)
     configure_logging()
     run_bench(args.dataset, args.output, args.cache, encoder=args.encoder, threads=args.threads,
-              timed_queries=args.timed_queries)
+              timed_queries=args.timed_queries, build_only=args.build_only)
     print(open(f"{args.output}/bench.md", encoding="utf-8").read())
     return 0
 

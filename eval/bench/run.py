@@ -56,7 +56,7 @@ def _measure_searcher(name: str, searcher, queries: dict[str, str], qrels: dict,
 
 
 def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.PathLike, encoder: str = "aligner",
-              threads: int = 2, timed_queries: int = 100) -> dict:
+              threads: int = 2, timed_queries: int = 100, build_only: bool = False) -> dict:
     """Run every measurement; writes ``bench.json`` and ``bench.md`` in ``output`` and returns the dict."""
     from eval.beir.systems import Context, dense_searcher, lucene_index, work_dir
     from pyserini.search.lucene import LuceneSearcher
@@ -77,6 +77,8 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
         measure.stream_seconds(flat_dir / "doc_vectors.f16"), 4)
     report["build"]["aligner-ivf"] = build_aligner(ivf_dir, ["--from-index", str(flat_dir), "--index-type", IVF])
 
+    if build_only:
+        return _write(report, output)
     bm25 = LuceneSearcher(str(lucene_index(ctx)))
     bm25.set_bm25(0.9, 0.4)
     searchers = {"bm25": bm25, "dense": dense_searcher(ctx), "aligner": AlignerSearcher(flat_dir),
@@ -86,6 +88,10 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
     report["ratios"] = {f"{system}_vs_{base}_p50_k{k}": round(report["search"][system][f"k{k}"]["p50_ms"] /
                                                                 report["search"][base][f"k{k}"]["p50_ms"], 2)
                         for system in ("aligner", "aligner-ivf") for base in ("bm25", "dense") for k in (10, 1000)}
+    return _write(report, output)
+
+
+def _write(report: dict, output: Path) -> dict:
     report["created"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (output / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (output / "bench.md").write_text(bench_markdown(report), encoding="utf-8")
@@ -101,6 +107,8 @@ def bench_markdown(report: dict) -> str:
         label = "full tokens, exact IP (encode + build)" if name == "aligner" else f"{IVF} (derived, no re-encoding)"
         lines.append(f"| {label} | {build['seconds']} | {build['peak_rss_mib']} | {build['faiss_bytes_per_doc']} | "
                      f"{build['refine_bytes_per_doc']} | {build['total_bytes_per_doc']} |")
+    if not report["search"]:
+        return "\n".join(lines) + "\n"
     lines += ["", f"Latency over the first {report['timed_queries']} queries (query encoding included, after 5 warm-up "
                   f"queries); nDCG@10 over all {report['queries']}.", "", f"Streaming the stored fp16 vectors through memory once: "
                   f"{report['build']['aligner']['stream_vectors_seconds']} s (a full scan's floor).", "",
