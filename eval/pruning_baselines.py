@@ -108,11 +108,13 @@ def method_index(ctx: Context, method: str, beta_d: float, seed: int) -> Path:
     return target
 
 
-def search_ndcg(ctx: Context, index_dir: Path, query_prune: float) -> float:
-    """nDCG@10 of AlignerSearcher over ``index_dir`` at β^q = ``query_prune``."""
+def search_ndcg(ctx: Context, index_dir: Path, query_prune: float, refine_with: str = "all") -> float:
+    """nDCG@10 of AlignerSearcher over ``index_dir`` at β^q = ``query_prune``, refining with "all" stored tokens
+    or only the "kept" ones (the pruned tokens then leave the index altogether)."""
     from pyserini_aligner.search import AlignerSearcher
 
-    searcher = AlignerSearcher(index_dir, encoder=ctx.model, strategy=ctx.strategy, query_prune=query_prune)
+    searcher = AlignerSearcher(index_dir, encoder=ctx.model, strategy=ctx.strategy, query_prune=query_prune,
+                               refine_with=refine_with)
     qids, run = list(ctx.queries), {}
     for start in tqdm(range(0, len(qids), searcher.batch_size), desc=f"{index_dir.name} q{query_prune:g}",
                       disable=not ctx.progress):
@@ -136,7 +138,7 @@ def index_bytes(index_dir: Path) -> dict[str, float]:
 def run_baselines(dataset_spec: str, output: str | os.PathLike, cache: str | os.PathLike = ".cache/indexes",
                   betas: tuple[float, ...] = (0.4, 0.2, 0.1), query_prunes: tuple[float, ...] = (1.0, 0.5),
                   methods: tuple[str, ...] = METHODS, encoder: str = "aligner", seed: int = 0, threads: int = 2,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, refine_with: str = "all") -> dict:
     """Build/derive the indexes, search, write ``<output>/pruning_baselines.{json,md}``; returns the json dict."""
     from pyserini_aligner.data import Dataset
 
@@ -151,17 +153,18 @@ def run_baselines(dataset_spec: str, output: str | os.PathLike, cache: str | os.
                   encoder=encoder, seed=seed)
     full = full_index(ctx)
     rows = [{"beta_d": 1.0, "method": "full", **index_bytes(full),
-             **{f"ndcg@10 beta_q={qp:g}": search_ndcg(ctx, full, qp) for qp in query_prunes}}]
+             **{f"ndcg@10 beta_q={qp:g}": search_ndcg(ctx, full, qp, refine_with) for qp in query_prunes}}]
     for beta in betas:
         for method in methods:
             index_dir = method_index(ctx, method, beta, seed)
             rows.append({"beta_d": beta, "method": method, **index_bytes(index_dir),
-                         **{f"ndcg@10 beta_q={qp:g}": search_ndcg(ctx, index_dir, qp) for qp in query_prunes}})
+                         **{f"ndcg@10 beta_q={qp:g}": search_ndcg(ctx, index_dir, qp, refine_with)
+                            for qp in query_prunes}})
             log.info("%s", rows[-1])
     config = ctx.model.config
     result = {"dataset": dataset.name, "encoder": encoder, "fingerprint": ctx.fingerprint,
               "use_salience": config.use_salience, "salience_in_score": config.salience_in_score,
-              "strategy": ctx.strategy, "seed": seed, "rows": rows}
+              "strategy": ctx.strategy, "seed": seed, "refine_with": refine_with, "rows": rows}
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     (output / "pruning_baselines.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -174,7 +177,9 @@ def markdown(result: dict, query_prunes: tuple[float, ...]) -> str:
     lines = [f"# Document-pruning baselines: {result['dataset']}", "",
              f"Model `{result['encoder']}` ({result['fingerprint'][:12]}), strategy {result['strategy']}, "
              f"use_salience={result['use_salience']}, salience_in_score={result['salience_in_score']}; "
-             "nDCG@10 of AlignerSearcher (query tokens pruned by the model's query salience).", "",
+             "nDCG@10 of AlignerSearcher (query tokens pruned by the model's query salience), refinement with "
+             + ("every stored token." if result.get("refine_with", "all") == "all" else
+                "the kept tokens only (pruned tokens leave the index)."), "",
              "| β^d | method | " + " | ".join(f"nDCG@10 β^q={qp:g}" for qp in query_prunes)
              + " | FAISS bytes/doc | index bytes/doc |",
              "|---|---|" + "---|" * (len(cols) + 2)]
@@ -196,12 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint ('aligner' or a folder)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--refine-with", choices=["all", "kept"], default="all",
+                        help="refine with every stored token (the method) or only the kept ones (index pruning)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO)
     try:
         result = run_baselines(args.dataset, args.output, args.cache, tuple(args.betas), tuple(args.query_prunes),
-                               tuple(args.methods), args.encoder, args.seed, args.threads, not args.quiet)
+                               tuple(args.methods), args.encoder, args.seed, args.threads, not args.quiet,
+                               args.refine_with)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
     print(markdown(result, tuple(args.query_prunes)), end="")

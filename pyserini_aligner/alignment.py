@@ -99,7 +99,7 @@ def _topk_select(sim: Tensor, d_mask: Tensor, strategy: Strategy) -> tuple[Tenso
         return empty, empty.long(), empty.bool()
     cols = d_mask.unsqueeze(-2).expand_as(sim)
     sim.masked_fill_(~cols, -math.inf)
-    vals, idx = sim.topk(n_top, dim=-1)
+    vals, idx = sim.max(dim=-1, keepdim=True) if n_top == 1 else sim.topk(n_top, dim=-1)  # max: MaxSim, faster
     kept = cols.gather(-1, idx)
     if k_doc is not None:
         rank = torch.arange(n_top, device=sim.device)
@@ -213,3 +213,32 @@ def alignment_scores_paired(
     q, q_w, d, d_mask, d_w = _prepare(q, q_mask, d, d_mask, q_sal, d_sal)
     sim = torch.einsum("bnh,bmh->bnm", q, d.to(q.dtype))
     return _score(sim, q_w, d_mask, d_w, strategy)
+
+
+def alignment_scores_grouped(
+    q: Tensor,
+    q_mask: Tensor,
+    d: Tensor,
+    d_mask: Tensor,
+    strategy: Strategy | str,
+    q_sal: Tensor | None = None,
+    d_sal: Tensor | None = None,
+) -> Tensor:
+    """Scores [B, C] of query i (q [B, n, dim]) against each of its own C docs (d [B, C, m, dim], d_mask [B, C, m],
+    d_sal [B, C, m]); other arguments as in alignment_scores. Used to refine per-query candidate lists at once."""
+    strategy = parse_strategy(strategy)
+    if d.dim() != 4 or d.shape[0] != q.shape[0] or d_mask.shape != d.shape[:3]:
+        raise ValueError(f"grouped scoring needs d [B, C, m, dim] with B = {q.shape[0]} queries and d_mask "
+                         f"[B, C, m], got d {tuple(d.shape)} and d_mask {tuple(d_mask.shape)}")
+    if d_sal is not None and d_sal.shape != d_mask.shape:
+        raise ValueError(f"d_sal {tuple(d_sal.shape)} must have shape {tuple(d_mask.shape)}")
+    batch, count = d.shape[:2]
+    q, q_w, _, _, _ = _prepare(q, q_mask, d[:, 0], d_mask[:, 0], q_sal, None)
+    d_mask = d_mask.to(device=q.device, dtype=torch.bool)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    d_w = None if d_sal is None else torch.where(d_mask, d_sal.to(q.dtype), zero)
+    sim = torch.einsum("bnh,bcmh->bcnm", q, d.to(q.dtype))
+    if sim.dtype in (torch.float16, torch.bfloat16):  # half-precision products, float32 selection and sums
+        sim, q_w = sim.float(), q_w.float()
+        d_w = None if d_w is None else d_w.float()
+    return _score(sim, q_w.unsqueeze(1), d_mask, d_w, strategy).reshape(batch, count)

@@ -327,6 +327,33 @@ class AlignerModel(nn.Module):
             self.train(was_training)
         return results
 
+    def encode_padded(self, texts: list[str], is_query: bool, batch_size: int = 32) -> TokenOutput:
+        """Like :meth:`encode` but without leaving the device: one TokenOutput (vectors [B, n, dim], mask [B, n],
+        salience [B, n]) on the model's device, in input order (n = longest text; mask False at padding and at
+        tokens the model drops)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        ids, truncated = self.tokenize(list(texts), is_query)
+        kind = "query" if is_query else "doc"
+        self._report_truncation(kind, sum(truncated), len(ids), None)
+        width = max([len(row) for row in ids] + [1])
+        vectors = torch.zeros(len(ids), width, self.config.dim, device=self.device)
+        mask = torch.zeros(len(ids), width, dtype=torch.bool, device=self.device)
+        salience = torch.zeros(len(ids), width, device=self.device)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(order), batch_size):
+                    batch = order[start:start + batch_size]
+                    out = self(*self._pad([ids[i] for i in batch]), is_query=is_query)
+                    rows, cols = torch.tensor(batch, device=self.device), out.vectors.shape[1]
+                    vectors[rows, :cols], mask[rows, :cols], salience[rows, :cols] = out.vectors, out.mask, out.salience
+        finally:
+            self.train(was_training)
+        return TokenOutput(vectors, mask, salience)
+
     def _report_truncation(self, kind: str, count: int, total: int, maxlen: int | None) -> None:
         if not count:
             return

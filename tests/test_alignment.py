@@ -11,6 +11,7 @@ from pyserini_aligner import alignment
 from pyserini_aligner.alignment import (
     Strategy,
     alignment_scores,
+    alignment_scores_grouped,
     alignment_scores_paired,
     alignment_weights,
     parse_strategy,
@@ -106,6 +107,24 @@ def test_padding_garbage_never_changes_a_score(spec, with_sal):
     torch.testing.assert_close(after, before, rtol=1e-12, atol=1e-12)
     paired = alignment_scores_paired(q2, qm2, d2[:3], dm2[:3], spec, qs2, None if ds2 is None else ds2[:3])
     torch.testing.assert_close(paired, before.diagonal()[:3], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", STRATEGIES)
+@pytest.mark.parametrize("with_sal", [False, True])
+def test_grouped_matches_loop_reference(spec, with_sal):
+    q, qm, qs, d, dm, ds = _case(7)
+    groups = torch.tensor([[4, 0, 2], [1, 1, 3], [0, 2, 4]])  # each query's own candidates (repeats allowed)
+    got = alignment_scores_grouped(q, qm, d[groups], dm[groups], spec, qs if with_sal else None,
+                                   ds[groups] if with_sal else None)
+    full = _loop_scores(q, qm, d, dm, spec, qs if with_sal else None, ds if with_sal else None)
+    assert got.shape == (3, 3)
+    torch.testing.assert_close(got, full.gather(1, groups), atol=1e-9, rtol=1e-9)
+
+
+def test_grouped_rejects_mismatched_shapes():
+    q, qm, _, d, dm, _ = _case(8)
+    with pytest.raises(ValueError, match="grouped scoring needs d"):
+        alignment_scores_grouped(q, qm, d, dm, "top-k:1")
 
 
 def test_chunked_scoring_matches_paired(monkeypatch):

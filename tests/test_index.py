@@ -165,6 +165,54 @@ def test_derive_index_reprunes_without_encoding(tmp_path, index_dir):
     assert read_manifest(index_dir).doc_prune == 1.0
 
 
+def test_compressed_index_layout_and_decoding(tmp_path, index_dir):
+    target = tmp_path / "compressed"
+    m = derive_index(index_dir, target, doc_prune=0.25, codec="IVF32,PQ16", progress=False)
+    assert (m.codec, m.index_type) == ("IVF32,PQ16", "IVF32,PQ16")
+    sizes = {store.TOKEN_CENTROIDS: 2 * m.num_tokens, store.TOKEN_RESIDUALS: 16 * m.num_tokens,
+             store.KEPT_BITS: math.ceil(m.num_tokens / 8), store.CODEC_CENTROIDS: 32 * 128,
+             store.CODEC_SCALES: 4 * 32, store.CODEC_CODEBOOKS: 4 * 128 * 256}
+    for name, size in sizes.items():
+        assert (target / name).stat().st_size == size, name
+    for name in (store.VECTORS, store.SALIENCE, store.KEPT, store.FAISS_IDS, store.FAISS_INDEX):
+        assert not (target / name).exists(), name
+    source, compressed = StoredIndex(index_dir), StoredIndex(target)
+    assert np.array_equal(compressed.kept, StoredIndex(derive_index(index_dir, tmp_path / "p", doc_prune=0.25,
+                                                                    progress=False) and tmp_path / "p").kept)
+    rows = np.array([0, 5, N_DOCS - 1])
+    exact, mask, _ = source.gather(rows)
+    approx, mask2, salience = compressed.gather(rows)
+    assert torch.equal(mask, mask2) and torch.all(salience[mask2] == 1)
+    cosine = torch.nn.functional.cosine_similarity(exact[mask], approx[mask], dim=-1)
+    positions = np.arange(compressed.offsets[rows[0]], compressed.offsets[rows[0] + 1])
+    centroid_only = compressed.codec.decode(compressed.centroid_ids[positions])
+    assert torch.allclose(approx[0][mask[0]], compressed.token_vectors(positions))
+    coarse = torch.nn.functional.cosine_similarity(exact[0][mask[0]], centroid_only, dim=-1)
+    assert cosine.mean() > 0.85 and cosine[:len(positions)].mean() > coarse.mean() + 0.05
+    faiss_index = compressed.faiss_index()
+    assert faiss_index.ntotal == m.num_kept and np.array_equal(compressed.faiss_ids, np.flatnonzero(compressed.kept))
+    with pytest.raises(ValueError, match="its tokens are compressed"):
+        derive_index(target, tmp_path / "again", progress=False)
+    with open(target / store.TOKEN_RESIDUALS, "ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(IndexFormatError, match=r"token_residuals\.u8: \d+ bytes, the manifest implies"):
+        StoredIndex(target)
+
+
+def test_compressed_build_from_corpus(tmp_path, model):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(40, words=30))
+    cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "IVF4,PQ8", "--quiet"])
+    m = read_manifest(tmp_path / "idx")
+    assert (m.num_docs, m.codec, m.num_kept) == (40, "IVF4,PQ8", m.num_tokens)
+    with pytest.raises(SystemExit, match=r"error: bad codec 'PQ8'"):
+        cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx2"), "--codec", "PQ8", "--quiet"])
+    salient = copy.deepcopy(model)
+    salient.config.use_salience = salient.config.salience_in_score = True
+    with pytest.raises(ValueError, match="stores no token saliences, but the model scores with them"):
+        build_index(read_json_collection(corpus), tmp_path / "idx3", salient, codec="IVF4,PQ8", progress=False)
+    assert not (tmp_path / "idx2").exists() and not (tmp_path / "idx3").exists()
+
+
 def test_bad_factory_string_fails_before_encoding(tmp_path, model):
     with pytest.raises(ValueError, match="index_type 'Bogus12'"):
         build_index([("a", "x")], tmp_path / "i", model, index_type="Bogus12", progress=False)

@@ -57,6 +57,30 @@ def exhaustive(index_dir, model):
     return ExhaustiveScorer(index_dir, encoder=model)
 
 
+VARIANTS = {  # name: (derive_index arguments, extra searcher arguments for exhaustive-equality runs)
+    "fp16": (None, {}),
+    "fp16-pruned": (dict(doc_prune=0.3), {}),
+    "compressed": (dict(codec="IVF64,PQ16"), dict(nprobe=64)),
+    "compressed-pruned": (dict(codec="IVF64,PQ16", doc_prune=0.3), dict(nprobe=64)),
+}
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def variant(request, tmp_path_factory, index_dir, model, data):
+    """(name, index folder, searcher arguments, exhaustive top-10 per query over that same index): the shared
+    fp16 index, a β^d-pruned one, a compressed one and a compressed + pruned one."""
+    derive, knobs = VARIANTS[request.param]
+    folder = index_dir
+    if derive is not None:
+        folder = tmp_path_factory.getbasetemp() / f"variant-{request.param}"
+        if not (folder / store.MANIFEST).is_file():
+            derive_index(index_dir, folder, progress=False, **derive)
+    queries = data[1]
+    want = ExhaustiveScorer(folder, encoder=model).batch_search([q["text"] for q in queries],
+                                                               [q["id"] for q in queries], k=10)
+    return request.param, folder, knobs, want
+
+
 @pytest.fixture(scope="session")
 def expected(exhaustive, data):
     queries = data[1]
@@ -72,28 +96,42 @@ def assert_same_ranking(got, want):
     assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
 
 
-def test_searcher_equals_exhaustive_with_large_k(index_dir, model, data, expected):
-    searcher = AlignerSearcher(index_dir, encoder=model, k_per_token=1000, max_candidates=N_DOCS)
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_searcher_equals_exhaustive_with_large_k(variant, model, data, backend):
+    name, folder, knobs, want = variant
+    knobs = knobs if backend == "faiss" else {}
+    searcher = AlignerSearcher(folder, encoder=model, k_per_token=1000, max_candidates=N_DOCS, backend=backend,
+                               **knobs)
     queries = data[1]
     got = searcher.batch_search([q["text"] for q in queries], [q["id"] for q in queries], k=10)
     assert list(got) == [q["id"] for q in queries]
     for q in queries:
-        assert_same_ranking(as_pairs(got[q["id"]]), as_pairs(expected[q["id"]]))
-        assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(expected[q["id"]]))
+        assert_same_ranking(as_pairs(got[q["id"]]), as_pairs(want[q["id"]]))
+        assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(want[q["id"]]))
 
 
-def test_default_knobs_find_the_exhaustive_top_hits(index_dir, model, data, expected):
-    searcher = AlignerSearcher(index_dir, encoder=model, max_candidates=50)
-    overlap = [len({h.docid for h in searcher.search(q["text"], k=10)} & {h.docid for h in expected[q["id"]]})
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_default_knobs_find_the_exhaustive_top_hits(variant, model, data, backend):
+    _, folder, _, want = variant
+    searcher = AlignerSearcher(folder, encoder=model, max_candidates=50, backend=backend)
+    overlap = [len({h.docid for h in searcher.search(q["text"], k=10)} & {h.docid for h in want[q["id"]]})
                for q in data[1]]
     assert np.mean(overlap) >= 9.0
 
 
-def test_searcher_loads_model_from_manifest(index_dir, data, expected):
-    searcher = AlignerSearcher(index_dir)
+def test_compressed_index_stays_close_to_fp16(variant, expected, data):
+    """Whatever the store, the exhaustive top 10 stays close to the fp16 one (the codec loses little)."""
+    name, _, _, want = variant
+    overlap = [len({h.docid for h in want[q["id"]]} & {h.docid for h in expected[q["id"]]}) for q in data[1]]
+    assert np.mean(overlap) >= (10.0 if name.startswith("fp16") else 8.0)
+
+
+def test_searcher_loads_model_from_manifest(variant, data):
+    _, folder, knobs, want = variant
+    searcher = AlignerSearcher(folder, k_per_token=1000, max_candidates=N_DOCS, **knobs)
     assert str(searcher.strategy) == "top-k:1" and searcher.num_docs == N_DOCS and searcher.dimension == 128
     q = data[1][0]
-    assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(expected[q["id"]]))
+    assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(want[q["id"]]))
 
 
 @pytest.mark.parametrize("factory, exact", [("IVF16,Flat", True), ("HNSW16", False), ("IVF16,PQ16x4", False)])
@@ -127,17 +165,22 @@ def test_pruned_index_and_refine_with_kept(tmp_path, index_dir, model, data):
     assert np.allclose([h.score for h in got], scores[best].numpy(), atol=1e-5)
 
 
-def test_strategy_knob(index_dir, model, data):
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_strategy_knob(variant, model, data, backend):
+    _, folder, knobs, _ = variant
     q = data[1][2]["text"]
-    exact = ExhaustiveScorer(index_dir, encoder=model, strategy="top-p:0.02")
-    searcher = AlignerSearcher(index_dir, encoder=model, strategy="top-p:0.02", k_per_token=1000, max_candidates=N_DOCS)
+    exact = ExhaustiveScorer(folder, encoder=model, strategy="top-p:0.02")
+    searcher = AlignerSearcher(folder, encoder=model, strategy="top-p:0.02", k_per_token=1000, max_candidates=N_DOCS,
+                               backend=backend, **(knobs if backend == "faiss" else {}))
     assert_same_ranking(as_pairs(searcher.search(q, k=10)), as_pairs(exact.search(q, k=10)))
     with pytest.raises(ValueError, match="bad alignment strategy"):
-        AlignerSearcher(index_dir, encoder=model, strategy="max")
+        AlignerSearcher(folder, encoder=model, strategy="max")
 
 
-def test_empty_query_and_return_vector(index_dir, model):
-    searcher = AlignerSearcher(index_dir, encoder=model)
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_empty_query_and_return_vector(variant, model, backend):
+    _, folder, _, _ = variant
+    searcher = AlignerSearcher(folder, encoder=model, backend=backend)
     assert searcher.search("") == [] and searcher.search("   ") == []
     hits = searcher.batch_search(["", "vitamin D deficiency"], ["empty", "q"], k=3)
     assert hits["empty"] == [] and len(hits["q"]) == 3
@@ -145,6 +188,34 @@ def test_empty_query_and_return_vector(index_dir, model):
     assert q_vectors.shape[1] == 128 and [h.docid for h in prf] == [h.docid for h in hits["q"]]
     row = searcher.store.row_of(prf[0].docid)
     assert prf[0].vectors.shape == (searcher.store.lengths[row], 128)
+
+
+def test_torch_backend_refines_with_kept_tokens_like_faiss(tmp_path, index_dir, model, data):
+    target = tmp_path / "pruned"
+    derive_index(index_dir, target, doc_prune=0.5, progress=False)
+    runs = [AlignerSearcher(target, encoder=model, k_per_token=1000, max_candidates=N_DOCS, refine_with="kept",
+                            backend=backend).batch_search([q["text"] for q in data[1]], [q["id"] for q in data[1]],
+                                                          k=10) for backend in ("faiss", "torch")]
+    for q in data[1]:
+        assert_same_ranking(as_pairs(runs[1][q["id"]]), as_pairs(runs[0][q["id"]]))
+
+
+def test_faiss_gpu_needs_a_faiss_with_gpu_support(index_dir):
+    import faiss
+
+    from pyserini_aligner.search.searcher import faiss_to_gpu
+
+    if hasattr(faiss, "StandardGpuResources"):
+        pytest.skip("this faiss has GPU support")
+    with pytest.raises(ValueError, match="needs faiss built with GPU support"):
+        faiss_to_gpu(store.StoredIndex(index_dir).faiss_index(), "cuda:0")
+
+
+def test_backend_knob_errors(index_dir, model):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        AlignerSearcher(index_dir, encoder=model, backend="gpu")
+    with pytest.raises(ValueError, match="nprobe / ef_search tune FAISS"):
+        AlignerSearcher(index_dir, encoder=model, backend="torch", nprobe=4)
 
 
 def test_model_mismatch_errors(index_dir, model):
@@ -236,10 +307,12 @@ def test_reranker_takes_pyserini_lucene_hits(tmp_path, index_dir, model, data, e
     assert np.allclose([h.score for h in from_raw], [s for _, s in want], atol=2e-3)
 
 
-def test_pyserini_faiss_searcher_opens_aligner_index(index_dir, data, expected):
+def test_pyserini_faiss_searcher_opens_aligner_index(variant, data):
     from pyserini.search.faiss import FaissSearcher
 
-    searcher = FaissSearcher(str(index_dir), "aligner")
+    _, folder, knobs, want = variant
+    searcher = FaissSearcher(str(folder), "aligner")
     assert isinstance(searcher, AlignerSearcher)
     q = data[1][0]
-    assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(expected[q["id"]]))
+    overlap = {h.docid for h in searcher.search(q["text"], k=10)} & {h.docid for h in want[q["id"]]}
+    assert len(overlap) >= 9

@@ -19,7 +19,10 @@ from pyserini_aligner.data import Dataset
 log = logging.getLogger(__name__)
 FAISS_PART = ("faiss.index", "faiss_ids.i64")
 IVF = "IVF4096,Flat"  # the fast variant: same stored tokens, an inverted-file FAISS index over them
-REFINE_PART = ("doc_vectors.f16", "doc_salience.f32", "doc_offsets.i64", "kept.bool", "docids.txt")
+CODEC, CODEC_DOC_PRUNE = "IVF16384,PQ4", 0.2  # the compressed variant: residual codes shared by FAISS and refinement
+CODE_FILES = ("token_centroids.u16", "token_residuals.u8")  # what a full scan of a compressed index streams
+LABELS = {"aligner": "full tokens, exact IP (encode + build)", "aligner-ivf": f"{IVF} (derived, no re-encoding)",
+          "aligner-compressed": f"codec {CODEC}, β^d={CODEC_DOC_PRUNE} in FAISS (derived, no re-encoding)"}
 
 
 def _corpus_id(dataset: Dataset) -> str:
@@ -30,9 +33,10 @@ def build_aligner(index_dir: Path, args: list[str]) -> dict:
     """Run ``python -m pyserini_aligner.index args`` in a child process: seconds, peak RSS, bytes per document."""
     stats = measure.timed_module("pyserini_aligner.index", ["--index", str(index_dir), "--overwrite", "--quiet", *args])
     docs = json.loads((index_dir / "manifest.json").read_text())["num_docs"]
-    stats["faiss_bytes_per_doc"] = round(measure.file_bytes(index_dir, FAISS_PART) / docs)
-    stats["refine_bytes_per_doc"] = round(measure.file_bytes(index_dir, REFINE_PART) / docs)
-    stats["total_bytes_per_doc"] = stats["faiss_bytes_per_doc"] + stats["refine_bytes_per_doc"]
+    faiss_bytes, total = measure.file_bytes(index_dir, FAISS_PART), measure.file_bytes(index_dir)
+    stats["faiss_bytes_per_doc"] = round(faiss_bytes / docs)
+    stats["refine_bytes_per_doc"] = round((total - faiss_bytes) / docs)  # token store, offsets, docids, manifest
+    stats["total_bytes_per_doc"] = round(total / docs)
     return stats
 
 
@@ -60,7 +64,7 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
     """Run every measurement; writes ``bench.json`` and ``bench.md`` in ``output`` and returns the dict."""
     from eval.beir.systems import Context, dense_searcher, lucene_index, work_dir
     from pyserini.search.lucene import LuceneSearcher
-    from pyserini_aligner.search.searcher import AlignerSearcher
+    from pyserini_aligner.search import AlignerSearcher, ExhaustiveScorer
 
     dataset = Dataset(dataset_spec)
     output = Path(output)
@@ -76,18 +80,28 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
     report["build"]["aligner"]["stream_vectors_seconds"] = round(
         measure.stream_seconds(flat_dir / "doc_vectors.f16"), 4)
     report["build"]["aligner-ivf"] = build_aligner(ivf_dir, ["--from-index", str(flat_dir), "--index-type", IVF])
+    compressed_dir = flat_dir.with_name(flat_dir.name + "-compressed")
+    report["build"]["aligner-compressed"] = build_aligner(compressed_dir, [
+        "--from-index", str(flat_dir), "--codec", CODEC, "--doc-prune", str(CODEC_DOC_PRUNE)])
+    report["build"]["aligner-compressed"]["stream_vectors_seconds"] = round(
+        sum(measure.stream_seconds(compressed_dir / name) for name in CODE_FILES), 4)
 
     if build_only:
         return _write(report, output)
     bm25 = LuceneSearcher(str(lucene_index(ctx)))
     bm25.set_bm25(0.9, 0.4)
-    searchers = {"bm25": bm25, "dense": dense_searcher(ctx), "aligner": AlignerSearcher(flat_dir),
-                 "aligner-ivf": AlignerSearcher(ivf_dir)}
+    searchers = {"bm25": bm25, "dense": dense_searcher(ctx), "exhaustive": ExhaustiveScorer(flat_dir),
+                 "aligner": AlignerSearcher(flat_dir), "aligner-ivf": AlignerSearcher(ivf_dir),
+                 "aligner-compressed": AlignerSearcher(compressed_dir)}
     for name, searcher in searchers.items():
         report["search"][name] = _measure_searcher(name, searcher, queries, qrels, threads, timed_queries)
     report["ratios"] = {f"{system}_vs_{base}_p50_k{k}": round(report["search"][system][f"k{k}"]["p50_ms"] /
                                                                 report["search"][base][f"k{k}"]["p50_ms"], 2)
-                        for system in ("aligner", "aligner-ivf") for base in ("bm25", "dense") for k in (10, 1000)}
+                        for system in ("aligner", "aligner-ivf", "aligner-compressed") for base in ("bm25", "dense")
+                        for k in (10, 1000)}
+    ceiling = report["search"]["exhaustive"]["ndcg@10"]
+    report["ndcg_vs_exhaustive"] = {system: round(report["search"][system]["ndcg@10"] - ceiling, 4)
+                                    for system in ("aligner", "aligner-ivf", "aligner-compressed")}
     return _write(report, output)
 
 
@@ -104,14 +118,17 @@ def bench_markdown(report: dict) -> str:
              "| AligneR index | build s | peak RSS MiB | FAISS B/doc | refinement B/doc | total B/doc |",
              "|---|---:|---:|---:|---:|---:|"]
     for name, build in report["build"].items():
-        label = "full tokens, exact IP (encode + build)" if name == "aligner" else f"{IVF} (derived, no re-encoding)"
+        label = LABELS.get(name, name)
         lines.append(f"| {label} | {build['seconds']} | {build['peak_rss_mib']} | {build['faiss_bytes_per_doc']} | "
                      f"{build['refine_bytes_per_doc']} | {build['total_bytes_per_doc']} |")
     if not report["search"]:
         return "\n".join(lines) + "\n"
+    compressed = report["build"].get("aligner-compressed", {})
     lines += ["", f"Latency over the first {report['timed_queries']} queries (query encoding included, after 5 warm-up "
-                  f"queries); nDCG@10 over all {report['queries']}.", "", f"Streaming the stored fp16 vectors through memory once: "
-                  f"{report['build']['aligner']['stream_vectors_seconds']} s (a full scan's floor).", "",
+                  f"queries); nDCG@10 over all {report['queries']}. `exhaustive` scores every document with every stored "
+                  "fp16 token (the quality ceiling).", "", "Streaming the stored vectors through memory once (a full "
+                  f"scan's floor): fp16 {report['build']['aligner']['stream_vectors_seconds']} s, compressed codes "
+                  f"{compressed.get('stream_vectors_seconds', '-')} s.", "",
              "| system | p50 ms k=10 | p95 ms k=10 | p50 ms k=1000 | p95 ms k=1000 | QPS (batch 32) | nDCG@10 |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, row in report["search"].items():
@@ -119,4 +136,7 @@ def bench_markdown(report: dict) -> str:
                      f"{row['k1000']['p95_ms']} | {row['qps_batch32']} | {row['ndcg@10']} |")
     lines += ["", "| ratio (p50 latency) | value |", "|---|---:|"]
     lines += [f"| {name} | {value} |" for name, value in report["ratios"].items()]
+    if "ndcg_vs_exhaustive" in report:
+        lines += ["", "| nDCG@10 minus the exhaustive ceiling | value |", "|---|---:|"]
+        lines += [f"| {name} | {value:+.4f} |" for name, value in report["ndcg_vs_exhaustive"].items()]
     return "\n".join(lines) + "\n"

@@ -82,11 +82,12 @@ def load_texts(corpus: str | os.PathLike, docids: list[str]) -> dict[str, str]:
 
 def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors: np.ndarray,
                      doc_salience: np.ndarray, strategy: str | Strategy, docid: str = "",
-                     rank: int | None = None) -> Explanation:
+                     rank: int | None = None, min_cosine: float | None = MIN_COSINE) -> Explanation:
     """Explain one (query, document) pair scored from the stored doc_vectors [m, d] and doc_salience [m].
 
-    doc_text is re-encoded with ``model``; its tokens must reproduce the stored vectors (cosine ≥ MIN_COSINE per
-    token), otherwise ValueError (wrong text or a different model). The score equals the searcher's.
+    doc_text is re-encoded with ``model``; its tokens must reproduce the stored vectors (same count, and cosine ≥
+    ``min_cosine`` per token unless None, as for compressed stores), otherwise ValueError (wrong text or a
+    different model). The score equals the searcher's.
     """
     strategy = parse_strategy(strategy)
     if not query.strip():
@@ -95,7 +96,7 @@ def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors
     d_tokens, truncated = text_tokens(model, doc_text, is_query=False)
     q_enc, d_enc = model.encode([query], is_query=True)[0], model.encode([doc_text], is_query=False)[0]
     stored = np.asarray(doc_vectors, dtype=np.float32)
-    _check_doc(docid, d_enc.vectors, stored, len(d_tokens))
+    _check_doc(docid, d_enc.vectors, stored, len(d_tokens), min_cosine)
     q, d = torch.from_numpy(q_enc.vectors), torch.from_numpy(stored)
     q_sal = torch.from_numpy(q_enc.salience)
     d_sal = torch.from_numpy(np.array(doc_salience, dtype=np.float32))
@@ -115,14 +116,15 @@ def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors
         sim=sim.numpy(), align=align.numpy(), contribution=contribution.numpy(), truncated=truncated)
 
 
-def _check_doc(docid: str, encoded: np.ndarray, stored: np.ndarray, n_tokens: int) -> None:
+def _check_doc(docid: str, encoded: np.ndarray, stored: np.ndarray, n_tokens: int,
+               min_cosine: float | None = MIN_COSINE) -> None:
     name = f"document {docid!r}" if docid else "the document"
     if not (len(encoded) == len(stored) == n_tokens):
         raise ValueError(f"{name}: its text encodes to {len(encoded)} tokens but the index stores {len(stored)}; "
                          "the corpus text differs from the indexed text (wrong --corpus?)")
     cosine = (encoded * stored).sum(1) / np.maximum(np.linalg.norm(encoded, axis=1) * np.linalg.norm(stored, axis=1),
                                                      1e-12)
-    if len(cosine) and cosine.min() < MIN_COSINE:
+    if min_cosine is not None and len(cosine) and cosine.min() < min_cosine:
         raise ValueError(f"{name}: re-encoded token vectors differ from the stored ones (min cosine "
                          f"{cosine.min():.3f}); the corpus text or the model differs from the index's")
 
@@ -167,7 +169,8 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
     out = []
     for docid, rank in ranked:
         row = store.row_of(docid)
-        start, end = store.offsets[row], store.offsets[row + 1]
-        out.append(explain_document(model, query, texts[docid], store.vectors[start:end], store.salience[start:end],
-                                    strategy, docid=docid, rank=rank))
+        positions = np.arange(store.offsets[row], store.offsets[row + 1])
+        out.append(explain_document(model, query, texts[docid], store.token_vectors(positions).numpy(),
+                                    store.token_salience(positions), strategy, docid=docid, rank=rank,
+                                    min_cosine=MIN_COSINE if store.codec is None else None))
     return out

@@ -18,7 +18,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--corpus", help="JsonCollection .jsonl/.json file or folder (fields id, contents), "
                                          "or an ir_datasets id such as beir/scifact")
     source.add_argument("--from-index", metavar="DIR",
-                        help="derive from an existing index without re-encoding (new --doc-prune/--index-type)")
+                        help="derive from an existing fp16 index without re-encoding (new --doc-prune, "
+                             "--index-type or --codec)")
     parser.add_argument("--index", required=True, help="output index folder")
     parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
     parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
@@ -26,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index-type", default=None,
                         help=f"FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), IVF256,Flat, "
                              "IVF256,PQ16x8, HNSW32")
+    parser.add_argument("--codec", default="fp16",
+                        help="token store: fp16 (default) or IVF<nlist>,PQ<M>, a compressed residual codec whose "
+                             "codes FAISS searches directly (--index-type is then ignored), e.g. IVF4096,PQ16")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--max-docs", type=int, default=None, help="index only the first N documents")
@@ -47,18 +51,18 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.from_index:
             manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,
-                                    **common)
+                                    codec=args.codec, device=args.device, **common)
         else:
             manifest = build_index(read_corpus(args.corpus), args.index, args.encoder,
                                    doc_prune=1.0 if args.doc_prune is None else args.doc_prune,
                                    index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
                                    device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
-                                   **common)
+                                   codec=args.codec, **common)
     except (ValueError, OSError) as err:
         sys.exit(f"error: {err}")
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
-              f"{manifest.num_kept} in FAISS ({manifest.index_type})")
+              f"{manifest.num_kept} in FAISS ({manifest.index_type}), codec {manifest.codec}")
 
 
 if __name__ == "__main__":

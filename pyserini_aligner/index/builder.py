@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyserini_aligner.index import store
+from pyserini_aligner.index.codec import FP16, ResidualCodec, parse_codec, quantize_centroids
 from pyserini_aligner.index.corpus import Location
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 DEFAULT_INDEX_TYPE = "IndexFlatIP"
 _FLAT_ALIASES = {"indexflatip": "Flat", "flatip": "Flat", "flat": "Flat"}
 _ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
+CODEC_POINTS_PER_CENTROID = 32  # k-means sample: at least this many tokens per coarse centroid (all when fewer)
 
 
 def faiss_factory_string(index_type: str) -> str:
@@ -174,7 +176,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                 index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str | None = None,
                 max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
                 overwrite: bool = False, seed: int = 0, model_name: str | None = None,
-                corpus_name: str = "") -> store.Manifest:
+                corpus_name: str = "", codec: str = FP16) -> store.Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
@@ -196,7 +198,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
     started = time.time()
     model = _load_model(encoder, device)
     dim = model.config.dim
-    new_faiss_index(dim, index_type)  # fail fast on a bad factory string
+    index_type = _check_codec(codec, dim, index_type, model.scores_with_salience)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
@@ -220,8 +222,8 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             doc_prune=float(doc_prune), index_type=faiss_factory_string(index_type), num_docs=writer.num_docs,
             num_tokens=writer.num_tokens, num_kept=writer.num_kept, num_truncated=num_truncated,
             num_empty=num_empty, default_strategy=model.config.default_strategy, corpus=corpus_name,
-            package_version=__version__)
-        _finish(work, target, manifest, train_size, seed, progress, overwrite)
+            package_version=__version__, codec=str(parse_codec(codec, dim)))
+        _finish(work, target, manifest, train_size, seed, progress, overwrite, device)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -232,14 +234,18 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
 
 def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *, doc_prune: float | None = None,
                  index_type: str | None = None, progress: bool = True, train_size: int = 100_000,
-                 overwrite: bool = False, seed: int = 0) -> store.Manifest:
-    """A new index from an existing one without re-encoding: the same stored tokens with another β^d
-    (recomputed from the stored saliences) and/or FAISS factory string; returns the new manifest.
-    The token files are hard-linked when the file system allows (copied otherwise)."""
+                 overwrite: bool = False, seed: int = 0, codec: str = FP16,
+                 device: str | None = None) -> store.Manifest:
+    """A new index from an existing fp16 one without re-encoding: the same stored tokens with another β^d
+    (recomputed from the stored saliences), FAISS factory string and/or compressed ``codec``; returns the new
+    manifest. The token files are hard-linked when the file system allows (copied otherwise)."""
     from pyserini_aligner.salience import prune_mask
 
     source = store.StoredIndex(source_dir)
     old = source.manifest
+    if source.codec is not None:
+        raise ValueError(f"cannot derive from {source_dir}: its tokens are compressed ({old.codec}); derive from the "
+                         "fp16 index it was built from")
     doc_prune = old.doc_prune if doc_prune is None else doc_prune
     index_type = old.index_type if index_type is None else index_type
     if not 0.0 < doc_prune <= 1.0:
@@ -248,7 +254,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
     if target == source.index_dir.absolute():
         raise ValueError(f"derive_index needs a new folder, got the source itself: {target}")
     _check_target(target, overwrite)
-    new_faiss_index(old.dim, index_type)
+    index_type = _check_codec(codec, old.dim, index_type, False)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
@@ -266,20 +272,35 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
                 out.write(kept.tobytes())
                 num_kept += int(kept.sum())
         manifest = dataclasses.replace(old, doc_prune=float(doc_prune), index_type=faiss_factory_string(index_type),
-                                       num_kept=num_kept, created="")
-        _finish(work, target, manifest, train_size, seed, progress, overwrite)
+                                       num_kept=num_kept, created="", codec=str(parse_codec(codec, old.dim)))
+        _finish(work, target, manifest, train_size, seed, progress, overwrite, device)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    log.info("derived %s (%s, doc_prune=%g) from %s", target, manifest.index_type, doc_prune, source.index_dir)
+    log.info("derived %s (%s, codec %s, doc_prune=%g) from %s", target, manifest.index_type, manifest.codec,
+             doc_prune, source.index_dir)
     return manifest
 
 
+def _check_codec(codec: str, dim: int, index_type: str, scores_with_salience: bool) -> str:
+    """Validate codec and index_type together; returns the FAISS factory string to record."""
+    spec = parse_codec(codec, dim)
+    if not spec.compressed:
+        new_faiss_index(dim, index_type)  # fail fast on a bad factory string
+        return index_type
+    if scores_with_salience:
+        raise ValueError(f"codec {spec} stores no token saliences, but the model scores with them; use codec fp16")
+    return str(spec)  # FAISS searches the codec's own IVF-PQ codes
+
+
 def _finish(work: Path, target: Path, manifest: store.Manifest, train_size: int, seed: int, progress: bool,
-            overwrite: bool) -> None:
-    """Build FAISS in ``work``, write the manifest, then move ``work`` to ``target``."""
-    _build_faiss(work, manifest.dim, manifest.index_type, manifest.num_tokens, manifest.num_kept, train_size, seed,
-                 progress)
+            overwrite: bool, device: str | None = None) -> None:
+    """Build FAISS (or compress the token store) in ``work``, write the manifest, then move ``work`` to ``target``."""
+    if parse_codec(manifest.codec).compressed:
+        _compress(work, manifest, train_size, seed, progress, device or "cpu")
+    else:
+        _build_faiss(work, manifest.dim, manifest.index_type, manifest.num_tokens, manifest.num_kept, train_size,
+                     seed, progress)
     store.write_manifest(work, manifest)
     for path in work.iterdir():
         path.chmod(0o644)
@@ -333,3 +354,34 @@ def _build_faiss(folder: Path, dim: int, index_type: str, num_tokens: int, num_k
         index.add(np.ascontiguousarray(vectors[rows], dtype=np.float32))
     faiss.write_index(index, str(folder / store.FAISS_INDEX))
     del vectors, kept, faiss_ids
+
+
+def _compress(folder: Path, manifest: store.Manifest, train_size: int, seed: int, progress: bool,
+              device: str) -> None:
+    """Replace the fp16 token files in ``folder`` by ``manifest.codec`` codes (layout in :mod:`..store`)."""
+    spec = parse_codec(manifest.codec, manifest.dim)
+    total, dim = manifest.num_tokens, manifest.dim
+    vectors = np.memmap(folder / store.VECTORS, dtype=np.float16, mode="r", shape=(total, dim))
+    kept = np.array(np.memmap(folder / store.KEPT, dtype=np.bool_, mode="r", shape=(total,)))
+    rng = np.random.default_rng(seed)
+    sample = rng.choice(total, min(total, max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist)), replace=False)
+    log.info("training codec %s on %d of %d tokens on %s", spec, len(sample), total, device)
+    sample_vectors = torch.from_numpy(np.asarray(vectors[np.sort(sample)], dtype=np.float32)).to(device)
+    residual_vectors = torch.from_numpy(np.asarray(vectors[np.sort(sample[:train_size])], dtype=np.float32)).to(device)
+    codec = ResidualCodec.train(spec, sample_vectors, residual_vectors, seed=seed)
+    del sample_vectors, residual_vectors
+    with (folder / store.TOKEN_CENTROIDS).open("wb") as ids_out, \
+            (folder / store.TOKEN_RESIDUALS).open("wb") as residuals_out:
+        for start in tqdm(range(0, total, _ADD_CHUNK), desc="compress", unit="chunk", disable=not progress):
+            x = torch.from_numpy(np.asarray(vectors[start:start + _ADD_CHUNK], dtype=np.float32)).to(device)
+            ids = codec.encode_centroids(x)
+            ids_out.write(ids.tobytes())
+            residuals_out.write(codec.encode_residuals(x, ids).tobytes())
+    (folder / store.KEPT_BITS).write_bytes(np.packbits(kept).tobytes())
+    values, scales = quantize_centroids(codec.centroids)
+    (folder / store.CODEC_CENTROIDS).write_bytes(values.tobytes())
+    (folder / store.CODEC_SCALES).write_bytes(scales.tobytes())
+    (folder / store.CODEC_CODEBOOKS).write_bytes(codec.codebooks.cpu().numpy().astype(np.float32).tobytes())
+    del vectors
+    for name in (store.VECTORS, store.SALIENCE, store.KEPT):  # links to a source index are only unlinked
+        (folder / name).unlink()

@@ -10,6 +10,16 @@ An index folder holds (T tokens over N documents, K = tokens kept in FAISS, d = 
 - ``kept.bool``         [T] bool, True where the token is in FAISS (the β^d most salient of its document);
 - ``faiss_ids.i64``     [K] int64, FAISS row → token position;
 - ``faiss.index``       FAISS index over the K kept vectors (inner product).
+
+With a compressed codec (``IVF<nlist>,PQ<M>``, see :mod:`pyserini_aligner.index.codec`) the token files are instead:
+
+- ``token_centroids.u16``  [T] uint16, each token's coarse centroid id;
+- ``token_residuals.u8``   [T, M] uint8, each token's PQ residual code;
+- ``kept.bits``            [ceil(T/8)] the kept mask, bit-packed (numpy.packbits);
+- ``codec_centroids.i8``   [nlist, d] int8 and ``codec_scales.f32`` [nlist] float32 (centroid = int8 · scale);
+- ``codec_codebooks.f32``  [M, 256, d/M] float32, the PQ codebooks;
+
+and there is no FAISS file: the searcher builds an ``IndexIVFPQ`` from the kept tokens' codes when it loads.
 """
 from __future__ import annotations
 
@@ -35,6 +45,12 @@ SALIENCE = "doc_salience.f32"
 KEPT = "kept.bool"
 FAISS_IDS = "faiss_ids.i64"
 FAISS_INDEX = "faiss.index"
+TOKEN_CENTROIDS = "token_centroids.u16"
+TOKEN_RESIDUALS = "token_residuals.u8"
+KEPT_BITS = "kept.bits"
+CODEC_CENTROIDS = "codec_centroids.i8"
+CODEC_SCALES = "codec_scales.f32"
+CODEC_CODEBOOKS = "codec_codebooks.f32"
 
 
 class IndexFormatError(ValueError):
@@ -57,6 +73,7 @@ class Manifest:
     num_empty: int  # documents whose text was blank
     default_strategy: str  # alignment strategy used when the searcher is not told one
     corpus: str = ""  # where the texts came from (JsonCollection path or ir_datasets id), when known
+    codec: str = "fp16"  # token store codec: "fp16" or "IVF<nlist>,PQ<M>" (pyserini_aligner.index.codec)
     created: str = ""
     package_version: str = ""
     format: str = FORMAT_NAME
@@ -97,6 +114,12 @@ def read_manifest(index_dir: str | os.PathLike) -> Manifest:
             raise IndexFormatError(f"{path}: field '{name}' must be a non-negative integer, got {value!r}")
     if manifest.num_kept > manifest.num_tokens:
         raise IndexFormatError(f"{path}: num_kept {manifest.num_kept} > num_tokens {manifest.num_tokens}")
+    from pyserini_aligner.index.codec import parse_codec
+
+    try:
+        parse_codec(manifest.codec, manifest.dim)
+    except (TypeError, ValueError) as err:
+        raise IndexFormatError(f"{path}: field 'codec': {err}") from None
     return manifest
 
 
@@ -160,13 +183,19 @@ class StoredIndex:
     """
 
     def __init__(self, index_dir: str | os.PathLike):
+        from pyserini_aligner.index.codec import parse_codec
+
         self.index_dir = Path(index_dir)
         self.manifest = m = read_manifest(self.index_dir)
         d = m.dim
-        files = {
-            OFFSETS: 8 * (m.num_docs + 1), VECTORS: 2 * m.num_tokens * d, SALIENCE: 4 * m.num_tokens,
-            KEPT: m.num_tokens, FAISS_IDS: 8 * m.num_kept,
-        }
+        self.codec_spec = spec = parse_codec(m.codec, d)
+        if spec.compressed:
+            files = {OFFSETS: 8 * (m.num_docs + 1), TOKEN_CENTROIDS: 2 * m.num_tokens, KEPT_BITS: (m.num_tokens + 7) // 8,
+                     TOKEN_RESIDUALS: m.num_tokens * spec.pq_m, CODEC_CENTROIDS: spec.nlist * d,
+                     CODEC_SCALES: 4 * spec.nlist, CODEC_CODEBOOKS: 4 * d * 256}
+        else:
+            files = {OFFSETS: 8 * (m.num_docs + 1), VECTORS: 2 * m.num_tokens * d, SALIENCE: 4 * m.num_tokens,
+                     KEPT: m.num_tokens, FAISS_IDS: 8 * m.num_kept}
         paths = {name: _checked_file(self.index_dir / name, size) for name, size in files.items()}
         self.offsets = np.fromfile(paths[OFFSETS], dtype=np.int64)
         lengths = np.diff(self.offsets)
@@ -174,15 +203,39 @@ class StoredIndex:
             raise IndexFormatError(f"{paths[OFFSETS]}: offsets are not a non-decreasing run from 0 to "
                                    f"num_tokens={m.num_tokens} (corrupt index file)")
         self.lengths = lengths
-        self.vectors = _memmap(paths[VECTORS], np.float16, (m.num_tokens, d))
-        self.salience = _memmap(paths[SALIENCE], np.float32, (m.num_tokens,))
-        self.kept = _memmap(paths[KEPT], np.bool_, (m.num_tokens,))
-        self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
-        if len(self.faiss_ids) and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= m.num_tokens):
-            raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {m.num_tokens})")
+        self.vectors = self.salience = self.codec = None
+        if spec.compressed:
+            self._open_compressed(paths)
+        else:
+            self.vectors = _memmap(paths[VECTORS], np.float16, (m.num_tokens, d))
+            self.salience = _memmap(paths[SALIENCE], np.float32, (m.num_tokens,))
+            self.kept = _memmap(paths[KEPT], np.bool_, (m.num_tokens,))
+            self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
+            if len(self.faiss_ids) and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= m.num_tokens):
+                raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {m.num_tokens})")
         self.docids = self._read_docids(self.index_dir / DOCIDS, m.num_docs)
         self._docid_rows: dict[str, int] | None = None
         self._vectors_tensor = None
+
+    def _open_compressed(self, paths: dict[str, Path]) -> None:
+        import torch
+
+        from pyserini_aligner.index.codec import PQ_CENTROIDS, ResidualCodec, dequantize_centroids
+
+        m, spec = self.manifest, self.codec_spec
+        self.kept = np.unpackbits(np.fromfile(paths[KEPT_BITS], dtype=np.uint8), count=m.num_tokens).astype(bool)
+        if int(self.kept.sum()) != m.num_kept:
+            raise IndexFormatError(f"{paths[KEPT_BITS]}: {int(self.kept.sum())} kept tokens, the manifest says "
+                                   f"num_kept={m.num_kept} (corrupt index file)")
+        self.faiss_ids = np.flatnonzero(self.kept)  # FAISS label → token position, derived from the kept mask
+        self.centroid_ids = _memmap(paths[TOKEN_CENTROIDS], np.uint16, (m.num_tokens,))
+        self.residuals = _memmap(paths[TOKEN_RESIDUALS], np.uint8, (m.num_tokens, spec.pq_m))
+        centroids = np.fromfile(paths[CODEC_CENTROIDS], dtype=np.int8).reshape(spec.nlist, m.dim)
+        scales = np.fromfile(paths[CODEC_SCALES], dtype=np.float32)
+        books = np.fromfile(paths[CODEC_CODEBOOKS], dtype=np.float32).reshape(spec.pq_m, PQ_CENTROIDS, -1)
+        self.codec = ResidualCodec(dequantize_centroids(centroids, scales), torch.from_numpy(books))
+        if m.num_tokens and int(self.centroid_ids.max()) >= spec.nlist:
+            raise IndexFormatError(f"{paths[TOKEN_CENTROIDS]}: centroid ids out of range [0, {spec.nlist})")
 
     @staticmethod
     def _read_docids(path: Path, count: int) -> list[str]:
@@ -216,6 +269,9 @@ class StoredIndex:
         """Read ``faiss.index`` and check it against the manifest (IndexFormatError naming the file otherwise)."""
         import faiss
 
+        if self.codec is not None:
+            kept = self.faiss_ids  # FAISS label i is kept token i, as for fp16 indexes
+            return self.codec.faiss_index(self.centroid_ids[kept], self.residuals[kept], np.arange(len(kept)))
         path = self.index_dir / FAISS_INDEX
         if not path.is_file():
             raise FileNotFoundError(f"index file missing: {path}")
@@ -227,6 +283,21 @@ class StoredIndex:
             raise IndexFormatError(f"{path}: FAISS index has d={index.d}, ntotal={index.ntotal}; the manifest says "
                                    f"dim={self.manifest.dim}, num_kept={self.manifest.num_kept}")
         return index
+
+    def token_vectors(self, positions: np.ndarray, device="cpu"):
+        """float32 tensor [t, d] of the stored (decoded) vectors at token ``positions`` [t]."""
+        import torch
+
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.codec is None:
+            return torch.from_numpy(np.asarray(self.vectors[positions], dtype=np.float32)).to(device)
+        return self.codec.decode(self.centroid_ids[positions], self.residuals[positions], device=device)
+
+    def token_salience(self, positions: np.ndarray) -> np.ndarray:
+        """float32 [t] saliences at token ``positions`` (ones for a compressed index, which stores none)."""
+        if self.salience is None:
+            return np.ones(len(positions), dtype=np.float32)
+        return np.asarray(self.salience[np.asarray(positions, dtype=np.int64)], dtype=np.float32)
 
     def token_layout(self, rows: np.ndarray, kept_only: bool = False):
         """Token positions of documents ``rows``, flattened: (positions [t], owner [t] = index into rows,
@@ -251,7 +322,7 @@ class StoredIndex:
         width = max(int(lengths.max()) if len(lengths) else 0, 1)
         salience = torch.zeros(len(lengths), width)
         mask = torch.zeros(len(lengths), width, dtype=torch.bool)
-        salience[owner, within] = torch.from_numpy(np.ascontiguousarray(self.salience[positions]))
+        salience[owner, within] = torch.from_numpy(self.token_salience(positions))
         mask[owner, within] = True
         return salience, mask
 
@@ -267,16 +338,20 @@ class StoredIndex:
         positions, owner, within, lengths = self.token_layout(rows, kept_only)
         batch, width, d = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1), self.manifest.dim
         vectors = workspace.take(batch, width, d) if workspace is not None else torch.empty(batch, width, d)
-        if kept_only:  # kept tokens are scattered: gather them first, then copy document by document
+        if self.codec is not None:  # decode, then scatter into the padded layout
+            vectors.zero_()
+            vectors[torch.from_numpy(owner), torch.from_numpy(within)] = self.token_vectors(positions)
+        elif kept_only:  # kept tokens are scattered: gather them first, then copy document by document
             source = torch.from_numpy(np.ascontiguousarray(self.vectors[positions]))
             begins = np.cumsum(lengths) - lengths
         else:
             source, begins = self._vector_tensor(), self.offsets[np.asarray(rows, dtype=np.int64)]
-        for i, (begin, length) in enumerate(zip(begins.tolist(), lengths.tolist())):
-            vectors[i, :length].copy_(source[begin:begin + length])
-            vectors[i, length:].zero_()
+        if self.codec is None:
+            for i, (begin, length) in enumerate(zip(begins.tolist(), lengths.tolist())):
+                vectors[i, :length].copy_(source[begin:begin + length])
+                vectors[i, length:].zero_()
         salience = np.zeros((batch, width), dtype=np.float32)
-        salience[owner, within] = self.salience[positions]
+        salience[owner, within] = self.token_salience(positions)
         mask = torch.arange(width)[None, :] < torch.from_numpy(np.asarray(lengths))[:, None]
         return vectors, mask, torch.from_numpy(salience)
 

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="FAISS and torch threads")
     parser.add_argument("--remove-query", action="store_true", help="drop a hit whose docid equals the query id")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--backend", choices=["faiss", "torch"], default=None,
+                        help="candidate generation and refinement with FAISS + the memory-mapped store (default on "
+                             "cpu) or with torch on --device (default on cuda)")
     parser.add_argument("--strategy", default=None, help="alignment, e.g. top-k:1, top-p:0.015, da:4:0.04 "
                                                          "(default: the index's)")
     parser.add_argument("--k-per-token", type=int, default=100, help="FAISS neighbours per kept query token (K)")
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         searcher = AlignerSearcher(args.index, encoder=None if args.encoder == GENERIC_ENCODER else args.encoder,
                                    strategy=args.strategy, k_per_token=args.k_per_token,
                                    query_prune=args.query_prune, max_candidates=args.max_candidates,
-                                   refine_with=args.refine_with, device=args.device, batch_size=args.batch_size)
+                                   refine_with=args.refine_with, device=args.device, batch_size=args.batch_size,
+                                   backend=args.backend)
         topics = load_topics(args.topics)
     except (OSError, ValueError) as error:  # IndexFormatError, DataError and bad knobs are ValueErrors
         print(f"error: {error}", file=sys.stderr)

@@ -3,7 +3,8 @@
 Per query: encode, keep the β^q most salient query tokens, FAISS-search ``k_per_token`` doc-token neighbours per
 kept token, map hits to documents, keep the ``max_candidates`` best documents by a cheap proxy score, then rescore
 them exactly with the alignment score over their stored tokens and return the top k. A drop-in for Pyserini's
-``FaissSearcher``: ``search``/``batch_search`` return ``DenseSearchResult`` lists.
+``FaissSearcher``: ``search``/``batch_search`` return ``DenseSearchResult`` lists. With ``device="cuda"`` the same
+pipeline runs as torch tensor operations (:mod:`.torch_backend`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pyserini_aligner.salience import prune_mask
 log = logging.getLogger(__name__)
 
 REFINE_WITH = ("all", "kept")
+BACKENDS = ("faiss", "torch")
 DEFAULT_MAX_CANDIDATES = 256
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_NPROBE = 32
@@ -90,14 +92,29 @@ def top_rows(scores: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
     return order[:k]
 
 
+def faiss_to_gpu(index, device: str):
+    """(GPU resources, ``index`` copied to CUDA device ``device``) when the installed faiss has GPU support; a
+    ValueError otherwise (the faiss-cpu wheel has none: use the torch backend)."""
+    import faiss
+
+    if not hasattr(faiss, "StandardGpuResources"):
+        raise ValueError(f"backend 'faiss' on {device} needs faiss built with GPU support (faiss-gpu); the installed "
+                         "faiss has none: use backend 'torch' (the default on CUDA)")
+    resources = faiss.StandardGpuResources()
+    return resources, faiss.index_cpu_to_gpu(resources, int(str(device).partition(":")[2] or 0), index)
+
+
 @contextlib.contextmanager
 def compute_threads(threads: int):
     """Run FAISS (OpenMP) and torch with ``threads`` threads inside the block (torch's setting is restored)."""
-    import faiss
-
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    faiss.omp_set_num_threads(threads)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+    except ImportError:  # torch-only installs (the torch backend needs no FAISS)
+        pass
     saved = torch.get_num_threads()
     if saved != threads:
         torch.set_num_threads(threads)
@@ -116,19 +133,25 @@ class AlignerSearcher:
     refinement (default: the manifest's). k_per_token: FAISS neighbours per kept query token. query_prune: β^q,
     fraction of query tokens sent to FAISS (refinement always uses all). max_candidates: documents refined per
     query (at least k). refine_with: "all" stored doc tokens or only the "kept" ones. nprobe / ef_search: FAISS
-    IVF / HNSW search parameters (None: min(32, nlist) and max(128, k_per_token)). Not thread-safe: use one
-    searcher per thread (``threads`` parallelises inside a search).
+    IVF / HNSW search parameters (None: min(32, nlist) and max(128, k_per_token)). device: where queries are
+    encoded and, with the torch backend, searched. backend: "faiss" (FAISS candidate generation, refinement from
+    the memory-mapped store; the default on CPU) or "torch" (every token decoded into device memory, candidate
+    generation and refinement as tensor ops; the default on CUDA, see :mod:`.torch_backend`). Not thread-safe: use
+    one searcher per thread (``threads`` parallelises inside a search).
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
                  k_per_token: int = 100, query_prune: float = 1.0, max_candidates: int = DEFAULT_MAX_CANDIDATES,
                  refine_with: str = "all", nprobe: int | None = None, ef_search: int | None = None,
-                 device: str = "cpu", batch_size: int = 32):
+                 device: str = "cpu", batch_size: int = 32, backend: str | None = None):
         self.index_dir = Path(index_dir)
         self.store = StoredIndex(self.index_dir)
         self.manifest = self.store.manifest
         self.model = load_model(encoder, self.manifest, self.index_dir, device)
-        self.index = self.store.faiss_index()
+        backend = backend or ("torch" if str(device).startswith("cuda") else "faiss")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.backend = backend
         self.strategy = parse_strategy(strategy if strategy is not None else self.manifest.default_strategy)
         if k_per_token < 1 or max_candidates < 1 or batch_size < 1:
             raise ValueError("k_per_token, max_candidates and batch_size must be >= 1, got "
@@ -141,7 +164,19 @@ class AlignerSearcher:
         self.refine_with, self.batch_size = refine_with, batch_size
         self.use_salience = self.model.scores_with_salience
         self._workspace = Workspace()
-        self._set_faiss_params(nprobe, ef_search)
+        self.index = self.tokens = None
+        if backend == "faiss":
+            self.index = self.store.faiss_index()
+            self._set_faiss_params(nprobe, ef_search)
+            if str(device).startswith("cuda"):
+                self._gpu_resources, self.index = faiss_to_gpu(self.index, device)
+        else:
+            from pyserini_aligner.search.torch_backend import TorchTokenIndex
+
+            if nprobe is not None or ef_search is not None:
+                raise ValueError("nprobe / ef_search tune FAISS; the torch backend searches exactly")
+            self.tokens = TorchTokenIndex(self.store, device, refine_with, with_salience=self.use_salience)
+            self._graphed = self._capture_query_encoder() if str(device).startswith("cuda") else None
         # Pyserini FaissSearcher attributes
         self.docids = self.store.docids
         self.dimension = self.manifest.dim
@@ -209,6 +244,18 @@ class AlignerSearcher:
                         results[qid] = [dense(self.docids[row], score) for row, score in hits]
         return (vectors, results) if return_vector else results
 
+    def rank(self, queries: list[str], k: int = 10, threads: int = 1) -> list[list[tuple[str, float]]]:
+        """Top-k (docid, score) lists, best first, one per query: ``batch_search`` over plain data (no Pyserini
+        result objects, so it also runs where Pyserini is not installed)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        ranked = []
+        with compute_threads(threads):
+            for start in range(0, len(queries), self.batch_size):
+                _, hits = self._search_texts(queries[start:start + self.batch_size], k)
+                ranked += [[(self.docids[row], score) for row, score in query_hits] for query_hits in hits]
+        return ranked
+
     # ------------------------------------------------------------------ pipeline
     def _search_texts(self, texts: list[str], k: int):
         """(query vectors per text, [(doc row, score)] per text)."""
@@ -217,6 +264,8 @@ class AlignerSearcher:
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
         if not live:
             return query_vectors, hits
+        if self.tokens is not None:
+            return self._search_torch([texts[i] for i in live], live, k, query_vectors, hits)
         encoded = self.model.encode([texts[i] for i in live], is_query=True, batch_size=self.batch_size)
         q, q_mask, q_sal = pad_encoded(encoded, self.dimension)
         kept = prune_mask(q_sal, q_mask, self.query_prune)
@@ -233,6 +282,33 @@ class AlignerSearcher:
                           i, len(candidates), k)
             if len(candidates):
                 hits[i] = self._refine(q[j:j + 1], q_mask[j:j + 1], q_sal[j:j + 1], candidates, k)
+        return query_vectors, hits
+
+    def _capture_query_encoder(self):
+        from pyserini_aligner.search.torch_backend import GraphedQueryEncoder
+
+        try:
+            return GraphedQueryEncoder(self.model)
+        except RuntimeError as err:  # a model whose forward pass syncs with the host cannot be captured
+            log.warning("query encoding runs eagerly (CUDA graph capture failed: %s)", str(err).splitlines()[0])
+            return None
+
+    def _search_torch(self, texts: list[str], live: list[int], k: int, query_vectors: list, hits: list):
+        """The torch backend: encode, prune, search and refine on the device; one transfer back per batch."""
+        if len(texts) == 1 and self._graphed is not None:
+            out = self._graphed(texts[0])
+        else:
+            out = self.model.encode_padded(texts, is_query=True, batch_size=self.batch_size)
+        kept = prune_mask(out.salience, out.mask, self.query_prune)
+        scores, rows = self.tokens.search(out.vectors, out.mask, out.salience, kept, k, self.k_per_token,
+                                          self.max_candidates, self.strategy,
+                                          out.salience if self.use_salience else None)
+        scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
+        vectors, mask = out.vectors.cpu().numpy(), out.mask.cpu().numpy()
+        for j, i in enumerate(live):
+            query_vectors[i] = vectors[j][mask[j]]
+            found = rows[j] >= 0
+            hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits
 
     def _candidates(self, distances: np.ndarray, labels: np.ndarray, weights: np.ndarray | None,
@@ -280,4 +356,4 @@ class AlignerSearcher:
 
     def _doc_vectors(self, row: int) -> np.ndarray:
         start, end = self.store.offsets[row], self.store.offsets[row + 1]
-        return np.asarray(self.store.vectors[start:end], dtype=np.float32)
+        return self.store.token_vectors(np.arange(start, end)).numpy()

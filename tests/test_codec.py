@@ -1,0 +1,128 @@
+"""The residual codec: parsing, k-means and PQ against slow loop references, and FAISS IndexIVFPQ compatibility."""
+import numpy as np
+import pytest
+import torch
+
+from pyserini_aligner.index.codec import (
+    CodecSpec,
+    ResidualCodec,
+    dequantize_centroids,
+    kmeans,
+    nearest,
+    parse_codec,
+    quantize_centroids,
+)
+
+
+def unit_vectors(n: int, d: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def codec_and_data():
+    x = unit_vectors(3000, 32, 0)
+    return ResidualCodec.train(CodecSpec(16, 8), x, iters=5, seed=0), x
+
+
+@pytest.mark.parametrize("spec, parsed", [("fp16", CodecSpec()), ("FP16", CodecSpec()),
+                                          ("IVF4096,PQ16", CodecSpec(4096, 16)), (" IVF2,PQ1 ", CodecSpec(2, 1))])
+def test_parse_codec(spec, parsed):
+    assert parse_codec(spec, 128) == parsed
+    assert str(parsed) == ("fp16" if not parsed.compressed else f"IVF{parsed.nlist},PQ{parsed.pq_m}")
+
+
+@pytest.mark.parametrize("spec, message", [("PQ16", "expected 'fp16' or 'IVF<nlist>,PQ<M>'"),
+                                           ("IVF1,PQ16", "nlist must be in"), ("IVF70000,PQ16", "nlist must be in"),
+                                           ("IVF64,PQ7", "must split the 128-d vectors")])
+def test_parse_codec_rejects(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_codec(spec, 128)
+
+
+def test_nearest_matches_loop_reference():
+    x, c = unit_vectors(50, 6, 1), torch.randn(7, 6, generator=torch.Generator().manual_seed(2))
+    ip = [max(range(7), key=lambda j: float(x[i] @ c[j])) for i in range(50)]
+    l2 = [min(range(7), key=lambda j: float(((x[i] - c[j]) ** 2).sum())) for i in range(50)]
+    assert nearest(x, c, "ip").tolist() == ip and nearest(x, c, "l2").tolist() == l2
+
+
+@pytest.mark.parametrize("spherical", [False, True])
+def test_kmeans_reaches_a_lloyd_fixed_point(spherical):
+    """After convergence each centroid is the (normalised) mean of the points nearest to it."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(40, 4, generator=gen) * 0.05 + shift for shift in (-2.0, 0.0, 2.0)])
+    if spherical:
+        x = torch.nn.functional.normalize(x + torch.tensor([0.0, 1.0, 0.0, 0.0]), dim=-1)
+    centroids = kmeans(x, 3, iters=30, seed=0, spherical=spherical)
+    assign = nearest(x, centroids, "ip" if spherical else "l2")
+    for j in range(3):
+        members = [x[i] for i in range(len(x)) if assign[i] == j]
+        mean = torch.stack(members).mean(0)
+        want = mean / mean.norm() if spherical else mean
+        assert torch.allclose(centroids[j], want, atol=1e-5)
+
+
+def test_kmeans_needs_enough_points():
+    with pytest.raises(ValueError, match="at least k=5 points"):
+        kmeans(torch.zeros(4, 2), 5)
+
+
+def test_residual_codes_are_nearest_codewords(codec_and_data):
+    codec, x = codec_and_data
+    ids = codec.encode_centroids(x[:20])
+    codes = codec.encode_residuals(x[:20], ids)
+    assert codes.shape == (20, 8) and codes.dtype == np.uint8
+    for i in range(20):
+        assert ids[i] == max(range(16), key=lambda j: float(x[i] @ codec.centroids[j]))
+        residual = x[i] - codec.centroids[int(ids[i])]
+        for m in range(8):
+            part = residual[4 * m:4 * m + 4]
+            dists = [float(((part - codec.codebooks[m, c]) ** 2).sum()) for c in range(256)]
+            assert dists[codes[i, m]] == pytest.approx(min(dists), abs=1e-6)
+    decoded = codec.decode(ids, codes)
+    assert decoded.shape == (20, 32)
+    assert torch.allclose(decoded[3], codec.centroids[int(ids[3])] + torch.cat(
+        [codec.codebooks[m, int(codes[3, m])] for m in range(8)]))
+    assert torch.allclose(codec.decode(ids), codec.centroids[torch.from_numpy(ids.astype(np.int64))])
+
+
+def test_codec_reduces_error(codec_and_data):
+    codec, x = codec_and_data
+    ids = codec.encode_centroids(x)
+    coarse = (codec.decode(ids) - x).norm(dim=1).mean()
+    fine = (codec.decode(ids, codec.encode_residuals(x, ids)) - x).norm(dim=1).mean()
+    assert fine < 0.6 * coarse
+
+
+def test_faiss_ivfpq_reads_the_same_codes(codec_and_data):
+    """FAISS decodes our codes to our vectors, and its IVF-PQ search over them equals brute force on the decoded ones."""
+    codec, x = codec_and_data
+    ids = codec.encode_centroids(x)
+    codes = codec.encode_residuals(x, ids)
+    labels = np.arange(len(x)) * 7
+    index = codec.faiss_index(ids, codes, labels)
+    assert index.ntotal == len(x)
+    decoded = codec.decode(ids, codes).numpy()
+    np.testing.assert_allclose(index.sa_decode(codec.faiss_codes(ids, codes)), decoded, atol=1e-5)
+    index.nprobe = 16  # every list
+    queries = unit_vectors(5, 32, 9).numpy()
+    scores, found = index.search(queries, 5)
+    exact = queries @ decoded.T
+    np.testing.assert_array_equal(found // 7, np.argsort(-exact, axis=1, kind="stable")[:, :5])
+    np.testing.assert_allclose(scores, np.sort(exact, axis=1)[:, ::-1][:, :5], atol=1e-4)
+
+
+def test_centroid_quantization_is_tight():
+    c = unit_vectors(100, 64, 4)
+    values, scales = quantize_centroids(c)
+    assert values.dtype == np.int8 and scales.shape == (100,)
+    error = (dequantize_centroids(values, scales) - c).abs().max(dim=1).values
+    assert torch.all(error <= torch.from_numpy(scales) / 2 + 1e-7)
+
+
+def test_training_errors_name_the_codec():
+    with pytest.raises(ValueError, match="codec IVF64,PQ4: 10 training vectors for 64 centroids"):
+        ResidualCodec.train(CodecSpec(64, 4), unit_vectors(10, 8, 0))
+    with pytest.raises(ValueError, match="at least 256 needed"):
+        ResidualCodec.train(CodecSpec(2, 4), unit_vectors(100, 8, 0))
