@@ -334,10 +334,15 @@ class AlignerModel(nn.Module):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         ids, truncated = self.tokenize(list(texts), is_query)
-        kind = "query" if is_query else "doc"
-        self._report_truncation(kind, sum(truncated), len(ids), None)
+        self._report_truncation("query" if is_query else "doc", sum(truncated), len(ids), None)
+        return self.encode_token_ids(ids, is_query, batch_size)
+
+    def encode_token_ids(self, ids: list[list[int]], is_query: bool, batch_size: int = 32,
+                         dtype: torch.dtype = torch.float32) -> TokenOutput:
+        """Run the model over pre-tokenised texts in length-sorted batches; TokenOutput padded to the longest, in
+        input order, on the model's device (vectors stored in ``dtype``)."""
         width = max([len(row) for row in ids] + [1])
-        vectors = torch.zeros(len(ids), width, self.config.dim, device=self.device)
+        vectors = torch.zeros(len(ids), width, self.config.dim, dtype=dtype, device=self.device)
         mask = torch.zeros(len(ids), width, dtype=torch.bool, device=self.device)
         salience = torch.zeros(len(ids), width, device=self.device)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
@@ -349,7 +354,8 @@ class AlignerModel(nn.Module):
                     batch = order[start:start + batch_size]
                     out = self(*self._pad([ids[i] for i in batch]), is_query=is_query)
                     rows, cols = torch.tensor(batch, device=self.device), out.vectors.shape[1]
-                    vectors[rows, :cols], mask[rows, :cols], salience[rows, :cols] = out.vectors, out.mask, out.salience
+                    vectors[rows, :cols] = out.vectors.to(dtype)
+                    mask[rows, :cols], salience[rows, :cols] = out.mask, out.salience
         finally:
             self.train(was_training)
         return TokenOutput(vectors, mask, salience)

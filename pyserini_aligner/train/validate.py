@@ -57,29 +57,10 @@ class Encoded:
 
 
 def encode_ids(model, ids: list[list[int]], is_query: bool, batch_size: int) -> Encoded:
-    """Run the model over pre-tokenised texts (length-sorted batches) and return them padded, in input order."""
-    device = model.device
-    store = torch.float16 if device.type == "cuda" else torch.float32
-    width = max(len(row) for row in ids)
-    vectors = torch.zeros(len(ids), width, model.config.dim, dtype=store, device=device)
-    mask = torch.zeros(len(ids), width, dtype=torch.bool, device=device)
-    salience = torch.zeros(len(ids), width, device=device)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                rows = order[start:start + batch_size]
-                out = model(*pad_ids([ids[i] for i in rows], model.pad_id, device), is_query=is_query)
-                index = torch.tensor(rows, device=device)
-                cols = out.vectors.shape[1]
-                vectors[index, :cols] = out.vectors.to(store)
-                mask[index, :cols] = out.mask
-                salience[index, :cols] = out.salience
-    finally:
-        model.train(was_training)
-    return Encoded(vectors, mask, salience)
+    """Run the model over pre-tokenised texts (length-sorted batches) and return them padded, in input order
+    (vectors in float16 on a GPU)."""
+    store = torch.float16 if model.device.type == "cuda" else torch.float32
+    return Encoded(*model.encode_token_ids(ids, is_query, batch_size, store))
 
 
 def score_all(model, queries: Encoded, docs: Encoded, strategy, chunk: int = 32) -> Tensor:
