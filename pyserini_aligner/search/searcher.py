@@ -176,7 +176,7 @@ class AlignerSearcher:
             if nprobe is not None or ef_search is not None:
                 raise ValueError("nprobe / ef_search tune FAISS; the torch backend searches exactly")
             self.tokens = TorchTokenIndex(self.store, device, refine_with, with_salience=self.use_salience)
-            self._graphed = self._capture_query_encoder() if str(device).startswith("cuda") else None
+            self._graphed = self._capture_query_encoder() if self.model.device.type == "cuda" else None
         # Pyserini FaissSearcher attributes
         self.docids = self.store.docids
         self.dimension = self.manifest.dim
