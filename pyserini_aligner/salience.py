@@ -132,10 +132,41 @@ def unary_salience(
     return s * _hard_topk_mask(s, mask, k)
 
 
-def prune_mask(salience: Tensor, mask: Tensor, beta: float) -> Tensor:
+DEFAULT_PRUNE_REDUNDANCY = 0.85  # cosine; chosen on validation queries (README, "Redundancy-aware pruning")
+
+
+def redundant_tokens(salience: Tensor, mask: Tensor, vectors: Tensor, threshold: float, chunk: int = 256) -> Tensor:
+    """Bool [B, L]: real tokens with a more salient real token of the same row at cosine >= ``threshold``.
+
+    salience [B, L], mask [B, L] bool, vectors [B, L, d] L2-normalised (cosine = inner product). "More salient"
+    is a higher salience, or an equal one at an earlier position. Rows are processed ``chunk`` at a time.
+    """
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"redundancy threshold must be in (0, 1], got {threshold}")
+    if vectors.shape[:2] != mask.shape or salience.shape != mask.shape:
+        raise ValueError(f"vectors {tuple(vectors.shape)}, salience {tuple(salience.shape)} and mask "
+                         f"{tuple(mask.shape)} do not match")
+    mask = mask.to(torch.bool)
+    out = torch.zeros_like(mask)
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    earlier = pos[None, :] < pos[:, None]  # [L, L]: j before i
+    for s in range(0, mask.shape[0], chunk):
+        sal, m = salience[s:s + chunk].float(), mask[s:s + chunk]
+        v = vectors[s:s + chunk].double()  # float64: the same decision whatever the batch composition
+        near = torch.einsum("bid,bjd->bij", v, v) >= threshold
+        above = (sal[:, None, :] > sal[:, :, None]) | ((sal[:, None, :] == sal[:, :, None]) & earlier)
+        out[s:s + chunk] = (near & above & m[:, None, :]).any(-1) & m
+    return out
+
+
+def prune_mask(salience: Tensor, mask: Tensor, beta: float, vectors: Tensor | None = None,
+               redundancy: float | None = None) -> Tensor:
     """Bool [B, L]: the ceil(beta·len) (at least 1) most salient real tokens of each row.
 
     salience [B, L], mask [B, L] bool. beta=1 returns mask. Ties are broken by position (earlier kept).
+    With ``redundancy`` (a cosine threshold) and the token ``vectors`` [B, L, d], tokens that
+    :func:`redundant_tokens` flags rank after every other token of their row (still by salience among
+    themselves), so a near-duplicate is kept only when the distinct tokens do not fill the budget.
     """
     if not 0.0 < beta <= 1.0:
         raise ValueError(f"beta must be in (0, 1], got {beta}")
@@ -144,4 +175,14 @@ def prune_mask(salience: Tensor, mask: Tensor, beta: float) -> Tensor:
     mask = mask.to(torch.bool)
     if beta == 1.0:
         return mask.clone()
-    return _hard_topk_mask(salience, mask, _count_rule(mask.sum(-1), beta))
+    count = _count_rule(mask.sum(-1), beta)
+    if redundancy is None:
+        return _hard_topk_mask(salience, mask, count)
+    if vectors is None:
+        raise ValueError("redundancy-aware pruning needs the token vectors")
+    redundant = redundant_tokens(salience, mask, vectors, redundancy)
+    order = salience.detach().float().masked_fill(~mask, -math.inf).argsort(dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(mask.shape[1], device=mask.device)
+                                            .expand_as(order).contiguous())
+    key = -(rank + redundant.long() * mask.shape[1]).double()  # distinct tokens first, by salience
+    return _hard_topk_mask(key, mask, count)

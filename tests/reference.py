@@ -99,3 +99,21 @@ def prune(salience: Sequence[float], mask: Sequence[bool], beta: float) -> list[
     n_keep = min(len(real), max(1, math.ceil(beta * len(real) - 1e-9)))
     kept = sorted(real, key=lambda j: (-float(salience[j]), j))[:n_keep]
     return [j in kept for j in range(len(mask))]
+
+
+def prune_redundant(salience: Sequence[float], mask: Sequence[bool], vectors: Sequence[Sequence[float]], beta: float,
+                    threshold: float) -> list[bool]:
+    """Redundancy-aware pruning: a real token with a more salient real token (higher salience, or equal and
+    earlier) at cosine >= threshold ranks after every other token; then the ceil(beta·len) (>= 1) best are kept."""
+    real = [j for j in range(len(mask)) if mask[j]]
+
+    def more_salient(j: int, i: int) -> bool:
+        return salience[j] > salience[i] or (salience[j] == salience[i] and j < i)
+
+    def redundant(i: int) -> bool:
+        return any(more_salient(j, i) and sum(a * b for a, b in zip(vectors[i], vectors[j])) >= threshold
+                   for j in real if j != i)
+
+    n_keep = min(len(real), max(1, math.ceil(beta * len(real) - 1e-9)))
+    kept = sorted(real, key=lambda j: (redundant(j), -float(salience[j]), j))[:n_keep]
+    return [j in kept for j in range(len(mask))]

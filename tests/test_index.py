@@ -16,7 +16,9 @@ from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, 
 from pyserini_aligner.index import __main__ as cli
 from pyserini_aligner.index import store
 from pyserini_aligner.model import AlignerModel
-from pyserini_aligner.salience import keep_count
+from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, keep_count
+
+import reference
 
 SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
 N_DOCS = 200
@@ -135,24 +137,64 @@ def test_duplicate_docids_refused(tmp_path, model):
         build_index([("a", "x"), ("b", "y"), ("a", "z")], target, model, progress=False)
 
 
-def test_doc_prune_keeps_most_salient(tmp_path, model):
-    salient = copy.deepcopy(model)  # a model whose document salience varies from token to token
+@pytest.fixture(scope="module")
+def salient(model):
+    """A model whose document salience varies from token to token."""
+    salient = copy.deepcopy(model)
     salient.config.use_salience = True
     with torch.no_grad():
         weight = salient.d_salience.weight
         weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
+    return salient
+
+
+def test_doc_prune_keeps_most_salient(tmp_path, salient):
     records = short_records(12, words=40)
     beta = 0.3
     target = tmp_path / "pruned"
-    m = build_index([(r["id"], r["contents"]) for r in records], target, salient, doc_prune=beta, progress=False)
+    m = build_index([(r["id"], r["contents"]) for r in records], target, salient, doc_prune=beta, progress=False,
+                    prune_redundancy=None)
     stored = StoredIndex(target)
     assert m.doc_prune == beta and m.num_kept == int(stored.kept.sum()) < m.num_tokens
+    assert m.prune_redundancy is None and read_manifest(target).prune_redundancy is None
     encoded = salient.encode([r["contents"] for r in records], is_query=False)
     for row, e in enumerate(encoded):
         kept = np.asarray(stored.kept[stored.offsets[row]:stored.offsets[row + 1]])
         assert kept.sum() == keep_count(len(e.salience), beta) == math.ceil(beta * len(e.salience))
         assert e.salience[kept].min() >= e.salience[~kept].max()
     assert np.array_equal(stored.faiss_ids, np.flatnonzero(stored.kept))
+
+
+def test_redundancy_aware_doc_prune(tmp_path, salient):
+    records = [{"id": r["id"], "contents": r["contents"] + " " + r["contents"]}  # every word twice
+               for r in scifact_docs(8)]
+    docs = [(r["id"], r["contents"]) for r in records]
+    built = build_index(docs, tmp_path / "default", salient, doc_prune=0.3, progress=False)
+    assert built.prune_redundancy == DEFAULT_PRUNE_REDUNDANCY
+    stored = StoredIndex(tmp_path / "default")
+    for row in range(stored.num_docs):
+        doc = slice(stored.offsets[row], stored.offsets[row + 1])
+        salience, vectors = np.asarray(stored.salience[doc]), np.asarray(stored.vectors[doc], dtype=np.float64)
+        expected = reference.prune_redundant(salience.tolist(), [True] * len(salience), vectors.tolist(), 0.3,
+                                             DEFAULT_PRUNE_REDUNDANCY)
+        assert np.asarray(stored.kept[doc]).tolist() == expected
+    plain = build_index(docs, tmp_path / "off", salient, doc_prune=0.3, progress=False, prune_redundancy=None)
+    assert plain.num_kept == built.num_kept and not np.array_equal(StoredIndex(tmp_path / "off").kept, stored.kept)
+    # derive: the source's rule by default, or the one asked for; the same masks as building with it
+    assert derive_index(tmp_path / "default", tmp_path / "inherit", index_type="IVF4,Flat",
+                        progress=False).prune_redundancy == DEFAULT_PRUNE_REDUNDANCY
+    assert np.array_equal(StoredIndex(tmp_path / "inherit").kept, stored.kept)
+    derive_index(tmp_path / "off", tmp_path / "on", prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=False)
+    assert np.array_equal(StoredIndex(tmp_path / "on").kept, stored.kept)
+    derive_index(tmp_path / "default", tmp_path / "plain", prune_redundancy=None, progress=False)
+    assert np.array_equal(StoredIndex(tmp_path / "plain").kept, StoredIndex(tmp_path / "off").kept)
+    for bad in (0.0, 1.5, True):
+        with pytest.raises(ValueError, match="prune_redundancy"):
+            derive_index(tmp_path / "default", tmp_path / "bad", prune_redundancy=bad, progress=False)
+    manifest = json.loads((tmp_path / "plain" / store.MANIFEST).read_text())
+    (tmp_path / "plain" / store.MANIFEST).write_text(json.dumps({**manifest, "prune_redundancy": 2}))
+    with pytest.raises(IndexFormatError, match="prune_redundancy"):
+        read_manifest(tmp_path / "plain")
 
 
 def test_derive_index_reprunes_without_encoding(tmp_path, index_dir):
@@ -279,4 +321,12 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
     cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx3"), "--doc-prune", "0.5",
               "--quiet"])
     assert read_manifest(tmp_path / "idx3").index_type == "HNSW8"
+    assert read_manifest(tmp_path / "idx3").prune_redundancy == DEFAULT_PRUNE_REDUNDANCY  # the source's
+    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx4"), "--doc-prune", "0.5",
+              "--prune-redundancy", "off", "--quiet"])
+    assert read_manifest(tmp_path / "idx4").prune_redundancy is None
+    with pytest.raises(SystemExit):
+        cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx5"), "--prune-redundancy",
+                  "1.5", "--quiet"])
+    assert "--prune-redundancy: expected 'off' or a number in (0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "idx2").exists() and leftovers(tmp_path) == []

@@ -13,17 +13,22 @@ def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
     # the index cache of tests/harness_support.py: the full and learned-pruned indexes are shared with the harness
     out, cache = tmp_path / "out", tmp_path_factory.getbasetemp() / "harness-cache"
     assert main(["--dataset", str(scifact_small), "--output", str(out), "--cache", str(cache), "--betas", "0.2",
-                 "--query-prunes", "0.5", "--quiet"]) == 0
+                 "--query-prunes", "0.5", "--seeds", "0", "1", "--redundancy", "off", "0.9", "--quiet"]) == 0
     result = json.loads((out / "pruning_baselines.json").read_text())
-    methods = [(r["beta_d"], r["method"]) for r in result["rows"]]
-    assert methods == [(1.0, "full"), (0.2, "learned"), (0.2, "random"), (0.2, "idf"), (0.2, "first")]
+    methods = [(r["beta_d"], r["redundancy"], r["method"], r["seed"]) for r in result["rows"]]
+    assert methods == [(1.0, None, "full", None)] + [
+        (0.2, rule, method, seed) for rule in (None, 0.9)
+        for method, seed in [("learned", None), ("random", 0), ("random", 1), ("idf", None), ("first", None)]]
     for row in result["rows"]:
-        assert 0.0 < row["ndcg@10 beta_q=0.5"] <= 1.0
+        assert 0.0 < row["ndcg@10 beta_q=0.5"] <= 1.0 and 0.0 < row["overlap@10 beta_q=0.5"] <= 1.0
+    assert result["rows"][0]["overlap@10 beta_q=0.5"] > 0.9  # the unpruned index nearly matches exhaustive scoring
     pruned = [r for r in result["rows"] if r["beta_d"] == 0.2]
     assert len({r["faiss_bytes_per_doc"] for r in pruned}) == 1  # same kept-token count whatever the method
     assert pruned[0]["faiss_bytes_per_doc"] < result["rows"][0]["faiss_bytes_per_doc"]
+    seeds = [r["ndcg@10 beta_q=0.5"] for r in pruned if r["method"] == "random" and r["redundancy"] is None]
     table = (out / "pruning_baselines.md").read_text()
-    assert "| 0.2 | idf |" in table and "nDCG@10 β^q=0.5" in table
+    assert "| 0.2 | off | idf |" in table and "| 0.2 | 0.9 | learned |" in table and "nDCG@10 β^q=0.5" in table
+    assert f"| 0.2 | off | random | {np.mean(seeds):.4f} ± {np.std(seeds, ddof=1):.4f} (2 seeds) |" in table
 
     work = next(p for p in cache.iterdir() if p.is_dir())
     full = next(p for p in work.iterdir() if p.name.startswith("aligner-") and "-" not in p.name[len("aligner-"):])
@@ -32,6 +37,7 @@ def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
         (full / "doc_vectors.f16").stat().st_ino  # hard-linked, not copied
     first_doc = np.asarray(idf.salience[idf.offsets[0]:idf.offsets[1]])
     assert first_doc[0] == pytest.approx(0.0, abs=1e-6) and first_doc.max() > 1.0  # [CLS] is in every doc: idf 0
+    assert StoredIndex(work / f"{full.name}-sal-idf-d0.2-r0.9").manifest.prune_redundancy == 0.9
     first = StoredIndex(work / f"{full.name}-sal-first-d0.2")
     kept = np.asarray(first.kept[first.offsets[0]:first.offsets[1]])
     assert kept[:kept.sum()].all()  # the first tokens

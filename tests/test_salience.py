@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import reference
-from pyserini_aligner.salience import keep_count, prune_mask, solve_entropic_lp, unary_salience
+from pyserini_aligner.salience import keep_count, prune_mask, redundant_tokens, solve_entropic_lp, unary_salience
 
 
 def _rows(b: int, n: int, seed: int, scale: float = 5.0, dtype=torch.float64):
@@ -158,6 +158,37 @@ def test_prune_mask_matches_reference(beta):
         assert kept[r].tolist() == reference.prune(sal[r].tolist(), mask[r].tolist(), beta)
         assert int(kept[r].sum()) == keep_count(int(mask[r].sum()), beta)
     assert not (kept & ~mask).any()
+
+
+@pytest.mark.parametrize("beta,threshold", [(0.2, 0.9), (0.5, 0.5), (0.3, 0.99), (0.999, 0.7)])
+def test_redundancy_aware_prune_mask_matches_reference(beta, threshold):
+    gen = torch.Generator().manual_seed(11)
+    vectors = torch.nn.functional.normalize(torch.randn(5, 16, 4, generator=gen), dim=-1)  # 4-d: many near pairs
+    vectors[0, 5] = vectors[0, 2]  # exact duplicates
+    sal = torch.rand(5, 16, generator=gen)
+    sal[1, :] = 0.25  # all tied: the earlier token of a near pair is the more salient one
+    mask = torch.arange(16) < torch.tensor([16, 12, 1, 9, 0]).unsqueeze(1)
+    kept = prune_mask(sal, mask, beta, vectors, threshold)
+    for r in range(5):
+        assert kept[r].tolist() == reference.prune_redundant(sal[r].tolist(), mask[r].tolist(), vectors[r].tolist(),
+                                                             beta, threshold)
+        assert int(kept[r].sum()) == keep_count(int(mask[r].sum()), beta)
+    flagged = redundant_tokens(sal, mask, vectors, threshold, chunk=2)  # chunking changes nothing
+    assert torch.equal(flagged, redundant_tokens(sal, mask, vectors, threshold))
+    assert flagged[0, 5] and not (flagged & ~mask).any()
+
+
+def test_redundancy_keeps_distinct_tokens_first():
+    base = torch.eye(4)
+    vectors = base[[0, 0, 0, 1, 2, 3]].unsqueeze(0)  # three copies of one direction, then three distinct ones
+    sal = torch.tensor([[0.9, 0.8, 0.7, 0.3, 0.2, 0.1]])
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    assert prune_mask(sal, mask, 0.5).tolist() == [[True, True, True, False, False, False]]
+    assert prune_mask(sal, mask, 0.5, vectors, 0.9).tolist() == [[True, False, False, True, True, False]]
+    with pytest.raises(ValueError, match="vectors"):
+        prune_mask(sal, mask, 0.5, None, 0.9)
+    with pytest.raises(ValueError, match="threshold"):
+        prune_mask(sal, mask, 0.5, vectors, 1.5)
 
 
 def test_prune_mask_full_beta_and_validation():

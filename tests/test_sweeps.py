@@ -49,9 +49,10 @@ def test_derive_pruned_index(tmp_path_factory, scifact_small):
     _, cache, _ = harness_run(tmp_path_factory, scifact_small)
     source = StoredIndex(full_index(harness_context(scifact_small, cache)))
     target = tmp_path_factory.mktemp("derived") / "d0.4"
-    manifest = derive_pruned_index(source.index_dir, target, 0.4)
+    manifest = derive_pruned_index(source.index_dir, target, 0.4, prune_redundancy=None)
     derived = StoredIndex(target)
     assert manifest.doc_prune == 0.4 and derived.manifest.num_kept == manifest.num_kept
+    assert manifest.prune_redundancy is None
     assert manifest.model_fingerprint == source.manifest.model_fingerprint
     kept_per_doc = np.add.reduceat(np.asarray(derived.kept, dtype=np.int64), derived.offsets[:-1])
     assert kept_per_doc.tolist() == [keep_count(int(n), 0.4) for n in derived.lengths]

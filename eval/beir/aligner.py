@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from eval.beir.cache import Hits, cache_path, cached_hits, load_hits, queries_hash, save_hits
+from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 if TYPE_CHECKING:
     from eval.beir.systems import Context
@@ -24,7 +25,8 @@ def index_key(index_dir: Path) -> dict:
     from pyserini_aligner.index.store import read_manifest
 
     m = read_manifest(index_dir)
-    return {"fingerprint": m.model_fingerprint, "doc_prune": m.doc_prune, "index_type": m.index_type,
+    return {"fingerprint": m.model_fingerprint, "doc_prune": m.doc_prune, "prune_redundancy": m.prune_redundancy,
+            "index_type": m.index_type,
             "num_docs": m.num_docs, "num_tokens": m.num_tokens, "num_kept": m.num_kept, "created": m.created}
 
 
@@ -43,18 +45,20 @@ def full_index(ctx: Context) -> Path:
     return target
 
 
-def pruned_index(ctx: Context, doc_prune: float) -> Path:
-    """The full index with β^d = ``doc_prune`` of each document's tokens in FAISS (derived once, not re-encoded)."""
+def pruned_index(ctx: Context, doc_prune: float, redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY) -> Path:
+    """The full index with β^d = ``doc_prune`` of each document's tokens in FAISS, chosen by salience with
+    redundancy-aware pruning at cosine ``redundancy`` (None: salience alone); derived once, not re-encoded."""
     from pyserini_aligner.index.derive import derive_pruned_index
-    from pyserini_aligner.index.store import MANIFEST
+    from pyserini_aligner.index.store import MANIFEST, read_manifest
 
     full = full_index(ctx)
     if doc_prune == 1.0:
         return full
-    target = full.with_name(f"{full.name}-d{doc_prune:g}")
-    if not (target / MANIFEST).is_file():
-        log.info("deriving %s (doc_prune=%g) from %s", target, doc_prune, full)
-        derive_pruned_index(full, target, doc_prune, progress=ctx.progress, overwrite=True)
+    target = full.with_name(f"{full.name}-d{doc_prune:g}" + ("" if redundancy is None else f"-r{redundancy:g}"))
+    if not (target / MANIFEST).is_file() or read_manifest(target).prune_redundancy != redundancy:
+        log.info("deriving %s (doc_prune=%g, prune_redundancy=%s) from %s", target, doc_prune, redundancy, full)
+        derive_pruned_index(full, target, doc_prune, progress=ctx.progress, overwrite=True,
+                            prune_redundancy=redundancy)
     return target
 
 

@@ -9,6 +9,20 @@ from pathlib import Path
 
 from pyserini_aligner.index.builder import DEFAULT_INDEX_TYPE, build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
+from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
+
+
+def redundancy_arg(text: str) -> float | str:
+    """--prune-redundancy value: "off" or a cosine threshold in (0, 1]."""
+    if text.lower() == "off":
+        return "off"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
     parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
                         help="fraction β^d of each document's most salient tokens put in FAISS (default 1.0)")
+    parser.add_argument("--prune-redundancy", type=redundancy_arg, default=None, metavar="COS",
+                        help="redundancy-aware β^d pruning: a token within cosine COS of a more salient token of its "
+                             "document goes to FAISS only if the distinct tokens leave room; 'off' prunes by "
+                             f"salience alone (default {DEFAULT_PRUNE_REDUNDANCY} when building, the source's "
+                             "with --from-index)")
     parser.add_argument("--index-type", default=None,
                         help=f"FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), IVF256,Flat, "
                              "IVF256,PQ16x8, HNSW32")
@@ -48,16 +67,21 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
     common = dict(progress=not args.quiet, overwrite=args.overwrite)
+    redundancy = None if args.prune_redundancy == "off" else args.prune_redundancy
     try:
         if args.from_index:
             manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,
-                                    codec=args.codec, device=args.device, **common)
+                                    codec=args.codec, device=args.device,
+                                    prune_redundancy="source" if args.prune_redundancy is None else redundancy,
+                                    **common)
         else:
             manifest = build_index(read_corpus(args.corpus), args.index, args.encoder,
                                    doc_prune=1.0 if args.doc_prune is None else args.doc_prune,
                                    index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
                                    device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
-                                   codec=args.codec, **common)
+                                   codec=args.codec,
+                                   prune_redundancy=DEFAULT_PRUNE_REDUNDANCY if args.prune_redundancy is None
+                                   else redundancy, **common)
     except (ValueError, OSError) as err:
         sys.exit(f"error: {err}")
     if not args.quiet:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from pyserini_aligner.index import store
 from pyserini_aligner.index.codec import FP16, ResidualCodec, parse_codec, quantize_centroids
 from pyserini_aligner.index.corpus import Location
+from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,8 @@ class _DocidRegistry:
             raise ValueError(f"duplicate docid {docid!r}: first at {self._unpack(first)}, again at {where}")
 
 
-def _encode_chunk(model, chunk: list[tuple[str, str]], writer: "_Writer", batch_size: int, doc_prune: float) -> int:
+def _encode_chunk(model, chunk: list[tuple[str, str]], writer: "_Writer", batch_size: int, doc_prune: float,
+                  redundancy: float | None) -> int:
     """Encode a chunk of (docid, text), prune with β^d and append it to ``writer``; returns how many were truncated."""
     from pyserini_aligner.salience import prune_mask
 
@@ -164,9 +166,12 @@ def _encode_chunk(model, chunk: list[tuple[str, str]], writer: "_Writer", batch_
     width = max(int(lengths.max()), 1)
     mask = torch.arange(width)[None, :] < lengths[:, None]
     salience = torch.zeros(len(encoded), width)
+    vectors = torch.zeros(len(encoded), width, model.config.dim) if redundancy is not None and doc_prune < 1 else None
     for row, e in enumerate(encoded):
         salience[row, :len(e.salience)] = torch.from_numpy(e.salience)
-    kept = prune_mask(salience, mask, doc_prune).numpy()
+        if vectors is not None:
+            vectors[row, :len(e.vectors)] = torch.from_numpy(np.asarray(e.vectors, dtype=np.float16).astype(np.float32))
+    kept = prune_mask(salience, mask, doc_prune, vectors, redundancy).numpy()
     writer.add([docid for docid, _ in chunk], [e.vectors for e in encoded], [e.salience for e in encoded],
                [kept[row, :len(e.vectors)] for row, e in enumerate(encoded)])
     return sum(e.truncated for e in encoded)
@@ -176,7 +181,8 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                 index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str | None = None,
                 max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
                 overwrite: bool = False, seed: int = 0, model_name: str | None = None,
-                corpus_name: str = "", codec: str = FP16) -> store.Manifest:
+                corpus_name: str = "", codec: str = FP16,
+                prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY) -> store.Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
@@ -184,11 +190,14 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
     (all tokens are stored for refinement). index_type: FAISS factory string (inner product); trained indexes
     are trained on up to ``train_size`` kept vectors sampled with ``seed``. model_name: what to record as the
     model's name in the manifest (default: derived from ``encoder``). corpus_name: where the texts came from
-    (JsonCollection path or ir_datasets id), recorded in the manifest.
+    (JsonCollection path or ir_datasets id), recorded in the manifest. prune_redundancy: cosine threshold of
+    redundancy-aware pruning (salience.prune_mask: a document's near-duplicate tokens go to FAISS only when its
+    distinct tokens do not fill the β^d budget); None prunes by salience alone.
     """
     from pyserini_aligner.salience import keep_count
 
     keep_count(1, doc_prune)  # validates β^d
+    _check_redundancy(prune_redundancy)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if max_docs is not None and max_docs < 1:
@@ -207,7 +216,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         chunk_docs = batch_size * 8  # encode() sorts each chunk by length, so bigger chunks pad less
         with _Writer(work) as writer, tqdm(total=max_docs, unit="doc", desc="index", disable=not progress) as bar:
             for chunk in _chunks(_checked_items(corpus, max_docs, docids), chunk_docs):
-                num_truncated += _encode_chunk(model, chunk, writer, batch_size, doc_prune)
+                num_truncated += _encode_chunk(model, chunk, writer, batch_size, doc_prune, prune_redundancy)
                 num_empty += sum(not text.strip() for _, text in chunk)
                 bar.update(len(chunk))
         if writer.num_docs == 0:
@@ -222,7 +231,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             doc_prune=float(doc_prune), index_type=faiss_factory_string(index_type), num_docs=writer.num_docs,
             num_tokens=writer.num_tokens, num_kept=writer.num_kept, num_truncated=num_truncated,
             num_empty=num_empty, default_strategy=model.config.default_strategy, corpus=corpus_name,
-            package_version=__version__, codec=str(parse_codec(codec, dim)))
+            package_version=__version__, codec=str(parse_codec(codec, dim)), prune_redundancy=prune_redundancy)
         _finish(work, target, manifest, train_size, seed, progress, overwrite, device)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -235,10 +244,11 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
 def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *, doc_prune: float | None = None,
                  index_type: str | None = None, progress: bool = True, train_size: int = 100_000,
                  overwrite: bool = False, seed: int = 0, codec: str = FP16,
-                 device: str | None = None) -> store.Manifest:
+                 device: str | None = None, prune_redundancy: float | None | str = "source") -> store.Manifest:
     """A new index from an existing fp16 one without re-encoding: the same stored tokens with another β^d
-    (recomputed from the stored saliences), FAISS factory string and/or compressed ``codec``; returns the new
-    manifest. The token files are hard-linked when the file system allows (copied otherwise)."""
+    (recomputed from the stored saliences and vectors), FAISS factory string and/or compressed ``codec``; returns
+    the new manifest. prune_redundancy: as in :func:`build_index`, or "source" (default) for the source's.
+    The token files are hard-linked when the file system allows (copied otherwise)."""
     from pyserini_aligner.salience import prune_mask
 
     source = store.StoredIndex(source_dir)
@@ -248,6 +258,8 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
                          "fp16 index it was built from")
     doc_prune = old.doc_prune if doc_prune is None else doc_prune
     index_type = old.index_type if index_type is None else index_type
+    redundancy = old.prune_redundancy if prune_redundancy == "source" else prune_redundancy
+    _check_redundancy(redundancy)
     if not 0.0 < doc_prune <= 1.0:
         raise ValueError(f"doc_prune must be in (0, 1], got {doc_prune}")
     target = Path(index_dir).absolute()
@@ -264,15 +276,21 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
             except OSError:  # another file system, or no hard links there
                 shutil.copyfile(source.index_dir / name, work / name)
         num_kept = 0
+        step = 4096 if redundancy is None or doc_prune == 1.0 else 256
         with (work / store.KEPT).open("wb") as out:
-            for start in range(0, old.num_docs, 4096):
-                rows = np.arange(start, min(start + 4096, old.num_docs))
-                salience, mask = source.padded_salience(rows)
-                kept = prune_mask(salience, mask, doc_prune)[mask].numpy()
+            for start in range(0, old.num_docs, step):
+                rows = np.arange(start, min(start + step, old.num_docs))
+                if step == 4096:
+                    salience, mask = source.padded_salience(rows)
+                    vectors = None
+                else:
+                    vectors, mask, salience = source.gather(rows)
+                kept = prune_mask(salience, mask, doc_prune, vectors, redundancy)[mask].numpy()
                 out.write(kept.tobytes())
                 num_kept += int(kept.sum())
         manifest = dataclasses.replace(old, doc_prune=float(doc_prune), index_type=faiss_factory_string(index_type),
-                                       num_kept=num_kept, created="", codec=str(parse_codec(codec, old.dim)))
+                                       num_kept=num_kept, created="", codec=str(parse_codec(codec, old.dim)),
+                                       prune_redundancy=redundancy)
         _finish(work, target, manifest, train_size, seed, progress, overwrite, device)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -280,6 +298,13 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
     log.info("derived %s (%s, codec %s, doc_prune=%g) from %s", target, manifest.index_type, manifest.codec,
              doc_prune, source.index_dir)
     return manifest
+
+
+def _check_redundancy(threshold) -> None:
+    """prune_redundancy must be None or a cosine threshold in (0, 1]."""
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0.0 < threshold <= 1.0):
+        raise ValueError(f"prune_redundancy must be None or a cosine threshold in (0, 1], got {threshold!r}")
 
 
 def _check_codec(codec: str, dim: int, index_type: str, scores_with_salience: bool) -> str:

@@ -74,6 +74,7 @@ class Manifest:
     default_strategy: str  # alignment strategy used when the searcher is not told one
     corpus: str = ""  # where the texts came from (JsonCollection path or ir_datasets id), when known
     codec: str = "fp16"  # token store codec: "fp16" or "IVF<nlist>,PQ<M>" (pyserini_aligner.index.codec)
+    prune_redundancy: float | None = None  # cosine threshold of redundancy-aware β^d pruning; None: salience only
     created: str = ""
     package_version: str = ""
     format: str = FORMAT_NAME
@@ -114,6 +115,11 @@ def read_manifest(index_dir: str | os.PathLike) -> Manifest:
             raise IndexFormatError(f"{path}: field '{name}' must be a non-negative integer, got {value!r}")
     if manifest.num_kept > manifest.num_tokens:
         raise IndexFormatError(f"{path}: num_kept {manifest.num_kept} > num_tokens {manifest.num_tokens}")
+    redundancy = manifest.prune_redundancy
+    if redundancy is not None and (isinstance(redundancy, bool) or not isinstance(redundancy, (int, float))
+                                   or not 0.0 < redundancy <= 1.0):
+        raise IndexFormatError(f"{path}: field 'prune_redundancy' must be null or a number in (0, 1], "
+                               f"got {redundancy!r}")
     from pyserini_aligner.index.codec import parse_codec
 
     try:

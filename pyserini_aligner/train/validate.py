@@ -1,9 +1,9 @@
 """Validation during training: exhaustive alignment scoring of small corpora on the model's device, nDCG@10.
 
 Besides exhaustive (full-token) retrieval it estimates pruned search: per query, the β^q most salient query
-tokens each take their ``k_per_token`` nearest kept doc tokens (the β^d most salient of each doc, exact MIPS),
-the docs hit become candidates and are ranked by their full alignment score (AlignerSearcher without the
-FAISS approximation and without its max_candidates cap). Imports torch only (runs on the GPU box).
+tokens each take their ``k_per_token`` nearest kept doc tokens (the β^d most salient of each doc, pruned
+redundancy-aware as the index builder does; exact MIPS), the docs hit become candidates and are ranked by their
+full alignment score (AlignerSearcher without the FAISS approximation and without its max_candidates cap). Imports torch only (runs on the GPU box).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
-from pyserini_aligner.salience import prune_mask
+from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, prune_mask
 
 
 def ndcg_at_k(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], k: int = 10) -> dict[str, float]:
@@ -77,9 +77,10 @@ def score_all(model, queries: Encoded, docs: Encoded, strategy, chunk: int = 32)
 
 
 def pruned_candidates(queries: Encoded, docs: Encoded, beta_q: float, beta_d: float, k_per_token: int,
-                      chunk: int = 16) -> Tensor:
-    """Bool [Q, N]: docs reached by the pruned token search (see module docstring)."""
-    kept_d = prune_mask(docs.salience, docs.mask, beta_d)
+                      chunk: int = 16, redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY) -> Tensor:
+    """Bool [Q, N]: docs reached by the pruned token search (see module docstring); documents are pruned as the
+    index builder does (redundancy-aware at cosine ``redundancy``, None: salience alone)."""
+    kept_d = prune_mask(docs.salience, docs.mask, beta_d, docs.vectors, redundancy)
     tokens = docs.vectors[kept_d]  # [T, d]
     owner = torch.nonzero(kept_d)[:, 0]  # [T] doc row of each kept token
     kept_q = prune_mask(queries.salience, queries.mask, beta_q)
