@@ -276,15 +276,15 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
             except OSError:  # another file system, or no hard links there
                 shutil.copyfile(source.index_dir / name, work / name)
         num_kept = 0
-        step = 4096 if redundancy is None or doc_prune == 1.0 else 256
+        with_vectors = redundancy is not None and doc_prune < 1.0  # the redundancy rule compares token vectors
+        step = 256 if with_vectors else 4096
         with (work / store.KEPT).open("wb") as out:
             for start in range(0, old.num_docs, step):
                 rows = np.arange(start, min(start + step, old.num_docs))
-                if step == 4096:
-                    salience, mask = source.padded_salience(rows)
-                    vectors = None
-                else:
+                if with_vectors:
                     vectors, mask, salience = source.gather(rows)
+                else:
+                    (salience, mask), vectors = source.padded_salience(rows), None
                 kept = prune_mask(salience, mask, doc_prune, vectors, redundancy)[mask].numpy()
                 out.write(kept.tobytes())
                 num_kept += int(kept.sum())

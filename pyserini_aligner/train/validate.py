@@ -106,7 +106,8 @@ def top_docids(scores: Tensor, qids: list[str], docids: list[str], k: int = 10) 
 
 def evaluate(model, sets: dict, corpus_ids: dict[str, list[list[int]]], corpus_docids: dict[str, list[str]],
              query_ids: dict[str, list[list[int]]], strategy: str, batch_size: int = 128,
-             beta_q: float = 0.5, beta_d: float = 0.2, k_per_token: int = 100) -> dict[str, dict[str, float]]:
+             beta_q: float = 0.5, beta_d: float = 0.2, k_per_token: int = 100,
+             redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY) -> dict[str, dict[str, float]]:
     """nDCG@10 (exhaustive, and pruned-search estimate) per validation set.
 
     sets: name -> ValidationSet; corpus_ids: corpus -> token ids per doc; corpus_docids: corpus -> docids;
@@ -121,7 +122,7 @@ def evaluate(model, sets: dict, corpus_ids: dict[str, list[list[int]]], corpus_d
         qids = list(vset.queries)
         queries = encode_ids(model, query_ids[name], True, batch_size)
         full = score_all(model, queries, docs, strategy)
-        cand = pruned_candidates(queries, docs, beta_q, beta_d, k_per_token)
+        cand = pruned_candidates(queries, docs, beta_q, beta_d, k_per_token, redundancy=redundancy)
         pruned = torch.where(cand, full, torch.full_like(full, -math.inf))
         row = {}
         for metric, scores in (("ndcg@10", full), ("ndcg@10_pruned", pruned)):
