@@ -28,3 +28,9 @@ def test_measure_then_score(tmp_path, monkeypatch):
     assert all(row["ndcg@10"] > 0.5 for row in scored["configs"].values())
     table = (tmp_path / "out" / "bench_gpu.md").read_text()
     assert "IVF16,PQ16" in table and table.count("\n| β^d=") == len(bench_gpu.CONFIGS)
+
+
+def test_agreement_counts_same_order_and_score_gap():
+    a = [[("d1", 0.9), ("d2", 0.5)], [("d3", 0.7), ("d4", 0.6)]]
+    b = [[("d1", 0.9), ("d2", 0.5001)], [("d4", 0.7), ("d3", 0.6)]]
+    assert bench_gpu.agreement(a, b) == {"same_order": 1, "queries": 2, "max_score_diff": 0.0001}

@@ -164,7 +164,7 @@ class AlignerSearcher:
         self.refine_with, self.batch_size = refine_with, batch_size
         self.use_salience = self.model.scores_with_salience
         self._workspace = Workspace()
-        self.index = self.tokens = None
+        self.index = self.tokens = self._graphed = None
         if backend == "faiss":
             self.index = self.store.faiss_index()
             self._set_faiss_params(nprobe, ef_search)
@@ -177,6 +177,7 @@ class AlignerSearcher:
                 raise ValueError("nprobe / ef_search tune FAISS; the torch backend searches exactly")
             self.tokens = TorchTokenIndex(self.store, device, refine_with, with_salience=self.use_salience)
             self._graphed = self._capture_query_encoder() if self.model.device.type == "cuda" else None
+        self.graphed_queries = self._graphed is not None  # one query at a time goes through a CUDA graph
         # Pyserini FaissSearcher attributes
         self.docids = self.store.docids
         self.dimension = self.manifest.dim
