@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.index.builder import DEFAULT_INDEX_TYPE, build_index, derive_index
+from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
+                                            derive_index)
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
@@ -27,32 +28,42 @@ def redundancy_arg(text: str) -> float | str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.index",
-                                     description="Build a multi-vector AligneR index (token vectors + FAISS).")
+                                     description="Build a multi-vector AligneR index, derive one from another, or "
+                                                 "verify one.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="JsonCollection .jsonl/.json file or folder (fields id, contents), "
                                          "or an ir_datasets id such as beir/scifact")
     source.add_argument("--from-index", metavar="DIR",
                         help="derive from an existing fp16 index without re-encoding (new --doc-prune, "
                              "--index-type or --codec)")
-    parser.add_argument("--index", required=True, help="output index folder")
+    source.add_argument("--verify", action="store_true",
+                        help="check the CRC32 of every file of --index (the large token files included)")
+    parser.add_argument("--index", required=True, help="index folder")
     parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
     parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
-                        help="fraction β^d of each document's most salient tokens put in FAISS (default 1.0)")
+                        help=f"fraction β^d of each document's most salient tokens indexed for candidate generation "
+                             f"(default {DEFAULT_DOC_PRUNE} when building, the source's with --from-index)")
     parser.add_argument("--prune-redundancy", type=redundancy_arg, default=None, metavar="COS",
                         help="redundancy-aware β^d pruning: a token within cosine COS of a more salient token of its "
-                             "document goes to FAISS only if the distinct tokens leave room; 'off' prunes by "
+                             "document is indexed only if the distinct tokens leave room; 'off' prunes by "
                              f"salience alone (default {DEFAULT_PRUNE_REDUNDANCY} when building, the source's "
                              "with --from-index)")
+    parser.add_argument("--codec", default=None,
+                        help=f"token store: '{DEFAULT_CODEC}' (IVF<nlist>,PQ4 with nlist from the corpus size; the "
+                             "default), IVF<nlist>,PQ<M>, or fp16 (exact vectors plus a FAISS --index-type index)")
+    parser.add_argument("--codec-from", metavar="DIR", default=None,
+                        help="use the trained codec of that compressed index (shards and updates that must share one)")
     parser.add_argument("--index-type", default=None,
-                        help=f"FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), IVF256,Flat, "
-                             "IVF256,PQ16x8, HNSW32")
-    parser.add_argument("--codec", default="fp16",
-                        help="token store: fp16 (default) or IVF<nlist>,PQ<M>, a compressed residual codec whose "
-                             "codes FAISS searches directly (--index-type is then ignored), e.g. IVF4096,PQ16")
+                        help=f"with --codec fp16: FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), "
+                             "IVF256,Flat, HNSW32")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens per document (default: the model's doc_maxlen, 256 for the shipped model)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--max-docs", type=int, default=None, help="index only the first N documents")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing index of this package (never any other folder)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
 
@@ -68,25 +79,38 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
     common = dict(progress=not args.quiet, overwrite=args.overwrite)
     redundancy = None if args.prune_redundancy == "off" else args.prune_redundancy
+    for flag, value in (("--doc-prune", args.doc_prune),):
+        if value is not None and not 0.0 < value <= 1.0:
+            sys.exit(f"error: {flag} must be in (0, 1], got {value}")
     try:
+        if args.verify:
+            from pyserini_aligner.index.store import StoredIndex
+
+            StoredIndex(args.index, verify=True)
+            print(f"{args.index}: every file matches its checksum")
+            return
         if args.from_index:
             manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,
-                                    codec=args.codec, device=args.device,
+                                    codec=args.codec or "fp16", device=args.device,
                                     prune_redundancy="source" if args.prune_redundancy is None else redundancy,
                                     **common)
         else:
+            from pyserini_aligner.index.corpus import count_corpus
+
             manifest = build_index(read_corpus(args.corpus), args.index, args.encoder,
-                                   doc_prune=1.0 if args.doc_prune is None else args.doc_prune,
+                                   doc_prune=DEFAULT_DOC_PRUNE if args.doc_prune is None else args.doc_prune,
+                                   codec=args.codec or DEFAULT_CODEC, codec_from=args.codec_from,
                                    index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
                                    device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
-                                   codec=args.codec,
+                                   corpus_path=args.corpus if Path(args.corpus).exists() else None,
+                                   num_docs_hint=count_corpus(args.corpus), max_length=args.max_length,
                                    prune_redundancy=DEFAULT_PRUNE_REDUNDANCY if args.prune_redundancy is None
                                    else redundancy, **common)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, RuntimeError) as err:
         sys.exit(f"error: {err}")
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
-              f"{manifest.num_kept} in FAISS ({manifest.index_type}), codec {manifest.codec}")
+              f"{manifest.num_kept} indexed, codec {manifest.codec}")
 
 
 if __name__ == "__main__":

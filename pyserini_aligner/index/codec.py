@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 FP16 = "fp16"
+AUTO = "auto"  # IVF<nlist>,PQ<DEFAULT_PQ_M> with nlist chosen from the corpus size (choose_nlist)
+DEFAULT_PQ_M = 4
 PQ_CENTROIDS = 256  # 8-bit sub-quantizer codes
 _SPEC = re.compile(r"IVF(\d+),PQ(\d+)")
 _CHUNK_ELEMENTS = 1 << 24  # score-matrix entries per assignment step
@@ -41,9 +43,12 @@ class CodecSpec:
 
 
 def parse_codec(spec: str, dim: int | None = None) -> CodecSpec:
-    """Parse "fp16" or "IVF<nlist>,PQ<M>" (2 <= nlist <= 65536, M divides ``dim``); ValueError naming the problem."""
+    """Parse "fp16" or "IVF<nlist>,PQ<M>" (2 <= nlist <= 65536, M divides ``dim``); ValueError naming the problem
+    ("auto" is resolved by :func:`resolve_codec` once the corpus size is known)."""
     if not isinstance(spec, str):
         raise TypeError(f"codec must be a string, got {type(spec).__name__}")
+    if spec.strip().lower() == AUTO:
+        raise ValueError("codec 'auto' is resolved from the corpus size when an index is built")
     if spec.strip().lower() == FP16:
         return CodecSpec()
     match = _SPEC.fullmatch(spec.strip())
@@ -55,6 +60,21 @@ def parse_codec(spec: str, dim: int | None = None) -> CodecSpec:
     if pq_m < 1 or (dim is not None and dim % pq_m):
         raise ValueError(f"bad codec {spec!r}: PQ{pq_m} must split the {dim}-d vectors into equal sub-vectors")
     return CodecSpec(nlist, pq_m)
+
+
+def choose_nlist(num_tokens: int) -> int:
+    """Coarse centroids for a corpus of ``num_tokens`` tokens: the power of two nearest below 4·sqrt(tokens), in
+    [16, 65536] and at most the number of tokens (e.g. 4096 for 1.3M tokens, 32768 for 70M)."""
+    target = 4.0 * float(max(num_tokens, 1)) ** 0.5
+    nlist = 1 << max(4, min(16, int(np.floor(np.log2(max(target, 1.0))))))
+    return max(2, min(nlist, 1 << int(np.floor(np.log2(max(num_tokens, 2))))))
+
+
+def resolve_codec(spec: str, dim: int, num_tokens: int) -> CodecSpec:
+    """Parse ``spec``; "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>."""
+    if isinstance(spec, str) and spec.strip().lower() == AUTO:
+        return parse_codec(f"IVF{choose_nlist(num_tokens)},PQ{DEFAULT_PQ_M}", dim)
+    return parse_codec(spec, dim)
 
 
 def nearest(x: Tensor, centroids: Tensor, metric: str = "ip") -> Tensor:
@@ -76,9 +96,14 @@ def kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, spherical: bool = 
     spherical: unit-norm centroids and inner-product assignment (for L2-normalised x); else L2. Empty clusters are
     re-seeded with random points. Deterministic for a given seed on a given device.
     """
-    if len(x) < k:
-        raise ValueError(f"k-means needs at least k={k} points, got {len(x)}")
+    if len(x) == 0:
+        raise ValueError("k-means needs at least one point")
     gen = torch.Generator().manual_seed(seed)
+    if len(x) < k:  # fewer points than centroids: every point is a centroid, the rest repeat points
+        pick = torch.cat([torch.arange(len(x)), torch.randint(len(x), (k - len(x),), generator=gen)])
+        return x[pick.to(x.device)].clone()
+    if x.device.type == "cpu" and _faiss_kmeans_available():
+        return _faiss_kmeans(x, k, iters, seed, spherical)
     centroids = x[torch.randperm(len(x), generator=gen)[:k].to(x.device)].clone()
     metric = "ip" if spherical else "l2"
     for _ in range(iters):
@@ -93,6 +118,25 @@ def kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, spherical: bool = 
         if spherical:
             centroids = torch.nn.functional.normalize(centroids, dim=-1)
     return centroids
+
+
+def _faiss_kmeans_available() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _faiss_kmeans(x: Tensor, k: int, iters: int, seed: int, spherical: bool) -> Tensor:
+    """FAISS's k-means on the CPU (the same Lloyd iterations, in optimised C++)."""
+    import faiss
+
+    data = np.ascontiguousarray(x.detach().float().numpy())
+    km = faiss.Kmeans(data.shape[1], k, niter=iters, seed=seed + 1, spherical=spherical,
+                      max_points_per_centroid=max(256, (len(data) + k - 1) // k), verbose=False)
+    km.train(data)
+    return torch.from_numpy(np.array(km.centroids)).to(x.dtype)
 
 
 def quantize_centroids(centroids: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +162,10 @@ class ResidualCodec:
     def spec(self) -> CodecSpec:
         return CodecSpec(len(self.centroids), len(self.codebooks))
 
+    def to(self, device: str | torch.device) -> "ResidualCodec":
+        """This codec with its tensors on ``device``."""
+        return ResidualCodec(self.centroids.to(device), self.codebooks.to(device))
+
     @classmethod
     def train(cls, spec: CodecSpec, sample: Tensor, residual_sample: Tensor | None = None, iters: int = 10,
               seed: int = 0) -> "ResidualCodec":
@@ -128,15 +176,9 @@ class ResidualCodec:
             raise ValueError("fp16 has nothing to train")
         dim = sample.shape[1]
         parse_codec(str(spec), dim)
-        if len(sample) < spec.nlist:
-            raise ValueError(f"codec {spec}: {len(sample)} training vectors for {spec.nlist} centroids; use a smaller "
-                             "nlist or more documents")
         centroids = kmeans(sample, spec.nlist, iters, seed, spherical=True)
         centroids = dequantize_centroids(*quantize_centroids(centroids)).to(sample.device)
         base = sample if residual_sample is None else residual_sample
-        if len(base) < PQ_CENTROIDS:
-            raise ValueError(f"codec {spec}: {len(base)} residuals to train PQ{spec.pq_m} on, at least "
-                             f"{PQ_CENTROIDS} needed; use more documents or a larger β^d")
         residuals = base - centroids[nearest(base, centroids)]
         parts = residuals.reshape(len(residuals), spec.pq_m, dim // spec.pq_m).transpose(0, 1)
         codebooks = torch.stack([kmeans(part.contiguous(), PQ_CENTROIDS, iters, seed + 1 + m)
@@ -171,14 +213,9 @@ class ResidualCodec:
         books = self.codebooks.to(device)
         return books[torch.arange(books.shape[0], device=device), codes].reshape(len(codes), -1)
 
-    def faiss_codes(self, centroid_ids: np.ndarray, residual_codes: np.ndarray) -> np.ndarray:
-        """uint8 [n, coarse bytes + M]: FAISS IndexIVFPQ stand-alone codes (little-endian list id, then PQ code)."""
-        coarse = max(1, (int(len(self.centroids) - 1).bit_length() + 7) // 8)
-        ids = np.asarray(centroid_ids, dtype="<u2").view(np.uint8).reshape(-1, 2)[:, :coarse]
-        return np.ascontiguousarray(np.concatenate([ids, np.asarray(residual_codes, dtype=np.uint8)], axis=1))
-
-    def faiss_index(self, centroid_ids: np.ndarray, residual_codes: np.ndarray, ids: np.ndarray):
-        """A searchable FAISS IndexIVFPQ (inner product) holding the given codes under int64 ``ids``."""
+    def faiss_index(self, parts=()):
+        """A searchable FAISS IndexIVFPQ (inner product, by residual) over this codec, holding the inverted lists
+        ``parts``: (ivf_offsets [nlist+1] int64, labels [K] int64, codes [K, M] uint8) per segment, appended in order."""
         import faiss
 
         centroids = np.ascontiguousarray(self.centroids.cpu().numpy(), dtype=np.float32)
@@ -191,9 +228,13 @@ class ResidualCodec:
         faiss.copy_array_to_vector(np.ascontiguousarray(self.codebooks.cpu().numpy().ravel(), dtype=np.float32),
                                    index.pq.centroids)
         index.is_trained = True
-        if len(ids):
-            codes = self.faiss_codes(centroid_ids, residual_codes)
-            if codes.shape[1] != index.sa_code_size():
-                raise AssertionError(f"code size {codes.shape[1]} != FAISS sa_code_size {index.sa_code_size()}")
-            index.add_sa_codes(codes, np.ascontiguousarray(ids, dtype=np.int64))
+        total = 0
+        for offsets, labels, codes in parts:
+            labels = np.ascontiguousarray(labels, dtype=np.int64)
+            codes = np.ascontiguousarray(codes, dtype=np.uint8)
+            for c in np.flatnonzero(np.diff(offsets)):
+                a, b = int(offsets[c]), int(offsets[c + 1])
+                index.invlists.add_entries(int(c), b - a, faiss.swig_ptr(labels[a:b]), faiss.swig_ptr(codes[a:b]))
+            total += len(labels)
+        index.ntotal = total
         return index

@@ -105,3 +105,23 @@ def read_corpus(spec: str | os.PathLike) -> Iterator[CorpusItem]:
 
     for position, (docid, text) in enumerate(iter_corpus(str(spec)), 1):
         yield docid, text, Location(str(spec), position, "document")
+
+
+def count_corpus(spec: str | os.PathLike) -> int | None:
+    """Number of documents in a corpus when it is cheap to know (JSONL lines, an ir_datasets id's count), else None."""
+    path = Path(spec)
+    if path.exists():
+        files = collection_files(path)
+        if all(f.suffix == ".jsonl" for f in files):
+            total = 0
+            for f in files:
+                with f.open("rb") as handle:
+                    total += sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 24), b""))
+            return total
+        return None
+    try:
+        from pyserini_aligner.data import _open_ir_dataset
+
+        return int(_open_ir_dataset(str(spec)).docs_count())
+    except Exception:  # an id ir_datasets cannot count (or open) here: no total, the reader reports the error
+        return None

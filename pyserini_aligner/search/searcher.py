@@ -1,16 +1,22 @@
 """AlignerSearcher: multi-vector AligneR retrieval over an index built by :mod:`pyserini_aligner.index`.
 
-Per query: encode, keep the β^q most salient query tokens, FAISS-search ``k_per_token`` doc-token neighbours per
-kept token, map hits to documents, keep the ``max_candidates`` best documents by a cheap proxy score, then rescore
-them exactly with the alignment score over their stored tokens and return the top k. A drop-in for Pyserini's
-``FaissSearcher``: ``search``/``batch_search`` return ``DenseSearchResult`` lists. With ``device="cuda"`` the same
-pipeline runs as torch tensor operations (:mod:`.torch_backend`).
+Per query: encode, keep the β^q most salient query tokens, take each kept token's ``k_per_token`` best indexed
+document tokens (probing ``nprobe`` inverted lists of a compressed index), keep the ``max_candidates`` best documents
+by a proxy score (:func:`.engine.select_candidates`), rescore them with the full alignment score and return the top
+k. A drop-in for Pyserini's ``FaissSearcher``: ``search``/``batch_search`` return ``DenseSearchResult`` lists.
+
+Backends share that rule: "faiss" (CPU: FAISS finds the entries, refinement decodes the memory-mapped codes) and
+"torch" (codes resident on one or more devices, every step as tensor operations; see :mod:`.engine`). A searcher
+is safe to share across threads (one search runs at a time) and keeps serving the index generation it opened until
+:meth:`AlignerSearcher.reopen`.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -22,15 +28,31 @@ from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strateg
 from pyserini_aligner.index.store import Manifest, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel, EncodedText
 from pyserini_aligner.salience import prune_mask
+from pyserini_aligner.search.engine import CodeShard, merge_probes, select_candidates, top_hits
 
 log = logging.getLogger(__name__)
 
 REFINE_WITH = ("all", "kept")
 BACKENDS = ("faiss", "torch")
 DEFAULT_MAX_CANDIDATES = 256
+DEFAULT_K_PER_TOKEN = 100
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
-DEFAULT_NPROBE = 32
+DEFAULT_NPROBE = 8
 DEFAULT_EF_SEARCH = 128
+_INVISIBLE = dict.fromkeys(map(ord, "\x00\u200b\u200c\u200d\u2060\ufeff\u00ad"))
+
+
+def is_blank(text: str) -> bool:
+    """True for a query with nothing to search: white space, NUL and zero-width characters only."""
+    return not text.translate(_INVISIBLE).strip()
+
+
+def split_devices(store: StoredIndex, devices: Sequence[str]) -> list[list[int]]:
+    """Consecutive segment numbers per device, balanced by token count (a device may get none)."""
+    tokens = np.array([s.info.num_tokens for s in store.segments], dtype=np.float64)
+    bounds = np.cumsum(tokens) / max(tokens.sum(), 1) * len(devices)
+    owner = np.minimum((bounds - tokens / max(tokens.sum(), 1) * len(devices) / 2).astype(int), len(devices) - 1)
+    return [[i for i in range(len(tokens)) if owner[i] == d] for d in range(len(devices))]
 
 
 @lru_cache(maxsize=None)
@@ -92,18 +114,6 @@ def top_rows(scores: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
     return order[:k]
 
 
-def faiss_to_gpu(index, device: str):
-    """(GPU resources, ``index`` copied to CUDA device ``device``) when the installed faiss has GPU support; a
-    ValueError otherwise (the faiss-cpu wheel has none: use the torch backend)."""
-    import faiss
-
-    if not hasattr(faiss, "StandardGpuResources"):
-        raise ValueError(f"backend 'faiss' on {device} needs faiss built with GPU support (faiss-gpu); the installed "
-                         "faiss has none: use backend 'torch' (the default on CUDA)")
-    resources = faiss.StandardGpuResources()
-    return resources, faiss.index_cpu_to_gpu(resources, int(str(device).partition(":")[2] or 0), index)
-
-
 @contextlib.contextmanager
 def compute_threads(threads: int):
     """Run FAISS (OpenMP) and torch with ``threads`` threads inside the block (torch's setting is restored)."""
@@ -130,29 +140,31 @@ class AlignerSearcher:
 
     index_dir: folder written by ``python -m pyserini_aligner.index``. encoder: None (the model in the manifest),
     a checkpoint name/folder, an AlignerModel or an AlignerQueryEncoder. strategy: alignment strategy for
-    refinement (default: the manifest's). k_per_token: FAISS neighbours per kept query token. query_prune: β^q,
-    fraction of query tokens sent to FAISS (refinement always uses all). max_candidates: documents refined per
-    query (at least k). refine_with: "all" stored doc tokens or only the "kept" ones. nprobe / ef_search: FAISS
-    IVF / HNSW search parameters (None: min(32, nlist) and max(128, k_per_token)). device: where queries are
-    encoded and, with the torch backend, searched. backend: "faiss" (FAISS candidate generation, refinement from
-    the memory-mapped store; the default on CPU) or "torch" (every token decoded into device memory, candidate
-    generation and refinement as tensor ops; the default on CUDA, see :mod:`.torch_backend`). Not thread-safe: use
-    one searcher per thread (``threads`` parallelises inside a search).
+    refinement (default: the manifest's). k_per_token: indexed document tokens taken per kept query token (raised to
+    k for deep searches). query_prune: β^q, fraction of query tokens probed (refinement always uses all).
+    max_candidates: documents refined per query (at least k). refine_with: "all" stored doc tokens or only the
+    "kept" ones. nprobe: inverted lists probed per query token (compressed indexes; raised when the lists hold fewer
+    than k_per_token entries); ef_search: HNSW search depth (fp16 indexes). device: where queries are encoded and,
+    with the torch backend, searched; devices: several devices (e.g. ["cuda:0", "cuda:1"]) over which the segments
+    are spread and searched in parallel, with the same ranking as one device. backend: "faiss" (default on the CPU)
+    or "torch" (default on CUDA).
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
-                 k_per_token: int = 100, query_prune: float = 1.0, max_candidates: int = DEFAULT_MAX_CANDIDATES,
-                 refine_with: str = "all", nprobe: int | None = None, ef_search: int | None = None,
-                 device: str = "cpu", batch_size: int = 32, backend: str | None = None):
+                 k_per_token: int = DEFAULT_K_PER_TOKEN, query_prune: float = 1.0,
+                 max_candidates: int = DEFAULT_MAX_CANDIDATES, refine_with: str = "all", nprobe: int | None = None,
+                 ef_search: int | None = None, device: str = "cpu", batch_size: int = 32, backend: str | None = None,
+                 devices: Sequence[str] | None = None):
         self.index_dir = Path(index_dir)
-        self.store = StoredIndex(self.index_dir)
-        self.manifest = self.store.manifest
-        self.model = load_model(encoder, self.manifest, self.index_dir, device)
+        self.devices = list(devices) if devices else [device]
+        device = self.devices[0] if devices else device
+        self.device = device
         backend = backend or ("torch" if str(device).startswith("cuda") else "faiss")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "faiss" and str(device).startswith("cuda"):
+            raise ValueError("backend 'faiss' runs on the CPU; use backend 'torch' (the default) on CUDA")
         self.backend = backend
-        self.strategy = parse_strategy(strategy if strategy is not None else self.manifest.default_strategy)
         if k_per_token < 1 or max_candidates < 1 or batch_size < 1:
             raise ValueError("k_per_token, max_candidates and batch_size must be >= 1, got "
                              f"{k_per_token}, {max_candidates}, {batch_size}")
@@ -160,28 +172,68 @@ class AlignerSearcher:
             raise ValueError(f"query_prune must be in (0, 1], got {query_prune}")
         if refine_with not in REFINE_WITH:
             raise ValueError(f"refine_with must be one of {REFINE_WITH}, got {refine_with!r}")
+        for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
-        self.refine_with, self.batch_size = refine_with, batch_size
+        self.refine_with, self.batch_size, self.nprobe, self.ef_search = refine_with, batch_size, nprobe, ef_search
+        self._strategy_arg, self._encoder_arg = strategy, encoder
+        self._lock = threading.RLock()
+        self._graphed = None
+        self._load(StoredIndex(self.index_dir), encoder)
+        self.graphed_queries = self._graphed is not None  # one query at a time goes through a CUDA graph
+
+    def _load(self, store: StoredIndex, encoder) -> None:
+        """Open the engines for ``store`` (one index generation)."""
+        self.store = store
+        self.manifest = store.manifest
+        if encoder is not None or not hasattr(self, "model"):
+            self.model = load_model(encoder, self.manifest, self.index_dir, self.device)
+        elif self.model.fingerprint() != self.manifest.model_fingerprint:
+            self.model = load_model(None, self.manifest, self.index_dir, self.device)
+        self.strategy = parse_strategy(self._strategy_arg if self._strategy_arg is not None
+                                       else self.manifest.default_strategy)
         self.use_salience = self.model.scores_with_salience
         self._workspace = Workspace()
-        self.index = self.tokens = self._graphed = None
-        if backend == "faiss":
-            self.index = self.store.faiss_index()
-            self._set_faiss_params(nprobe, ef_search)
-            if str(device).startswith("cuda"):
-                self._gpu_resources, self.index = faiss_to_gpu(self.index, device)
+        self.index = self.tokens = None
+        self.shards: list[CodeShard] = []
+        compressed = store.codec is not None
+        if self.ef_search is not None and compressed:
+            raise ValueError("ef_search tunes HNSW FAISS indexes of fp16 stores; this index is compressed")
+        if self.backend == "faiss":
+            if compressed:
+                self.index = self._faiss_ivf(store)
+                self.shards = [CodeShard(store, [i], "cpu", self.refine_with) for i in range(len(store.segments))]
+            else:
+                self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
+                self._set_faiss_params()
+        elif compressed:
+            self.shards = [CodeShard(store, numbers, dev, self.refine_with)
+                           for dev, numbers in zip(self.devices, split_devices(store, self.devices)) if numbers]
         else:
             from pyserini_aligner.search.torch_backend import TorchTokenIndex
 
-            if nprobe is not None or ef_search is not None:
-                raise ValueError("nprobe / ef_search tune FAISS; the torch backend searches exactly")
-            self.tokens = TorchTokenIndex(self.store, device, refine_with, with_salience=self.use_salience)
-            self._graphed = self._capture_query_encoder() if self.model.device.type == "cuda" else None
-        self.graphed_queries = self._graphed is not None  # one query at a time goes through a CUDA graph
+            if len(self.devices) > 1 or self.nprobe is not None:
+                raise ValueError("several devices and nprobe need a compressed index (codec IVF<nlist>,PQ<M>)")
+            self.tokens = TorchTokenIndex(store, self.device, self.refine_with, with_salience=self.use_salience)
+        if self.backend == "torch" and self.model.device.type == "cuda" and self._graphed is None:
+            self._graphed = self._capture_query_encoder()
         # Pyserini FaissSearcher attributes
-        self.docids = self.store.docids
+        self.docids = store.docids
         self.dimension = self.manifest.dim
         self.num_docs = self.manifest.num_docs
+
+    def reopen(self) -> bool:
+        """Switch to the index's newest committed generation if it changed; returns whether it did. Searches in
+        flight finish on the old generation."""
+        from pyserini_aligner.index.store import read_manifest
+
+        if read_manifest(self.index_dir).generation == self.manifest.generation:
+            return False
+        fresh = StoredIndex(self.index_dir)
+        with self._lock:
+            self._load(fresh, None)
+        return True
 
     @classmethod
     def from_pyserini(cls, index_dir: str | os.PathLike, query_encoder=None, prebuilt_index_name: str | None = None,
@@ -193,22 +245,29 @@ class AlignerSearcher:
         device = faiss_device if str(faiss_device).startswith("cuda") else "cpu"
         return cls(index_dir, encoder=query_encoder, device=device, **kwargs)
 
-    def _set_faiss_params(self, nprobe: int | None, ef_search: int | None) -> None:
+    def _faiss_ivf(self, store: StoredIndex):
+        """FAISS IndexIVFPQ over every segment's inverted lists, labelled by global document row."""
+        parts = [(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
+                 for seg, base in zip(store.segments, store.row_base)]
+        return store.codec.faiss_index(parts)
+
+    def _set_faiss_params(self) -> None:
         import faiss
 
         space = faiss.ParameterSpace()
-        ivf = faiss.try_extract_index_ivf(self.index)
-        if ivf is not None:
-            space.set_index_parameter(self.index, "nprobe", min(nprobe or DEFAULT_NPROBE, ivf.nlist))
-        elif nprobe is not None:
-            raise ValueError(f"nprobe given but the index ({self.manifest.index_type}) is not an IVF index")
-        ef = max(ef_search or DEFAULT_EF_SEARCH, self.k_per_token)
-        try:
-            space.set_index_parameter(self.index, "efSearch", ef)
-        except RuntimeError:
-            if ef_search is not None:
-                raise ValueError(f"ef_search given but the index ({self.manifest.index_type}) is not an HNSW "
-                                 "index") from None
+        for index, _ in self.index:
+            ivf = faiss.try_extract_index_ivf(index)
+            if ivf is not None:
+                space.set_index_parameter(index, "nprobe", min(self.nprobe or 32, ivf.nlist))
+            elif self.nprobe is not None:
+                raise ValueError(f"nprobe given but the index ({self.manifest.index_type}) is not an IVF index")
+            try:
+                space.set_index_parameter(index, "efSearch", max(self.ef_search or DEFAULT_EF_SEARCH,
+                                                                 self.k_per_token))
+            except RuntimeError:
+                if self.ef_search is not None:
+                    raise ValueError(f"ef_search given but the index ({self.manifest.index_type}) is not an HNSW "
+                                     "index") from None
 
     # ------------------------------------------------------------------ public API
     def search(self, q: str, k: int = 10, threads: int = 1, remove_dups: bool = False, return_vector: bool = False):
@@ -224,7 +283,7 @@ class AlignerSearcher:
 
     def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int = 1,
                      return_vector: bool = False):
-        """{q_id: [DenseSearchResult]} for many queries (batched encoding and FAISS search).
+        """{q_id: [DenseSearchResult]} for many queries (batched encoding and search).
 
         With return_vector, returns ({q_id: query vectors [n, d]}, {q_id: [PrfDenseSearchResult]}).
         """
@@ -234,7 +293,7 @@ class AlignerSearcher:
             raise ValueError(f"k must be >= 1, got {k}")
         dense, prf = dense_result_classes()
         results, vectors = {}, {}
-        with compute_threads(threads):
+        with self._lock, compute_threads(threads):
             for start in range(0, len(queries), self.batch_size):
                 texts, ids = queries[start:start + self.batch_size], q_ids[start:start + self.batch_size]
                 for qid, query_vectors, hits in zip(ids, *self._search_texts(texts, k)):
@@ -251,39 +310,106 @@ class AlignerSearcher:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         ranked = []
-        with compute_threads(threads):
+        with self._lock, compute_threads(threads):
             for start in range(0, len(queries), self.batch_size):
                 _, hits = self._search_texts(queries[start:start + self.batch_size], k)
                 ranked += [[(self.docids[row], score) for row, score in query_hits] for query_hits in hits]
         return ranked
 
     # ------------------------------------------------------------------ pipeline
+    def _depth(self, k: int) -> tuple[int, int, int]:
+        """(entries per probe K, nprobe, candidates refined) for a top-k search."""
+        per_token = max(self.k_per_token, k)
+        limit = min(max(self.max_candidates, k), max(self.store.num_live, 1))
+        nprobe = self.nprobe or DEFAULT_NPROBE
+        if self.store.codec is not None:
+            nlist = self.store.codec_spec.nlist
+            mean_list = max(self.manifest.num_kept / max(nlist, 1), 1.0)
+            nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
+        return per_token, nprobe, limit
+
     def _search_texts(self, texts: list[str], k: int):
         """(query vectors per text, [(doc row, score)] per text)."""
-        live = [i for i, text in enumerate(texts) if text.strip()]
+        live = [i for i, text in enumerate(texts) if not is_blank(text)]
         hits: list[list[tuple[int, float]]] = [[] for _ in texts]
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
-        if not live:
+        if not live or self.store.num_live == 0:
             return query_vectors, hits
+        if len(live) == 1 and self._graphed is not None:
+            out = self._graphed(texts[live[0]])
+        else:
+            out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size)
+        q, q_mask, q_sal = out.vectors.float(), out.mask, out.salience
+        probe_mask = prune_mask(q_sal, q_mask, self.query_prune)
+        owner, token = probe_mask.nonzero(as_tuple=True)
+        weights = q_sal[owner, token] if self.use_salience else None
+        per_token, nprobe, limit = self._depth(k)
         if self.tokens is not None:
-            return self._search_torch([texts[i] for i in live], live, k, query_vectors, hits)
-        encoded = self.model.encode([texts[i] for i in live], is_query=True, batch_size=self.batch_size)
-        q, q_mask, q_sal = pad_encoded(encoded, self.dimension)
-        kept = prune_mask(q_sal, q_mask, self.query_prune)
-        probe = q[kept].numpy()  # [Σ kept, d], row-major over queries
-        distances, labels = self.index.search(probe, self.k_per_token)
-        bounds = np.concatenate([[0], np.cumsum(kept.sum(1).numpy())])
+            scores, rows = self.tokens.search(q, q_mask, q_sal, probe_mask, k, per_token, limit, self.strategy,
+                                              q_sal if self.use_salience else None)
+        else:
+            probe_scores, probe_rows = self._probe(q[owner, token], per_token, nprobe)
+            rows, valid = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(live),
+                                            limit, None if weights is None else weights.to(probe_scores.device))
+            refined = self._refine(q, q_mask, q_sal if self.use_salience else None, rows, valid)
+            scores, rows = top_hits(refined, rows.to(refined.device), k)
+        scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
+        vectors, mask = out.vectors.float().cpu().numpy(), out.mask.cpu().numpy()
         for j, i in enumerate(live):
-            query_vectors[i] = encoded[j].vectors
-            rows = slice(bounds[j], bounds[j + 1])
-            weights = q_sal[j][kept[j]].numpy() if self.use_salience else None
-            candidates = self._candidates(distances[rows], labels[rows], weights, max(self.max_candidates, k))
-            if len(candidates) < k:
-                log.debug("query %d: FAISS found only %d candidate documents for k=%d (raise k_per_token)",
-                          i, len(candidates), k)
-            if len(candidates):
-                hits[i] = self._refine(q[j:j + 1], q_mask[j:j + 1], q_sal[j:j + 1], candidates, k)
+            query_vectors[i] = vectors[j][mask[j]]
+            found = rows[j] >= 0
+            hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits
+
+    def _probe(self, probes: torch.Tensor, per_token: int, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores [R, K], global doc rows [R, K]) of each probe's best indexed tokens (step 1 of .engine)."""
+        if self.backend == "torch":
+            return merge_probes([shard.probe(probes, per_token, nprobe) for shard in self.shards], per_token)
+        x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
+        if self.store.codec is not None:
+            import faiss
+
+            params = faiss.SearchParametersIVF(nprobe=nprobe)
+            if not self.store.live.all():
+                params.sel = self._live_selector()
+            distances, labels = self.index.search(x, per_token, params=params)
+            return torch.from_numpy(distances), torch.from_numpy(labels)
+        parts = []
+        for index, base in self.index:
+            distances, labels = index.search(x, min(per_token, max(index.ntotal, 1)))
+            rows = np.where(labels >= 0, self.store.doc_of_token(np.maximum(labels, 0) + base), -1)
+            rows = np.where((rows >= 0) & self.store.live[np.maximum(rows, 0)], rows, -1)
+            distances = np.where(rows >= 0, distances, -np.inf).astype(np.float32)
+            parts.append((torch.from_numpy(distances), torch.from_numpy(rows)))
+        return merge_probes(parts, per_token) if len(parts) > 1 else parts[0]
+
+    def _live_selector(self):
+        import faiss
+
+        if getattr(self, "_selector_for", None) is not self.store:
+            self._bitmap = np.packbits(self.store.live, bitorder="little")
+            self._selector = faiss.IDSelectorBitmap(len(self.store.live), faiss.swig_ptr(self._bitmap))
+            self._selector_for = self.store
+        return self._selector
+
+    def _refine(self, q, q_mask, q_sal, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Alignment scores [B, C] of the candidate rows (−inf where not valid)."""
+        if self.shards:
+            parts = [shard.refine(q, q_mask, q_sal, rows, valid, self.strategy) for shard in self.shards]
+            out = parts[0]
+            for part in parts[1:]:
+                out = torch.maximum(out, part.to(out.device))
+            return out
+        out = torch.full(rows.shape, -torch.inf)
+        for b in range(len(rows)):
+            picked = rows[b][valid[b]].numpy()
+            for start in range(0, len(picked), REFINE_CHUNK):
+                chunk = picked[start:start + REFINE_CHUNK]
+                d, d_mask, d_sal = self.store.gather(chunk, self.refine_with == "kept", self._workspace)
+                out[b, start:start + len(chunk)] = alignment_scores(
+                    q[b:b + 1], q_mask[b:b + 1], d, d_mask, self.strategy,
+                    None if q_sal is None else q_sal[b:b + 1], None if q_sal is None else d_sal)[0]
+        return out
 
     def _capture_query_encoder(self):
         from pyserini_aligner.search.torch_backend import GraphedQueryEncoder
@@ -293,67 +419,6 @@ class AlignerSearcher:
         except RuntimeError as err:  # a model whose forward pass syncs with the host cannot be captured
             log.warning("query encoding runs eagerly (CUDA graph capture failed: %s)", str(err).splitlines()[0])
             return None
-
-    def _search_torch(self, texts: list[str], live: list[int], k: int, query_vectors: list, hits: list):
-        """The torch backend: encode, prune, search and refine on the device; one transfer back per batch."""
-        if len(texts) == 1 and self._graphed is not None:
-            out = self._graphed(texts[0])
-        else:
-            out = self.model.encode_padded(texts, is_query=True, batch_size=self.batch_size)
-        kept = prune_mask(out.salience, out.mask, self.query_prune)
-        scores, rows = self.tokens.search(out.vectors, out.mask, out.salience, kept, k, self.k_per_token,
-                                          self.max_candidates, self.strategy,
-                                          out.salience if self.use_salience else None)
-        scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
-        vectors, mask = out.vectors.cpu().numpy(), out.mask.cpu().numpy()
-        for j, i in enumerate(live):
-            query_vectors[i] = vectors[j][mask[j]]
-            found = rows[j] >= 0
-            hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
-        return query_vectors, hits
-
-    def _candidates(self, distances: np.ndarray, labels: np.ndarray, weights: np.ndarray | None,
-                    limit: int) -> np.ndarray:
-        """Up to ``limit`` document rows (sorted) from FAISS hits distances/labels [r, K] of one query's kept tokens.
-
-        Proxy score per doc: Σ over query tokens of w · (best hit similarity − that token's K-th similarity),
-        i.e. a MaxSim estimate where a token's missing documents are imputed with its lowest retrieved score.
-        """
-        valid = labels >= 0
-        if not valid.any():
-            return np.zeros(0, dtype=np.int64)
-        token_row, _ = np.nonzero(valid)
-        sims = distances[valid]
-        docs = self.store.doc_of_token(self.store.faiss_ids[labels[valid]])
-        floor = np.where(valid, distances, np.inf).min(axis=1)
-        floor[~np.isfinite(floor)] = 0.0
-        key = token_row.astype(np.int64) * self.num_docs + docs
-        order = np.lexsort((-sims, key))
-        key, sims, token_row, docs = key[order], sims[order], token_row[order], docs[order]
-        first = np.ones(len(key), dtype=bool)
-        first[1:] = key[1:] != key[:-1]
-        gain = sims[first] - floor[token_row[first]]
-        if weights is not None and weights.sum() > 0:
-            gain = gain * weights[token_row[first]]
-        unique_docs, inverse = np.unique(docs[first], return_inverse=True)
-        if len(unique_docs) <= limit:
-            return unique_docs
-        proxy = np.bincount(inverse, weights=gain)
-        best = top_rows(proxy, unique_docs, limit)
-        return np.sort(unique_docs[best])
-
-    def _refine(self, q: torch.Tensor, q_mask: torch.Tensor, q_sal: torch.Tensor, rows: np.ndarray,
-                k: int) -> list[tuple[int, float]]:
-        """Exact alignment scores of documents ``rows`` (sorted) for one query q [1, n, d]; top k (row, score)."""
-        sal = self.use_salience
-        scores = np.empty(len(rows), dtype=np.float32)
-        for start in range(0, len(rows), REFINE_CHUNK):
-            chunk = rows[start:start + REFINE_CHUNK]
-            vectors, mask, salience = self.store.gather(chunk, self.refine_with == "kept", self._workspace)
-            scores[start:start + len(chunk)] = alignment_scores(
-                q, q_mask, vectors, mask, self.strategy, q_sal if sal else None, salience if sal else None)[0].numpy()
-        best = top_rows(scores, rows, k)
-        return [(int(rows[b]), float(scores[b])) for b in best]
 
     def _doc_vectors(self, row: int) -> np.ndarray:
         start, end = self.store.offsets[row], self.store.offsets[row + 1]

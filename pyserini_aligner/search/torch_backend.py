@@ -1,6 +1,7 @@
-"""Candidate generation and refinement in torch on one device: the ``--device cuda`` search path (runs on CPU too).
+"""Exact candidate generation and refinement in torch for fp16 indexes (``backend="torch"``), and the CUDA-graph
+query encoder shared by every GPU search.
 
-Every stored token is decoded once into device memory ([T, d]; float16 on a GPU, float32 on the CPU) and the kept
+Every stored token is loaded once into device memory ([T, d]; float16 on a GPU, float32 on the CPU) and the kept
 tokens form the MIPS matrix. A batch of queries is then searched with tensors only: one matmul of the kept query
 tokens against the kept doc tokens, the top ``k_per_token`` per query token, the same per-document proxy score as
 the FAISS path, the best ``max_candidates`` documents, and the exact alignment score over their padded tokens.
@@ -32,7 +33,8 @@ class TorchTokenIndex:
             positions = np.arange(start, min(start + _DECODE_CHUNK, total))
             vectors[start:start + len(positions)] = store.token_vectors(positions, self.device).to(self.dtype)
         offsets = torch.from_numpy(np.asarray(store.offsets, dtype=np.int64)).to(self.device)
-        kept = torch.from_numpy(np.asarray(store.faiss_ids, dtype=np.int64)).to(self.device)
+        kept = np.asarray(store.faiss_ids, dtype=np.int64)
+        kept = torch.from_numpy(kept[store.live[store.doc_of_token(kept)]]).to(self.device)  # live documents only
         self.num_docs = store.num_docs
         self.kept_vectors = vectors if len(kept) == total else vectors[kept]
         self.kept_docs = torch.searchsorted(offsets, kept, right=True) - 1  # doc row of each kept token

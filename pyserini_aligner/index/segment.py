@@ -1,0 +1,219 @@
+"""Writing one immutable segment (layout in :mod:`pyserini_aligner.index.store`) from batches of encoded documents.
+
+Each batch is pruned (β^d, redundancy-aware) and, with a compressed codec, assigned to centroids and PQ-coded on the
+device it arrives on; only codes reach the disk, appended as they come, so a build writes no fp16 intermediate and
+its memory does not grow with the corpus beyond the kept tokens' inverted-list entries (a few bytes each).
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pyserini_aligner.index import faults, store
+from pyserini_aligner.index.codec import PQ_CENTROIDS, ResidualCodec, quantize_centroids
+
+_FLAT_ALIASES = {"indexflatip": "Flat", "flatip": "Flat", "flat": "Flat"}
+_ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
+
+
+def faiss_factory_string(index_type: str) -> str:
+    """FAISS factory string for ``index_type``; "IndexFlatIP"/"FlatIP" mean exact inner product ("Flat")."""
+    if not isinstance(index_type, str) or not index_type.strip():
+        raise ValueError(f"index_type must be a FAISS factory string such as 'Flat' or 'IVF256,Flat', "
+                         f"got {index_type!r}")
+    return _FLAT_ALIASES.get(index_type.strip().lower(), index_type.strip())
+
+
+def new_faiss_index(dim: int, index_type: str):
+    """An empty inner-product FAISS index; ValueError naming ``index_type`` when FAISS rejects it."""
+    import faiss
+
+    spec = faiss_factory_string(index_type)
+    try:
+        return faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise ValueError(f"index_type {index_type!r}: FAISS cannot build it ({store.faiss_error_message(err)}); "
+                         "examples: 'Flat', 'IVF256,Flat', 'IVF256,PQ16x8', 'HNSW32'") from None
+
+
+def check_factory_string(dim: int, index_type: str) -> None:
+    """ValueError when FAISS cannot build ``index_type`` for ``dim``-d vectors."""
+    new_faiss_index(dim, index_type)
+
+
+class _Sink:
+    """A file written in appends, with its size and CRC32 kept as it grows."""
+
+    def __init__(self, path: Path):
+        self.handle, self.crc, self.size = path.open("wb"), 0, 0
+
+    def write(self, data: bytes) -> None:
+        self.handle.write(data)
+        self.crc, self.size = zlib.crc32(data, self.crc), self.size + len(data)
+
+    def close(self) -> dict:
+        self.handle.flush()
+        import os
+
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        return {"bytes": self.size, "crc32": self.crc}
+
+
+def write_files(folder: Path, contents: dict[str, bytes]) -> dict[str, dict]:
+    """Write small files whole; returns their manifest records."""
+    records = {}
+    for name, data in contents.items():
+        sink = _Sink(folder / name)
+        sink.write(data)
+        records[name] = sink.close()
+    return records
+
+
+def write_codec(folder: Path, codec: ResidualCodec) -> dict[str, dict]:
+    """Write a codec folder (centroids as int8 + scale, codebooks as float32); returns the file records."""
+    folder.mkdir(parents=True, exist_ok=False)
+    values, scales = quantize_centroids(codec.centroids)
+    return write_files(folder, {store.CODEC_CENTROIDS: values.tobytes(), store.CODEC_SCALES: scales.tobytes(),
+                                store.CODEC_CODEBOOKS: codec.codebooks.cpu().numpy().astype(np.float32).tobytes()})
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class SegmentWriter:
+    """Appends documents to a new segment folder; :meth:`finish` completes its files and returns its SegmentInfo.
+
+    codec: the index's ResidualCodec (compressed) or None (fp16, with a FAISS ``index_type`` index over the kept
+    tokens). doc_prune: β^d. redundancy: cosine threshold of redundancy-aware pruning, or None.
+    """
+
+    def __init__(self, folder: Path, dim: int, doc_prune: float, redundancy: float | None,
+                 codec: ResidualCodec | None, index_type: str = "Flat"):
+        self.folder, self.dim, self.doc_prune, self.redundancy = folder, dim, doc_prune, redundancy
+        self.codec, self.index_type = codec, index_type
+        folder.mkdir(parents=True, exist_ok=False)
+        names = ([store.TOKEN_CENTROIDS, store.TOKEN_RESIDUALS, store.KEPT_BITS] if codec is not None
+                 else [store.VECTORS, store.SALIENCE, store.KEPT])
+        self.sinks = {name: _Sink(folder / name) for name in names + [store.OFFSETS, store.DOCIDS]}
+        self.sinks[store.OFFSETS].write(np.zeros(1, dtype=np.int64).tobytes())
+        self.num_docs = self.num_tokens = self.num_kept = self.num_truncated = self.num_empty = 0
+        self._bits_carry = np.zeros(0, dtype=bool)
+        self._ivf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centroid, doc row, code) of kept tokens
+        self.seconds = {"prune_s": 0.0, "codec_s": 0.0, "write_s": 0.0}
+        if codec is not None and codec.codebooks.shape[1] != PQ_CENTROIDS:
+            raise ValueError("codec codebooks must have 256 entries per sub-quantizer")
+
+    def add(self, docids: list[str], vectors: Tensor, mask: Tensor, salience: Tensor, truncated: int = 0,
+            empty: int = 0) -> None:
+        """Append documents: vectors [B, L, d] (L2-normalised, any device and float dtype), mask [B, L] bool,
+        salience [B, L]; ``truncated``/``empty``: how many of them were cut at the length limit / had no text."""
+        from pyserini_aligner.salience import prune_mask
+
+        device = vectors.device
+        begin = time.perf_counter()
+        mask = mask.to(device=device, dtype=torch.bool)
+        need_vectors = self.redundancy is not None and self.doc_prune < 1.0
+        kept = prune_mask(salience.float(), mask, self.doc_prune, vectors.float() if need_vectors else None,
+                          self.redundancy)
+        flat, flat_kept = vectors[mask], kept[mask]
+        lengths = mask.sum(1).cpu().numpy().astype(np.int64)
+        _sync(device)
+        self.seconds["prune_s"] += time.perf_counter() - begin
+        begin = time.perf_counter()
+        kept_np = flat_kept.cpu().numpy()
+        if self.codec is not None:
+            x = flat.float()
+            ids = self.codec.encode_centroids(x)
+            codes = self.codec.encode_residuals(x, ids)
+            self.seconds["codec_s"] += time.perf_counter() - begin
+            begin = time.perf_counter()
+            owner = np.repeat(np.arange(len(lengths), dtype=np.int32) + self.num_docs, lengths)
+            self._ivf.append((ids[kept_np], owner[kept_np], codes[kept_np]))
+            self.sinks[store.TOKEN_CENTROIDS].write(ids.tobytes())
+            self.sinks[store.TOKEN_RESIDUALS].write(codes.tobytes())
+            bits = np.concatenate([self._bits_carry, kept_np])
+            whole = len(bits) // 8 * 8
+            self.sinks[store.KEPT_BITS].write(np.packbits(bits[:whole]).tobytes())
+            self._bits_carry = bits[whole:]
+        else:
+            self.sinks[store.VECTORS].write(flat.to(torch.float16).cpu().numpy().tobytes())
+            self.sinks[store.SALIENCE].write(salience.float()[mask].cpu().numpy().tobytes())
+            self.sinks[store.KEPT].write(kept_np.astype(np.bool_).tobytes())
+        self.sinks[store.OFFSETS].write((self.num_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
+        self.sinks[store.DOCIDS].write("".join(f"{docid}\n" for docid in docids).encode("utf-8"))
+        self.num_docs += len(docids)
+        self.num_tokens += int(lengths.sum())
+        self.num_kept += int(kept_np.sum())
+        self.num_truncated += truncated
+        self.num_empty += empty
+        self.seconds["write_s"] += time.perf_counter() - begin
+        faults.point("segment-add")
+
+    def finish(self, train_size: int = 100_000, seed: int = 0, progress: bool = False) -> store.SegmentInfo:
+        """Close the streamed files and write the inverted lists (compressed) or the FAISS index (fp16)."""
+        begin = time.perf_counter()
+        if self.codec is not None and len(self._bits_carry):
+            self.sinks[store.KEPT_BITS].write(np.packbits(self._bits_carry).tobytes())
+        files = {name: sink.close() for name, sink in self.sinks.items()}
+        if self.codec is not None:
+            files.update(self._write_ivf())
+        else:
+            files.update(self._write_faiss(train_size, seed, progress))
+        self.seconds["write_s"] += time.perf_counter() - begin
+        faults.point("segment-finish")
+        return store.SegmentInfo(name=self.folder.name, num_docs=self.num_docs, num_tokens=self.num_tokens,
+                                 num_kept=self.num_kept, num_truncated=self.num_truncated, num_empty=self.num_empty,
+                                 files=files, build_stats=dict(self.seconds))
+
+    def abort(self) -> None:
+        for sink in self.sinks.values():
+            sink.handle.close()
+
+    def _write_ivf(self) -> dict[str, dict]:
+        nlist, m = len(self.codec.centroids), len(self.codec.codebooks)
+        if self._ivf:
+            ids, docs, codes = (np.concatenate(part) for part in zip(*self._ivf))
+        else:
+            ids, docs, codes = np.zeros(0, np.uint16), np.zeros(0, np.int32), np.zeros((0, m), np.uint8)
+        self._ivf = []
+        order = np.argsort(ids, kind="stable")
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=nlist))]).astype(np.int64)
+        return write_files(self.folder, {store.IVF_OFFSETS: offsets.tobytes(),
+                                         store.IVF_DOCS: docs[order].astype(np.int32).tobytes(),
+                                         store.IVF_CODES: np.ascontiguousarray(codes[order]).tobytes()})
+
+    def _write_faiss(self, train_size: int, seed: int, progress: bool) -> dict[str, dict]:
+        """faiss_ids.i64 and faiss.index over the kept tokens of the fp16 files just written."""
+        import faiss
+        from tqdm.auto import tqdm
+
+        total = self.num_tokens
+        vectors = store._memmap(self.folder / store.VECTORS, np.float16, (total, self.dim))
+        kept = store._memmap(self.folder / store.KEPT, np.bool_, (total,))
+        faiss_ids = np.flatnonzero(np.asarray(kept)).astype(np.int64)
+        index = new_faiss_index(self.dim, self.index_type)
+        if not index.is_trained:
+            count = min(train_size, len(faiss_ids))
+            sample = np.sort(np.random.default_rng(seed).choice(len(faiss_ids), size=count, replace=False))
+            try:
+                index.train(np.ascontiguousarray(vectors[faiss_ids[sample]], dtype=np.float32))
+            except RuntimeError as err:
+                raise ValueError(f"index_type {self.index_type!r}: FAISS training on {count} kept token vectors "
+                                 f"failed ({store.faiss_error_message(err)}); use a smaller index or more "
+                                 "documents") from None
+        for start in tqdm(range(0, len(faiss_ids), _ADD_CHUNK), desc="faiss add", unit="chunk",
+                          disable=not progress):
+            index.add(np.ascontiguousarray(vectors[faiss_ids[start:start + _ADD_CHUNK]], dtype=np.float32))
+        del vectors, kept
+        faiss.write_index(index, str(self.folder / store.FAISS_INDEX))
+        records = write_files(self.folder, {store.FAISS_IDS: faiss_ids.tobytes()})
+        records[store.FAISS_INDEX] = store.file_record(self.folder / store.FAISS_INDEX)
+        return records

@@ -1,0 +1,235 @@
+"""Search on compressed codes: IVF probing with residual look-up tables, the candidate rule, refinement from codes.
+
+Three steps, each a function of plain tensors so that every backend and every sharding computes the same ranking:
+
+1. :meth:`CodeShard.probe` (torch) or FAISS ``IndexIVFPQ.search`` (CPU): each kept query token q scores the entries
+   of the inverted lists of its ``nprobe`` nearest centroids c as q·c + Σ_m LUT_q[m, code_m] (the residual's
+   inner product from a [M, 256] table) and keeps its ``K`` best (score, document) entries.
+2. :func:`select_candidates`: per query, a document's proxy is Σ over query tokens of w · (its best entry score −
+   that token's K-th score), a MaxSim estimate in which a token's missing documents get its K-th score; the best
+   ``limit`` documents (ties to the lower row) are the candidates.
+3. :meth:`CodeShard.refine`: each candidate's tokens (all, or only the kept ones) are decoded from their codes on the
+   device and scored with the full alignment score.
+
+Only the codes live in memory (2 + M bytes a token, plus 4 + M bytes an inverted-list entry); nothing is decoded
+ahead of time.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
+from pyserini_aligner.index.store import StoredIndex
+
+_MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> Tensor:
+    """A tensor of ``array`` on ``device`` (shares a CPU memmap without copying)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # memmaps are read-only; they are never written to
+        tensor = torch.from_numpy(np.asarray(array))
+    return tensor if device.type == "cpu" else tensor.to(device)
+
+
+class CodeShard:
+    """Compressed segments ``numbers`` of ``store`` resident on ``device`` (memory-mapped, not copied, on the CPU
+    when there is one segment). Rows are the store's global document rows."""
+
+    def __init__(self, store: StoredIndex, numbers: list[int], device: str | torch.device = "cpu",
+                 refine_with: str = "all"):
+        if store.codec is None:
+            raise ValueError("CodeShard needs a compressed index")
+        self.device = torch.device(device)
+        self.half = torch.float16 if self.device.type == "cuda" else torch.float32
+        codec = store.codec.to(self.device)
+        self.centroids = codec.centroids.float()
+        self.books = codec.codebooks.float()  # [M, 256, sub]
+        self.m = self.books.shape[0]
+        self.nlist = len(self.centroids)
+        self.refine_kept = refine_with == "kept"
+        segs = [store.segments[i] for i in numbers]
+        self.row_base = int(store.row_base[numbers[0]]) if numbers else 0
+        rows = [s.info.num_docs for s in segs]
+        self.num_rows = sum(rows)
+        if numbers and list(numbers) != list(range(numbers[0], numbers[0] + len(numbers))):
+            raise ValueError("a shard holds consecutive segments")
+        cat = (lambda parts: parts[0]) if len(segs) == 1 else np.concatenate
+        self.token_ids = _tensor(cat([s.centroid_ids.view(np.int16) for s in segs]), self.device)
+        self.token_codes = _tensor(cat([s.residuals for s in segs]), self.device)
+        token_base = np.concatenate([[0], np.cumsum([s.info.num_tokens for s in segs])])
+        self.offsets = _tensor(np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(segs, token_base)])
+                               .astype(np.int64), self.device)
+        self.lengths = self.offsets[1:] - self.offsets[:-1]
+        self.kept = _tensor(np.concatenate([s.kept for s in segs]), self.device) if self.refine_kept else None
+        self.live = _tensor(np.concatenate([~s.deleted for s in segs]) if segs else np.zeros(0, bool), self.device)
+        self._build_ivf(segs, np.concatenate([[0], np.cumsum(rows)]))
+
+    def _build_ivf(self, segs, doc_base: np.ndarray) -> None:
+        """One set of inverted lists over the shard's segments (entries of a list in segment order)."""
+        if len(segs) == 1:
+            s = segs[0]
+            self.ivf_offsets = _tensor(s.ivf_offsets, self.device)
+            self.ivf_docs = _tensor(s.ivf_docs, self.device)
+            self.ivf_codes = _tensor(s.ivf_codes, self.device)
+        else:
+            lists = torch.cat([torch.repeat_interleave(torch.arange(self.nlist), torch.from_numpy(np.diff(s.ivf_offsets)))
+                               for s in segs]) if segs else torch.zeros(0, dtype=torch.long)
+            order = torch.sort(lists, stable=True).indices
+            docs = np.concatenate([np.asarray(s.ivf_docs) + b for s, b in zip(segs, doc_base)]) if segs else \
+                np.zeros(0, np.int32)
+            codes = np.concatenate([s.ivf_codes for s in segs]) if segs else np.zeros((0, self.m), np.uint8)
+            self.ivf_docs = torch.from_numpy(docs.astype(np.int32))[order].to(self.device)
+            self.ivf_codes = torch.from_numpy(codes)[order].to(self.device)
+            counts = torch.bincount(lists, minlength=self.nlist)
+            self.ivf_offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(self.device)
+        self.ivf_lengths = self.ivf_offsets[1:] - self.ivf_offsets[:-1]
+        self.max_list = int(self.ivf_lengths.max()) if self.nlist else 0
+
+    @property
+    def num_entries(self) -> int:
+        return len(self.ivf_docs)
+
+    # ------------------------------------------------------------------ step 1
+    def probe(self, probes: Tensor, k_per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        """(scores [R, K] float32, global rows [R, K] int64) of each probe's K best live entries in its ``nprobe``
+        nearest lists, best first; −inf / −1 where fewer exist. probes [R, d]."""
+        probes = probes.to(self.device, torch.float32)
+        nprobe = min(nprobe, self.nlist)
+        width = max(1, min(k_per_token, nprobe * self.max_list))
+        out_scores = torch.full((len(probes), width), -torch.inf, device=self.device)
+        out_rows = torch.full((len(probes), width), -1, dtype=torch.long, device=self.device)
+        step = max(1, _MAX_ELEMENTS // max(self.nlist, nprobe * self.max_list, 1))
+        for start in range(0, len(probes), step):
+            part = probes[start:start + step]
+            scores, rows = self._probe_part(part, width, nprobe)
+            out_scores[start:start + len(part), :scores.shape[1]] = scores
+            out_rows[start:start + len(part), :rows.shape[1]] = rows
+        return out_scores, out_rows
+
+    def _probe_part(self, probes: Tensor, width: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        r = len(probes)
+        cval, cidx = (probes @ self.centroids.T).topk(nprobe, dim=1)  # [r, P]
+        sub = probes.view(r, self.m, -1)
+        lut = torch.einsum("rms,mks->rmk", sub, self.books).reshape(r, -1)  # [r, M·256]
+        counts = self.ivf_lengths[cidx].reshape(-1)  # [r·P]
+        total = int(counts.sum())
+        if total == 0:
+            return probes.new_full((r, 0), -torch.inf), torch.zeros(r, 0, dtype=torch.long, device=self.device)
+        cell = torch.repeat_interleave(torch.arange(r * nprobe, device=self.device), counts)
+        first = torch.cumsum(counts, 0) - counts
+        pos = self.ivf_offsets[cidx.reshape(-1)][cell] + torch.arange(total, device=self.device) - first[cell]
+        owner = torch.div(cell, nprobe, rounding_mode="floor")
+        codes = self.ivf_codes[pos].long() + torch.arange(self.m, device=self.device) * 256  # [E, M]
+        score = cval.reshape(-1)[cell] + lut[owner.unsqueeze(1), codes].sum(1)
+        docs = self.ivf_docs[pos].long()
+        score = torch.where(self.live[docs], score, torch.full_like(score, -torch.inf))
+        per_probe = counts.view(r, nprobe).sum(1)
+        col = torch.arange(total, device=self.device) - (torch.cumsum(per_probe, 0) - per_probe)[owner]
+        span = int(per_probe.max())
+        padded = torch.full((r, span), -torch.inf, device=self.device)
+        padded[owner, col] = score
+        docs_padded = torch.full((r, span), -1, dtype=torch.long, device=self.device)
+        docs_padded[owner, col] = docs
+        values, index = padded.topk(min(width, span), dim=1)
+        rows = torch.where(torch.isfinite(values), docs_padded.gather(1, index) + self.row_base,
+                           torch.full_like(index, -1))
+        return values, rows
+
+    # ------------------------------------------------------------------ step 3
+    def refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor,
+               strategy: Strategy) -> Tensor:
+        """Alignment scores [B, C] of each query's candidate global ``rows`` [B, C] that this shard holds (−inf for
+        the others and where not ``valid``). q [B, n, d], q_mask [B, n]."""
+        q, q_mask = q.to(self.device), q_mask.to(self.device)
+        rows, valid = rows.to(self.device), valid.to(self.device)
+        local = rows - self.row_base
+        mine = valid & (local >= 0) & (local < self.num_rows)
+        local = torch.where(mine, local, torch.zeros_like(local))
+        lengths = torch.where(mine, self.lengths[local], torch.zeros_like(local))
+        out = torch.full(rows.shape, -torch.inf, device=self.device)
+        if not bool(mine.any()):
+            return out
+        width = max(int(lengths.max()), 1)
+        span = torch.arange(width, device=self.device)
+        step = max(1, _MAX_ELEMENTS // (rows.shape[1] * width * self.centroids.shape[1]))
+        for start in range(0, len(rows), step):
+            part = slice(start, start + step)
+            positions = (self.offsets[local[part]].unsqueeze(-1) + span).clamp_max(max(len(self.token_ids) - 1, 0))
+            mask = span < lengths[part].unsqueeze(-1)
+            if self.kept is not None:
+                mask &= self.kept[positions]
+            d = self.decode(positions)
+            scores = alignment_scores_grouped(q[part].to(self.half), q_mask[part], d, mask, strategy,
+                                              None if q_sal is None else q_sal[part], None)
+            out[part] = torch.where(mine[part], scores.float(), out[part])
+        return out
+
+    def decode(self, positions: Tensor) -> Tensor:
+        """Decoded token vectors [..., d] (float16 on a GPU) at shard token ``positions`` [...]."""
+        ids = self.token_ids[positions].long() & 0xFFFF
+        codes = self.token_codes[positions].long() + torch.arange(self.m, device=self.device) * 256
+        residual = self.books.reshape(self.m * 256, -1)[codes]  # [..., M, sub]
+        return (self.centroids[ids] + residual.flatten(-2)).to(self.half)
+
+
+def merge_probes(parts: list[tuple[Tensor, Tensor]], width: int) -> tuple[Tensor, Tensor]:
+    """The K=``width`` best entries per probe over several shards' :meth:`CodeShard.probe` outputs (same probes)."""
+    if len(parts) == 1:
+        return parts[0]
+    device = parts[0][0].device
+    scores = torch.cat([s.to(device) for s, _ in parts], dim=1)
+    rows = torch.cat([r.to(device) for _, r in parts], dim=1)
+    values, index = scores.topk(min(width, scores.shape[1]), dim=1)
+    return values, torch.where(torch.isfinite(values), rows.gather(1, index), torch.full_like(index, -1))
+
+
+def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, limit: int,
+                      weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The candidate rule: (rows [B, limit] sorted ascending, valid [B, limit]) per query.
+
+    scores / rows [R, K]: each probe's best entries (−1 rows invalid); owner [R]: the query of each probe; weights
+    [R] or None. Proxy of (query, doc) = Σ_probes w · (best score of doc − the probe's K-th score); the ``limit``
+    best documents by proxy, ties to the lower row.
+    """
+    device = scores.device
+    valid = rows >= 0
+    floor = torch.where(valid, scores, torch.full_like(scores, torch.inf)).min(dim=1).values
+    floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
+    gain = scores - floor.unsqueeze(1)
+    if weights is not None:
+        gain = gain * weights.to(device).unsqueeze(1)
+    probe = torch.arange(len(rows), device=device).unsqueeze(1).expand_as(rows)[valid]
+    doc, gain = rows[valid], gain[valid]
+    span = int(rows.max()) + 1 if valid.any() else 1
+    pair, inverse = torch.unique(probe * span + doc, return_inverse=True)
+    best = torch.full((len(pair),), -torch.inf, device=device).scatter_reduce(0, inverse, gain, "amax")
+    pair_doc = pair % span
+    key, inverse = torch.unique(owner.to(device)[pair // span] * span + pair_doc, return_inverse=True)
+    proxy = torch.zeros(len(key), device=device, dtype=torch.float64).index_add_(0, inverse, best.double())
+    query, doc = key // span, key % span
+    order = torch.argsort(-proxy, stable=True)  # key is sorted by (query, doc): ties keep the lower doc first
+    order = order[torch.argsort(query[order], stable=True)]
+    query, doc = query[order], doc[order]
+    counts = torch.bincount(query, minlength=batch)
+    rank = torch.arange(len(query), device=device) - (torch.cumsum(counts, 0) - counts)[query]
+    keep = rank < limit
+    width = max(1, min(limit, int(counts.max()) if len(counts) else 1))
+    out = torch.full((batch, width), -1, dtype=torch.long, device=device)
+    out[query[keep], rank[keep]] = doc[keep]
+    out = torch.where(out >= 0, out, torch.full_like(out, np.iinfo(np.int64).max)).sort(dim=1).values
+    ok = out != np.iinfo(np.int64).max
+    return torch.where(ok, out, torch.full_like(out, -1)), ok
+
+
+def top_hits(scores: Tensor, rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k (scores [B, k], rows [B, k]) of refined ``scores`` [B, C] over candidate ``rows`` [B, C] (sorted
+    ascending, so equal scores keep the lower row); −inf / −1 past the candidates found."""
+    best = scores.sort(dim=1, descending=True, stable=True)
+    top = min(k, scores.shape[1])
+    values, picked = best.values[:, :top], rows.gather(1, best.indices[:, :top])
+    return values, torch.where(torch.isfinite(values), picked, torch.full_like(picked, -1))
