@@ -10,6 +10,7 @@ from pathlib import Path
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
                                             derive_index)
 from pyserini_aligner.index.corpus import read_corpus
+from pyserini_aligner.index.store import read_manifest
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 
@@ -39,6 +40,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "--index-type or --codec)")
     source.add_argument("--verify", action="store_true",
                         help="check the CRC32 of every file of --index (the large token files included)")
+    source.add_argument("--add", metavar="CORPUS", help="encode these documents into the existing --index")
+    source.add_argument("--upsert", metavar="CORPUS",
+                        help="like --add, replacing the indexed documents with the same ids")
+    source.add_argument("--delete", metavar="IDS", help="file of docids (one a line) to delete from --index")
+    source.add_argument("--compact", action="store_true",
+                        help="rewrite --index without its deleted documents, as one segment")
+    parser.add_argument("--retrain-codec", action="store_true",
+                        help="with --compact: retrain the codec on the live tokens and re-quantise them")
+    parser.add_argument("--strict", action="store_true", help="with --delete: fail on ids not in the index")
     parser.add_argument("--index", required=True, help="index folder")
     parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
     parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
@@ -73,6 +83,34 @@ def corpus_name(spec: str) -> str:
     return str(Path(spec).resolve()) if Path(spec).exists() else spec
 
 
+def live_update(args: argparse.Namespace) -> None:
+    """--add / --upsert / --delete / --compact on an existing index."""
+    from pyserini_aligner.index.live import AlignerIndex
+
+    encoder = None if args.encoder == "aligner" else args.encoder
+    index = AlignerIndex(args.index, encoder, device=args.device, batch_size=args.batch_size,
+                         progress=not args.quiet)
+    if args.delete:
+        path = Path(args.delete)
+        try:
+            ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text ({err})") from None
+        report = index.delete(ids, strict=args.strict)
+        if report.unknown:
+            logging.getLogger("pyserini_aligner").warning("%d id(s) of %s are not in the index, e.g. %s",
+                                                          len(report.unknown), path, report.unknown[:3])
+        manifest = read_manifest(args.index)
+        print(f"{args.index}: deleted {report.deleted}; {manifest.num_docs} live documents")
+        return
+    if args.compact:
+        manifest = index.compact(retrain_codec=args.retrain_codec)
+    else:
+        manifest = index.add(read_corpus(args.add or args.upsert), upsert=bool(args.upsert))
+    print(f"{args.index}: {manifest.num_docs} live documents in {len(manifest.segments)} segment(s), "
+          f"generation {manifest.generation}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -88,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
 
             StoredIndex(args.index, verify=True)
             print(f"{args.index}: every file matches its checksum")
+            return
+        if args.add or args.upsert or args.delete or args.compact:
+            live_update(args)
             return
         if args.from_index:
             manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,

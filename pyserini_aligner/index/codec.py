@@ -134,7 +134,8 @@ def _faiss_kmeans(x: Tensor, k: int, iters: int, seed: int, spherical: bool) -> 
 
     data = np.ascontiguousarray(x.detach().float().numpy())
     km = faiss.Kmeans(data.shape[1], k, niter=iters, seed=seed + 1, spherical=spherical,
-                      max_points_per_centroid=max(256, (len(data) + k - 1) // k), verbose=False)
+                      max_points_per_centroid=max(256, (len(data) + k - 1) // k), min_points_per_centroid=1,
+                      verbose=False)
     km.train(data)
     return torch.from_numpy(np.array(km.centroids)).to(x.dtype)
 

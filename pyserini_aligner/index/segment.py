@@ -108,6 +108,7 @@ class SegmentWriter:
         self._bits_carry = np.zeros(0, dtype=bool)
         self._ivf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centroid, doc row, code) of kept tokens
         self.seconds = {"prune_s": 0.0, "codec_s": 0.0, "write_s": 0.0}
+        self._error, self._error_tokens = 0.0, 0  # squared reconstruction error of the tokens encoded here
         if codec is not None and codec.codebooks.shape[1] != PQ_CENTROIDS:
             raise ValueError("codec codebooks must have 256 entries per sub-quantizer")
 
@@ -127,31 +128,47 @@ class SegmentWriter:
         lengths = mask.sum(1).cpu().numpy().astype(np.int64)
         _sync(device)
         self.seconds["prune_s"] += time.perf_counter() - begin
+        self.add_tokens(docids, lengths, flat, flat_kept.cpu().numpy(), salience=salience.float()[mask],
+                        truncated=truncated, empty=empty)
+
+    def add_tokens(self, docids: list[str], lengths: np.ndarray, vectors, kept: np.ndarray, salience=None,
+                   codes: tuple[np.ndarray, np.ndarray] | None = None, truncated: int = 0, empty: int = 0) -> None:
+        """Append documents given as flat tokens: lengths [B], vectors [t, d] (tensor or array; None when ``codes``
+        = (centroid ids [t], residual codes [t, M]) are given), kept [t] bool, salience [t] (fp16 store only)."""
         begin = time.perf_counter()
-        kept_np = flat_kept.cpu().numpy()
+        lengths = np.asarray(lengths, dtype=np.int64)
+        kept = np.asarray(kept, dtype=bool)
         if self.codec is not None:
-            x = flat.float()
-            ids = self.codec.encode_centroids(x)
-            codes = self.codec.encode_residuals(x, ids)
+            if codes is None:
+                x = torch.as_tensor(vectors).float()
+                ids = self.codec.encode_centroids(x)
+                residuals = self.codec.encode_residuals(x, ids)
+                decoded = self.codec.decode(ids, residuals, device=x.device)
+                self._error += float(((decoded - x) ** 2).sum())
+                self._error_tokens += len(x)
+            else:
+                ids, residuals = (np.ascontiguousarray(c) for c in codes)
             self.seconds["codec_s"] += time.perf_counter() - begin
             begin = time.perf_counter()
             owner = np.repeat(np.arange(len(lengths), dtype=np.int32) + self.num_docs, lengths)
-            self._ivf.append((ids[kept_np], owner[kept_np], codes[kept_np]))
-            self.sinks[store.TOKEN_CENTROIDS].write(ids.tobytes())
-            self.sinks[store.TOKEN_RESIDUALS].write(codes.tobytes())
-            bits = np.concatenate([self._bits_carry, kept_np])
+            self._ivf.append((ids[kept], owner[kept], residuals[kept]))
+            self.sinks[store.TOKEN_CENTROIDS].write(ids.astype(np.uint16).tobytes())
+            self.sinks[store.TOKEN_RESIDUALS].write(residuals.astype(np.uint8).tobytes())
+            bits = np.concatenate([self._bits_carry, kept])
             whole = len(bits) // 8 * 8
             self.sinks[store.KEPT_BITS].write(np.packbits(bits[:whole]).tobytes())
             self._bits_carry = bits[whole:]
         else:
-            self.sinks[store.VECTORS].write(flat.to(torch.float16).cpu().numpy().tobytes())
-            self.sinks[store.SALIENCE].write(salience.float()[mask].cpu().numpy().tobytes())
-            self.sinks[store.KEPT].write(kept_np.astype(np.bool_).tobytes())
+            x = torch.as_tensor(vectors)
+            self.sinks[store.VECTORS].write(x.to(torch.float16).cpu().numpy().tobytes())
+            sal = torch.as_tensor(salience) if salience is not None else torch.ones(len(x))
+            self.sinks[store.SALIENCE].write(sal.float().cpu().numpy().tobytes())
+            self.sinks[store.KEPT].write(kept.tobytes())
         self.sinks[store.OFFSETS].write((self.num_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
         self.sinks[store.DOCIDS].write("".join(f"{docid}\n" for docid in docids).encode("utf-8"))
         self.num_docs += len(docids)
         self.num_tokens += int(lengths.sum())
-        self.num_kept += int(kept_np.sum())
+        self.num_kept += int(kept.sum())
         self.num_truncated += truncated
         self.num_empty += empty
         self.seconds["write_s"] += time.perf_counter() - begin
@@ -168,6 +185,8 @@ class SegmentWriter:
         else:
             files.update(self._write_faiss(train_size, seed, progress))
         self.seconds["write_s"] += time.perf_counter() - begin
+        if self._error_tokens:
+            self.seconds["reconstruction_mse"] = self._error / self._error_tokens
         faults.point("segment-finish")
         return store.SegmentInfo(name=self.folder.name, num_docs=self.num_docs, num_tokens=self.num_tokens,
                                  num_kept=self.num_kept, num_truncated=self.num_truncated, num_empty=self.num_empty,

@@ -143,7 +143,8 @@ class Manifest:
         total: dict = {}
         for segment in self.segments:
             for key, value in segment.build_stats.items():
-                total[key] = total.get(key, 0.0) + value
+                if key.endswith("_s"):
+                    total[key] = total.get(key, 0.0) + value
         return total
 
     def to_json(self) -> str:
