@@ -1,0 +1,186 @@
+"""The scale benchmark: for each corpus size, build an index, then time and score search on it.
+
+Everything runs in this process, one size after the other (smallest first); bench_scale.json and bench_scale.md
+are rewritten after each size, so a run cut short keeps the sizes it finished.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import statistics
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from eval.bench.measure import per_query_latency, percentiles_ms
+from eval.bench_scale import report as reporting
+from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip, size_label
+from eval.bench_scale.measure import (Peaks, folder_bytes, gib, gpu_peak_bytes, machine_info,
+                                      ndcg_at_10, overlap_at_k, reset_gpu_peak, run_dict, sync)
+from eval.bench_scale.tiling import tile_index
+
+log = logging.getLogger(__name__)
+
+DOC_PRUNE = 0.2
+BATCHES = (32, 300)  # query batch sizes of the throughput figures
+WARMUP = 10  # untimed queries before the per-query latency
+QPS_REPEATS = 3  # throughput: median of this many passes over the queries
+CPU_QUERIES = 100  # queries timed on the CPU row
+BUILD_STAT_KEYS = ("encode_s", "prune_s", "codec_s", "write_s")
+
+
+def judged_queries(corpus: SyntheticCorpus, n: int, max_queries: int | None) -> dict[str, str]:
+    """The split's queries whose relevant documents are all among the first ``n`` passages (every query once the
+    corpus holds the judged originals), at most ``max_queries`` of them, in qrels order."""
+    present = {corpus.source.docs[i][0] for i in corpus.original_order[:n]}
+    queries = {qid: text for qid, text in corpus.source.queries.items()
+               if all(docid in present for docid, rel in corpus.source.qrels[qid].items() if rel > 0)}
+    return dict(list(queries.items())[:max_queries]) if max_queries else queries
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def build(corpus: SyntheticCorpus, n: int, folder: Path, device: str, batch_size: int, codec: str,
+          encoder: str, quiet: bool) -> tuple[Path, dict]:
+    """Build the index of the first ``n`` passages at ``folder/index``; (index folder, build figures)."""
+    from pyserini_aligner.index import build_index
+
+    index_dir = folder / "index"
+    folder.mkdir(parents=True)
+    items = tqdm(corpus.passages(n), total=n, unit="doc", desc=f"build {size_label(n)}", disable=quiet)
+    reset_gpu_peak(device)
+    with Peaks(folder) as peaks:
+        start = time.perf_counter()
+        manifest = build_index(items, index_dir, encoder, doc_prune=DOC_PRUNE, device=device, progress=False,
+                               batch_size=batch_size, codec=codec, num_docs_hint=n)
+        sync(device)
+        seconds = time.perf_counter() - start
+    stats = manifest.build_stats  # seconds per phase, summed over segments
+    size = folder_bytes(index_dir)
+    return index_dir, {
+        "docs": manifest.num_docs, "codec": manifest.codec, "tokens": manifest.num_tokens,
+        "build": {"total_s": round(seconds, 2),
+                  **{key: round(float(stats[key]), 2) for key in BUILD_STAT_KEYS if key in stats}},
+        "passages_per_s": round(manifest.num_docs / seconds, 1),
+        "peak_gpu_build_gib": gib(gpu_peak_bytes(device)), "peak_rss_build_gib": gib(peaks.peak_rss),
+        "peak_disk_bytes": max(peaks.peak_disk, size), "index_bytes": size,
+        "bytes_per_passage": round(size / manifest.num_docs, 1),
+    }
+
+
+def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, exhaustive: bool) -> dict:
+    """Latency at k=10 one query at a time (query encoding included), q/s per batch size, and the quality of the
+    k=10 ranking: nDCG@10 and overlap with exhaustive scoring of the same index."""
+    from pyserini_aligner.search import AlignerSearcher
+
+    texts, qids = list(queries.values()), list(queries)
+    judged = {qid: qrels[qid] for qid in qids}
+    reset_gpu_peak(device)
+    with Peaks() as peaks:
+        start = time.perf_counter()
+        searcher = AlignerSearcher(index_dir, device=device, batch_size=max(BATCHES))
+        row = {"queries": len(texts), "load_s": round(time.perf_counter() - start, 2)}
+        row.update(percentiles_ms(per_query_latency(lambda q: searcher.rank([q], k=10), texts, warmup=WARMUP)))
+        for batch in BATCHES:
+            searcher.batch_size = batch
+            times = []
+            for _ in range(QPS_REPEATS):
+                start = time.perf_counter()
+                ranked = searcher.rank(texts, k=10)
+                times.append(time.perf_counter() - start)
+            row[f"qps_b{batch}"] = round(len(texts) / statistics.median(times), 1)
+    row["peak_gpu_search_gib"], row["peak_rss_search_gib"] = gib(gpu_peak_bytes(device)), gib(peaks.peak_rss)
+    row["ndcg@10"] = round(ndcg_at_10(run_dict(qids, ranked), judged), 4)
+    del searcher
+    _release(device)
+    if exhaustive:
+        from pyserini_aligner.search.exhaustive import ExhaustiveScorer
+
+        start = time.perf_counter()
+        scorer = ExhaustiveScorer(index_dir, device=device, batch_size=32)
+        best = scorer.rank(texts, k=10)
+        row["exhaustive_s"] = round(time.perf_counter() - start, 2)
+        row["overlap@10"] = round(overlap_at_k(ranked, best, 10), 4)
+        row["ndcg@10_exhaustive"] = round(ndcg_at_10(run_dict(qids, best), judged), 4)
+        del scorer
+        _release(device)
+    return row
+
+
+def cpu_search(index_dir: Path, queries: Sequence[str], threads: int) -> dict:
+    """p50/p95 at k=10, one query at a time on the CPU with ``threads`` threads (the CPU default backend, or the
+    torch backend where FAISS is not installed)."""
+    from pyserini_aligner.search import AlignerSearcher
+
+    try:
+        searcher = AlignerSearcher(index_dir, device="cpu")
+    except ImportError as err:
+        log.warning("CPU row: %s; timing the torch backend instead", err)
+        searcher = AlignerSearcher(index_dir, device="cpu", backend="torch")
+    texts = list(queries[:CPU_QUERIES])
+    times = per_query_latency(lambda q: searcher.rank([q], k=10, threads=threads), texts, warmup=WARMUP)
+    return {"threads": threads, "backend": searcher.backend, "queries": len(texts), **percentiles_ms(times)}
+
+
+def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, codec: str = "auto",
+              batch_size: int = 128, max_queries: int | None = None, cpu_threads: int | None = None,
+              tile_to: int | None = None, work: Path | None = None, exhaustive_max_docs: int | None = None,
+              encoder: str = "aligner", seed: int = 0, quiet: bool = False) -> dict:
+    """Measure every size (and the CPU row, and the tiled size); writes bench_scale.json/.md in ``output`` after
+    each step and returns the report. Indexes go under ``work`` (kept), or a temporary folder in ``output``."""
+    sizes = sorted(set(sizes))
+    labels = [size_label(n) for n in sizes] + (["tiled"] if tile_to else [])
+    if work is not None:
+        taken = [str(work / label) for label in labels if (work / label).exists()]
+        if taken:
+            raise FileExistsError(f"--work: {taken[0]} already exists (indexes are never overwritten)")
+    source = read_beir_zip(beir_zip)
+    corpus = SyntheticCorpus(source, seed=seed)
+    output.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine_info(device), "settings": {
+        "beir_zip": beir_zip.name, "sizes": sizes, "tile_to": tile_to, "doc_prune": DOC_PRUNE, "codec": codec,
+        "batch_size": batch_size, "seed": seed, "encoder": encoder, "warmup": WARMUP, "qps_repeats": QPS_REPEATS,
+        "batches": list(BATCHES), "originals": corpus.num_originals, "distinct_spans": corpus.num_spans},
+        "rows": [], "cpu": None}
+    with ExitStack() as stack:
+        if work is None:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".bench_scale-", dir=output)))
+        largest = None
+        for n in sizes:
+            queries = judged_queries(corpus, n, max_queries)
+            index_dir, row = build(corpus, n, work / size_label(n), device, batch_size, codec, encoder, quiet)
+            row = {"label": size_label(n), "tiled": None, **row}
+            _release(device)
+            exhaustive = exhaustive_max_docs is None or n <= exhaustive_max_docs
+            row.update(search(index_dir, queries, source.qrels, device, exhaustive))
+            report["rows"].append(row)
+            reporting.write(report, output)
+            log.info("%s: %s", row["label"], row)
+            largest = (index_dir, row, queries)
+        index_dir, source_row, queries = largest
+        if tile_to:  # whole copies: the tiled size is tile_to rounded up to a multiple of the largest size
+            copies = math.ceil(tile_to / source_row["docs"])
+            start = time.perf_counter()
+            tiled = tile_index(index_dir, work / "tiled" / "index", copies)
+            row = {"label": size_label(tiled.num_docs), "docs": tiled.num_docs, "codec": tiled.codec,
+                   "tiled": {"copies": copies, "source": source_row["label"],
+                             "tile_s": round(time.perf_counter() - start, 2)},
+                   "bytes_per_passage": source_row["bytes_per_passage"]}
+            exhaustive = exhaustive_max_docs is None or tiled.num_docs <= exhaustive_max_docs
+            row.update(search(work / "tiled" / "index", queries, source.qrels, device, exhaustive))
+            report["rows"].append(row)
+            reporting.write(report, output)
+        if cpu_threads:
+            report["cpu"] = {"label": source_row["label"], **cpu_search(index_dir, list(queries.values()), cpu_threads)}
+            reporting.write(report, output)
+    return report

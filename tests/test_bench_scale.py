@@ -1,0 +1,172 @@
+"""eval.bench_scale: the synthetic corpus, nDCG@10 against ranx, and a tiny end-to-end run on the CPU."""
+import json
+import os
+import random
+import zipfile
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eval.bench_scale import __main__ as cli
+from eval.bench_scale.corpus import SPAN_WEIGHTS, SyntheticCorpus, parse_size, read_beir_zip, size_label
+from eval.bench_scale.measure import ndcg_at_10, overlap_at_k
+from eval.bench_scale.report import COLUMNS, DASH
+from pyserini_aligner.index.store import StoredIndex
+
+SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"
+
+
+@pytest.fixture(scope="module")
+def scifact():
+    return read_beir_zip(SCIFACT)
+
+
+@pytest.fixture(scope="module")
+def corpus(scifact):
+    return SyntheticCorpus(scifact, seed=0)
+
+
+def test_reads_the_zip_directly(scifact):
+    assert len(scifact.docs) == 5183 and len(scifact.queries) == 300
+    assert sum(len(judged) for judged in scifact.qrels.values()) == 339
+    docid, contents = scifact.docs[0]
+    assert docid == "4983" and contents.startswith("Microstructural development of human newborn cerebral white")
+
+
+def test_originals_first_with_their_docids_judged_ones_leading(scifact, corpus):
+    head = list(islice(corpus, len(scifact.docs) + 3))
+    assert dict(head[:len(scifact.docs)]) == dict(scifact.docs)
+    judged = list(dict.fromkeys(d for rels in scifact.qrels.values() for d in rels))
+    assert [docid for docid, _ in head[:len(judged)]] == judged
+    assert [docid for docid, _ in head[len(scifact.docs):]] == ["p0", "p1", "p2"]
+
+
+def test_generator_is_deterministic_and_sizes_are_prefixes(scifact, corpus):
+    past_spans = corpus.num_originals + corpus.num_spans + 300  # into the joined passages
+    again = SyntheticCorpus(scifact, seed=0)
+    first = list(corpus.passages(past_spans))
+    assert first == list(again.passages(past_spans))
+    assert list(corpus.passages(1000)) == first[:1000]
+    other = list(islice(SyntheticCorpus(scifact, seed=1).passages(past_spans), corpus.num_originals, None))
+    assert sum(a != b for a, b in zip(first[corpus.num_originals:], other)) > 0.99 * len(other)
+    with pytest.raises(ValueError, match="corpus size"):
+        corpus.passages(0)
+
+
+def test_passage_lengths_and_variety(corpus):
+    from pyserini_aligner.model import AlignerModel
+
+    tokenizer = AlignerModel.from_pretrained("aligner").tokenizer
+    spans = list(islice(corpus, corpus.num_originals, corpus.num_originals + 20_000))
+    start = corpus.num_originals + corpus.num_spans
+    joined = list(islice(corpus, start, start + 20_000))
+    assert 60_000 < corpus.num_spans < 150_000  # SciFact: about 100k distinct spans
+    for part in (spans, joined):
+        texts = [text for _, text in random.Random(0).sample(part, 1000)]
+        words = np.array([len(t.split()) for t in texts])
+        pieces = np.array([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+        assert 40 <= words.mean() <= 55 and np.percentile(words, 5) >= 8
+        assert 60 <= pieces.mean() <= 80
+        assert len({t for _, t in part}) > 0.99 * len(part)  # passages are rarely identical
+    assert len({t for _, t in joined}) > 0.999 * len(joined)
+    sentences = np.array([corpus.spans[i, 2] for i in range(20_000)])
+    shares = np.bincount(sentences, minlength=5)[1:] / len(sentences)
+    assert np.allclose(shares, list(SPAN_WEIGHTS.values()), atol=0.02)
+
+
+def test_sizes_parse_and_print():
+    assert [parse_size(s) for s in ("300", "5k", "100K", "1m", "8.8m")] == [300, 5000, 100_000, 10**6, 8_800_000]
+    assert [size_label(n) for n in (300, 5000, 10**6, 8_800_000, 5183)] == ["300", "5k", "1m", "8.8m", "5183"]
+    for bad in ("0", "5q", "1.5", "", "inf", "nan"):
+        with pytest.raises(ValueError, match="size"):
+            parse_size(bad)
+
+
+def test_ndcg_at_10_matches_ranx():
+    from eval.metrics import evaluate
+
+    rng = random.Random(3)
+    docs = [f"d{i}" for i in range(60)]
+    qrels = {f"q{q}": {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randint(1, 12))}
+             for q in range(40)}
+    qrels["q0"] = {"d1": 0, "d2": 0}  # judged, nothing relevant
+    run = {qid: {d: rng.random() for d in rng.sample(docs, rng.randint(1, 25))} for qid in list(qrels)[:37]}
+    ours = ndcg_at_10(run, qrels)
+    assert 0.05 < ours < 0.95
+    assert ours == pytest.approx(evaluate(qrels, run, ("ndcg@10",))["ndcg@10"], abs=1e-9)
+    # one relevant document at rank 2 of one query, and a judged query with no run
+    assert ndcg_at_10({"a": {"x": 2.0, "y": 1.0}}, {"a": {"y": 1}, "b": {"z": 1}}) == pytest.approx(0.5 / np.log2(3))
+
+
+def test_overlap_at_k():
+    a = [[("x", 3.0), ("y", 2.0)], [("u", 1.0), ("v", 0.5)]]
+    b = [[("y", 3.0), ("x", 2.0)], [("u", 1.0), ("w", 0.5)]]
+    assert overlap_at_k(a, b, k=2) == 0.75
+
+
+def _tiny_zip(path: Path, n_queries: int = 6, n_other: int = 10) -> Path:
+    """A BEIR zip cut from SciFact: the judged documents of the first test queries plus a few others."""
+    with zipfile.ZipFile(SCIFACT) as archive:
+        docs = archive.read("scifact/corpus.jsonl").decode().splitlines()
+        queries = archive.read("scifact/queries.jsonl").decode().splitlines()
+        qrels = archive.read("scifact/qrels/test.tsv").decode().splitlines()
+    qids = list(dict.fromkeys(row.split("\t")[0] for row in qrels[1:]))[:n_queries]
+    rows = [row for row in qrels[1:] if row.split("\t")[0] in qids]
+    judged = {row.split("\t")[1] for row in rows}
+    kept = [line for line in docs if json.loads(line)["_id"] in judged]
+    kept += [line for line in docs if json.loads(line)["_id"] not in judged][:n_other]
+    with zipfile.ZipFile(path, "w") as out:
+        out.writestr("scifact/corpus.jsonl", "\n".join(kept) + "\n")
+        out.writestr("scifact/queries.jsonl", "\n".join(q for q in queries if json.loads(q)["_id"] in qids) + "\n")
+        out.writestr("scifact/qrels/test.tsv", "\n".join([qrels[0], *rows]) + "\n")
+    return path
+
+
+def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
+    archive = _tiny_zip(tmp_path / "scifact.zip")
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert cli.main(["--beir-zip", str(archive), "--sizes", "40", "--max-queries", "5", "--device", "cpu",
+                     "--codec", "IVF16,PQ16", "--batch-size", "16", "--cpu-threads", "1", "--tile-to", "100",
+                     "--output", str(out), "--work", str(work), "--quiet"]) == 0
+    report = json.loads((out / "bench_scale.json").read_text())
+    assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch"]
+    row, tiled = report["rows"]
+    assert row["docs"] == 40 and row["codec"] == "IVF16,PQ16" and row["queries"] == 5
+    assert row["build"]["total_s"] > 0 and row["passages_per_s"] > 0
+    assert row["peak_disk_bytes"] >= row["index_bytes"] > 0 and row["bytes_per_passage"] > 0
+    assert row["peak_rss_build_gib"] > 0.1 and row["peak_gpu_build_gib"] is None
+    assert 0 < row["p50_ms"] <= row["p95_ms"] and row["qps_b32"] > 0 and row["qps_b300"] > 0
+    assert 0.5 <= row["overlap@10"] <= 1 and 0.3 < row["ndcg@10"] <= 1 and 0.3 < row["ndcg@10_exhaustive"] <= 1
+    assert report["cpu"]["threads"] == 1 and 0 < report["cpu"]["p50_ms"] <= report["cpu"]["p95_ms"]
+    assert tiled["docs"] == 120 and tiled["tiled"]["copies"] == 3 and tiled["label"] == "120"
+    assert 0 < tiled["p50_ms"] <= tiled["p95_ms"] and 0 < tiled["ndcg@10"] <= row["ndcg@10_exhaustive"] + 1e-9
+    built, tiled_index = StoredIndex(work / "40" / "index"), StoredIndex(work / "tiled" / "index")  # --work keeps
+    assert tiled_index.docids == built.docids + [f"{d}~t{c}" for c in (1, 2) for d in built.docids]
+    table = (out / "bench_scale.md").read_text()
+    assert capsys.readouterr().out.endswith(table)  # the table is printed last
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
+    size_row, tiled_row, cpu_row = ([c.strip() for c in line.strip("|").split("|")] for line in lines[1:])
+    gpu = COLUMNS.index("peak GPU GB (build/search)")
+    assert size_row[gpu] == f"{DASH} / {DASH}"  # measured on CUDA only
+    assert all(cell and DASH not in cell for i, cell in enumerate(size_row) if i != gpu)
+    assert tiled_row[0] == "120 tiled" and tiled_row[1].startswith("tiled ×3 of 40")
+    assert all(DASH not in tiled_row[COLUMNS.index(name)] for name in ("p50 ms", "p95 ms", "q/s b32", "overlap@10"))
+    assert cpu_row[0].startswith("40 on CPU, 1 thread") and cpu_row[7] == str(report["cpu"]["p50_ms"])
+    # the same --work again: refused before anything is built, nothing removed
+    assert cli.main(["--beir-zip", str(archive), "--sizes", "40", "--device", "cpu", "--output", str(out),
+                     "--work", str(work)]) == 1
+    assert "already exists" in capsys.readouterr().err and StoredIndex(work / "40" / "index").num_docs == 40
+
+
+def test_bad_input_is_a_one_line_error(tmp_path, capsys):
+    for argv, message in ((["--sizes", "5q"], "argument --sizes"), (["--sizes", "5k", "--bogus"], "unrecognized"),
+                          (["--sizes", "5k", "--tile-to", "1k"], "argument --tile-to")):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["--beir-zip", str(SCIFACT), "--output", str(tmp_path), *argv])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert cli.main(["--beir-zip", str(tmp_path / "missing.zip"), "--sizes", "5k", "--output", str(tmp_path / "o"),
+                     "--device", "cpu"]) == 1
+    assert "BEIR zip not found" in capsys.readouterr().err and not (tmp_path / "o").exists()
