@@ -42,14 +42,15 @@ _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64"
 
 def load_model(encoder, device: str | None):
     """The AlignerModel behind ``encoder`` ("aligner", a checkpoint folder, an AlignerModel or a Pyserini-style
-    wrapper holding one in ``.model``), on ``device`` when given."""
+    wrapper holding one in ``.model``), on ``device`` when given (a checkpoint loaded onto a GPU computes in fp16)."""
     from pyserini_aligner.model import AlignerModel
 
     if isinstance(encoder, AlignerModel):
         return encoder.to(device) if device else encoder
     if hasattr(encoder, "model") and isinstance(encoder.model, AlignerModel):
         return encoder.model.to(device) if device else encoder.model
-    return AlignerModel.from_pretrained(str(encoder), device=device or "cpu")
+    cuda = str(device or "cpu").startswith("cuda")
+    return AlignerModel.from_pretrained(str(encoder), device=device or "cpu", dtype="fp16" if cuda else None)
 
 
 def model_name_of(encoder) -> str:

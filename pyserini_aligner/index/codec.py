@@ -79,7 +79,8 @@ def resolve_codec(spec: str, dim: int, num_tokens: int) -> CodecSpec:
 
 def nearest(x: Tensor, centroids: Tensor, metric: str = "ip") -> Tensor:
     """Index [n] of the nearest centroid [k, d] of each row of x [n, d] by inner product ("ip") or L2 ("l2")."""
-    rows = max(1, _CHUNK_ELEMENTS // max(1, len(centroids)))
+    budget = _CHUNK_ELEMENTS * (4 if x.device.type == "cuda" else 1)
+    rows = max(1, budget // max(1, len(centroids)))
     bias = -0.5 * (centroids * centroids).sum(-1) if metric == "l2" else None
     out = torch.empty(len(x), dtype=torch.long, device=x.device)
     for start in range(0, len(x), rows):
