@@ -1,0 +1,97 @@
+"""``python -m eval.bench_scale.sweep --beir-zip scifact.zip --size 1m --device cuda --output <dir>
+--settings 100:8:256,1000:16:512``
+
+Builds (or reuses, with ``--work``) one synthetic index and searches it with several candidate-generation settings
+``k_per_token:nprobe:max_candidates``: overlap@10 with exhaustive scoring (computed once), nDCG@10, p50/p95 at k=10
+one query at a time and q/s in batches of 300. Writes sweep.json and sweep.md and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from eval.bench.measure import per_query_latency, percentiles_ms
+from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip, size_label
+from eval.bench_scale.measure import machine_info, ndcg_at_10, overlap_at_k, run_dict
+from eval.bench_scale.run import build, judged_queries
+from eval.cli import configure_logging
+
+
+def parse_settings(text: str) -> list[tuple[int, int, int]]:
+    """"K:nprobe:C,..." -> [(K, nprobe, C), ...]."""
+    out = []
+    for part in text.split(","):
+        try:
+            k, nprobe, limit = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected K:nprobe:C, got {part!r}") from None
+        out.append((k, nprobe, limit))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m eval.bench_scale.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beir-zip", type=Path, required=True)
+    parser.add_argument("--size", type=parse_size, required=True)
+    parser.add_argument("--settings", type=parse_settings, required=True, help="K:nprobe:C,...")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--work", type=Path, help="keep (or reuse) the index here")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--max-queries", type=int, default=None)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    configure_logging(args.quiet)
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.search.exhaustive import ExhaustiveScorer
+
+    source = read_beir_zip(args.beir_zip)
+    corpus = SyntheticCorpus(source)
+    queries = judged_queries(corpus, args.size, args.max_queries)
+    texts, qids = list(queries.values()), list(queries)
+    judged = {qid: source.qrels[qid] for qid in qids}
+    work = args.work or args.output / "work"
+    folder = work / size_label(args.size)
+    if (folder / "index" / "manifest.json").is_file():
+        index_dir, built = folder / "index", {}
+    else:
+        index_dir, built = build(corpus, args.size, folder, args.device, args.batch_size, "auto", "aligner",
+                                 args.quiet)
+    start = time.perf_counter()
+    best = ExhaustiveScorer(index_dir, device=args.device).rank(texts, k=10)
+    report = {"machine": machine_info(args.device), "size": args.size, "queries": len(texts), "build": built,
+              "exhaustive_s": round(time.perf_counter() - start, 2),
+              "ndcg@10_exhaustive": round(ndcg_at_10(run_dict(qids, best), judged), 4), "rows": []}
+    for k, nprobe, limit in args.settings:
+        searcher = AlignerSearcher(index_dir, device=args.device, k_per_token=k, nprobe=nprobe,
+                                   max_candidates=limit, batch_size=300)
+        row = {"k_per_token": k, "nprobe": nprobe, "max_candidates": limit}
+        row.update(percentiles_ms(per_query_latency(lambda q: searcher.rank([q], k=10), texts[:100], warmup=10)))
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            ranked = searcher.rank(texts, k=10)
+            times.append(time.perf_counter() - start)
+        row["qps_b300"] = round(len(texts) / statistics.median(times), 1)
+        row["overlap@10"] = round(overlap_at_k(ranked, best, 10), 4)
+        row["ndcg@10"] = round(ndcg_at_10(run_dict(qids, ranked), judged), 4)
+        report["rows"].append(row)
+        print(row, flush=True)
+        del searcher
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}); "
+             f"exhaustive nDCG@10 {report['ndcg@10_exhaustive']}", "",
+             "| K | nprobe | C | p50 ms | p95 ms | q/s b300 | overlap@10 | nDCG@10 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['k_per_token']} | {r['nprobe']} | {r['max_candidates']} | {r['p50_ms']} | {r['p95_ms']} | "
+              f"{r['qps_b300']} | {r['overlap@10']} | {r['ndcg@10']} |" for r in report["rows"]]
+    (args.output / "sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
