@@ -40,15 +40,16 @@ def format_table(means: dict[str, float], best: str, n_queries: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from pyserini_aligner.adapt.inputs import labelled_topics, read_qrels, read_topics
+    from pyserini_aligner.adapt.inputs import labelled_topics
     from pyserini_aligner.index.store import set_default_strategy
     from pyserini_aligner.search.searcher import AlignerSearcher
+    from pyserini_aligner.topics import load_topics, read_qrels
 
     try:
         if args.candidates < 1:
             raise ValueError(f"--candidates must be >= 1, got {args.candidates}")
         qrels = read_qrels(args.qrels)
-        topics = labelled_topics(read_topics(args.topics), qrels, args.sample, args.seed)
+        topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
         searcher = AlignerSearcher(args.index, encoder=args.encoder)
         qids = list(topics)
         found = searcher.batch_search([topics[q] for q in qids], qids, k=args.candidates, threads=args.threads)
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(format_table(means, best, len(qids)))
+    if not any(value > 0 for value in means.values()):
+        print(f"error: every strategy scores {METRIC} 0 on these {len(qids)} queries (no relevant document among "
+              f"the top {args.candidates} candidates); {args.index} is left unchanged", file=sys.stderr)
+        return 1
     if args.dry_run:
         print(f"dry run: {args.index} keeps default strategy {searcher.manifest.default_strategy}")
     else:
