@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pyserini_aligner.cli import INTERRUPTED_EXIT, fraction, positive_int
 from pyserini_aligner.index.builder import DEFAULT_INDEX_TYPE, build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
@@ -30,13 +31,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description="Build a multi-vector AligneR index (token vectors + FAISS).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="JsonCollection .jsonl/.json file or folder (fields id, contents), "
+                                         "a BEIR folder (corpus.jsonl with _id, title, text) "
                                          "or an ir_datasets id such as beir/scifact")
     source.add_argument("--from-index", metavar="DIR",
                         help="derive from an existing fp16 index without re-encoding (new --doc-prune, "
                              "--index-type or --codec)")
     parser.add_argument("--index", required=True, help="output index folder")
     parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
-    parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
+    parser.add_argument("--doc-prune", type=fraction, default=None, metavar="BETA",
                         help="fraction β^d of each document's most salient tokens put in FAISS (default 1.0)")
     parser.add_argument("--prune-redundancy", type=redundancy_arg, default=None, metavar="COS",
                         help="redundancy-aware β^d pruning: a token within cosine COS of a more salient token of its "
@@ -49,9 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--codec", default="fp16",
                         help="token store: fp16 (default) or IVF<nlist>,PQ<M>, a compressed residual codec whose "
                              "codes FAISS searches directly (--index-type is then ignored), e.g. IVF4096,PQ16")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--max-docs", type=int, default=None, help="index only the first N documents")
+    parser.add_argument("--max-docs", type=positive_int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
                                    else redundancy, **common)
     except (ValueError, OSError) as err:
         sys.exit(f"error: {err}")
+    except KeyboardInterrupt:  # the builder has removed its temporary folder
+        print("interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
               f"{manifest.num_kept} in FAISS ({manifest.index_type}), codec {manifest.codec}")
