@@ -11,21 +11,23 @@ import logging
 import sys
 
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, METRIC, choose_strategy, rescore, strategy_table
+from pyserini_aligner.cli import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.adapt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", required=True, help="AligneR index folder; its default strategy is updated")
-    parser.add_argument("--topics", required=True, help="labelled queries: topics file (TSV qid<TAB>text, JSONL) "
-                                                        "or an ir_datasets id such as beir/scifact/train")
-    parser.add_argument("--qrels", required=True, help="judgements: TREC qrels file, BEIR qrels TSV or ir_datasets id")
-    parser.add_argument("--candidates", type=int, default=100, help="documents retrieved and rescored per query")
+    parser.add_argument("--topics", required=True, help="labelled queries: topics file (TSV qid<TAB>text, JSONL), "
+                                                        "BEIR folder or an ir_datasets id such as beir/scifact/train")
+    parser.add_argument("--qrels", required=True, help="judgements: TREC qrels file (4 columns), BEIR qrels TSV (with "
+                                                       "its header), BEIR folder or ir_datasets id")
+    parser.add_argument("--candidates", type=positive_int, default=100, help="documents retrieved and rescored per query")
     parser.add_argument("--strategies", nargs="+", default=list(CANDIDATE_STRATEGIES), help="strategies to try")
-    parser.add_argument("--sample", type=int, default=None, help="use a random sample of N labelled topics")
+    parser.add_argument("--sample", type=positive_int, default=None, help="use a random sample of N labelled topics")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample")
     parser.add_argument("--encoder", default=None, help="checkpoint folder (default: the model in the manifest)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--dry-run", action="store_true", help="print the table but leave the index unchanged")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -46,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     from pyserini_aligner.topics import load_topics, read_qrels
 
     try:
-        if args.candidates < 1:
-            raise ValueError(f"--candidates must be >= 1, got {args.candidates}")
         qrels = read_qrels(args.qrels)
         topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
         searcher = AlignerSearcher(args.index, encoder=args.encoder)

@@ -110,8 +110,8 @@ def main_code(name: str, inner) -> CodeType | None:
     if name == "pyserini.search.lucene.__main__":
         indexes = _argv_indexes()
         if indexes and is_aligner_index(indexes[0]):
-            return compile("import sys\nfrom pyserini_aligner.search.__main__ import main\nsys.exit(main())",
-                           "<pyserini-aligner>", "exec")
+            return compile("import runpy\nrunpy.run_module('pyserini_aligner.search', run_name='__main__', "
+                           "alter_sys=True)", "<pyserini-aligner>", "exec")
     elif name == "pyserini.search.__main__":
         return compile(_STUB.format(function="forward_to_lucene", args=""), "<pyserini-aligner>", "exec")
     elif name in _GUARDED_MAINS and _argv_uses_aligner():
