@@ -74,15 +74,16 @@ def exhaustive_run(args, searcher, queries: dict[str, str]) -> dict[str, dict[st
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from pyserini_aligner.data import load_qrels, load_queries
+    from pyserini_aligner.data import Dataset
     from pyserini_aligner.search import AlignerSearcher
 
     knobs = {name: getattr(args, name) for name in ("strategy", "k_per_token", "max_candidates", "query_prune",
                                                      "refine_with", "nprobe", "ef_search")
              if getattr(args, name) is not None}
     searcher = AlignerSearcher(args.index, encoder=args.encoder, **knobs)
-    qrels = load_qrels(args.dataset)
-    queries = {qid: text for qid, text in load_queries(args.dataset).items() if qid in qrels}
+    dataset = Dataset(args.dataset)
+    qrels = dataset.qrels()
+    queries = {qid: text for qid, text in dataset.queries().items() if qid in qrels}
 
     started = time.time()
     run = _run(searcher.batch_search(list(queries.values()), list(queries), k=10, threads=args.threads))

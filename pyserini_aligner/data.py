@@ -6,13 +6,14 @@ nothing is downloaded. Without it, ir_datasets' own download path is used unchan
 """
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from pyserini_aligner.textio import text_lines
 
 BEIR_DIR_ENV = "PYSERINI_ALIGNER_BEIR_DIR"
 log = logging.getLogger(__name__)
@@ -93,20 +94,25 @@ def _open_ir_dataset(dataset_id: str):
     return dataset
 
 
+def is_beir_folder(path: str | os.PathLike) -> bool:
+    """True for a folder in BEIR's layout: ``corpus.jsonl`` plus ``queries.jsonl`` or a ``qrels/`` folder."""
+    path = Path(path)
+    return (path / "corpus.jsonl").is_file() and ((path / "queries.jsonl").is_file() or (path / "qrels").is_dir())
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     if not path.is_file():
         raise DataError(f"data file missing: {path}")
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}, line {number}: expected a JSON object")
-            yield number, record
+    for number, line in text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}, line {number}: expected a JSON object")
+        yield number, record
 
 
 def _field(record: dict, name: str, path: Path, number: int) -> str:
@@ -155,9 +161,12 @@ class Dataset:
         if self.folder:
             path = self.folder / "queries.jsonl"
             wanted = self.qrels()
-            queries = {}
+            queries, lines = {}, {}
             for number, record in _read_jsonl(path):
                 qid = _field(record, "_id", path, number)
+                if qid in lines:
+                    raise DataError(f"{path}, line {number}: query id {qid!r} already given on line {lines[qid]}")
+                lines[qid] = number
                 if qid in wanted:
                     queries[qid] = _field(record, "text", path, number)
             return queries
@@ -169,17 +178,12 @@ class Dataset:
         """Query id → {docid: relevance}."""
         qrels: dict[str, dict[str, int]] = {}
         if self.folder:
+            from pyserini_aligner.topics import read_qrels_file
+
             path = self.folder / "qrels" / f"{self.split}.tsv"
             if not path.is_file():
                 raise DataError(f"data file missing: {path}")
-            with path.open(encoding="utf-8", newline="") as rows:
-                for number, row in enumerate(csv.reader(rows, delimiter="\t"), 1):
-                    if number == 1 and row and row[0] == "query-id":
-                        continue
-                    if len(row) != 3 or not row[2].lstrip("-").isdigit():
-                        raise DataError(f"{path}, line {number}: expected 'query-id<TAB>corpus-id<TAB>score'")
-                    qrels.setdefault(row[0], {})[row[1]] = int(row[2])
-            return qrels
+            return read_qrels_file(path, beir=True)
         if not self._ir.has_qrels():
             raise DataError(f"{self.spec!r} has no qrels (name a split, e.g. {self.spec}/test)")
         for qrel in self._ir.qrels_iter():
@@ -191,14 +195,6 @@ def iter_corpus(spec: str) -> Iterator[tuple[str, str]]:
     """(docid, contents) for every document of a dataset ID or BEIR folder."""
     for doc in Dataset(spec).docs():
         yield doc.docid, doc.contents
-
-
-def load_queries(spec: str) -> dict[str, str]:
-    return Dataset(spec).queries()
-
-
-def load_qrels(spec: str) -> dict[str, dict[str, int]]:
-    return Dataset(spec).qrels()
 
 
 def write_json_collection(docs: Iterator[Doc], folder: str | os.PathLike) -> int:

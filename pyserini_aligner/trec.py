@@ -5,20 +5,22 @@ import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from pyserini_aligner.textio import atomic_output
+
 Run = dict[str, dict[str, float]]  # qid -> {docid: score}
 
 
 def write_run(hits: Mapping[str, Sequence[tuple[str, float]]], path: str | os.PathLike, tag: str) -> Path:
-    """Write ``qid -> [(docid, score), ...]`` (best first) as a TREC run; written to a temp file then renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("w", encoding="utf-8") as out:
+    """Write ``qid -> [(docid, score), ...]`` (best first) as a TREC run.
+
+    Written to a temporary file next to ``path`` and renamed into place, so that an error never leaves a partial
+    run under ``path`` (nor a temporary file). OutputPathError when ``path`` can't be written.
+    """
+    with atomic_output(path) as out:
         for qid, ranked in hits.items():
             for rank, (docid, score) in enumerate(ranked, 1):
                 out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
-    os.replace(partial, path)
-    return path
+    return Path(path)
 
 
 def read_run(path: str | os.PathLike) -> Run:

@@ -9,10 +9,11 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
+
+from pyserini_aligner.textio import atomic_output
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,8 @@ def load_hits(path: Path) -> Hits:
 
 def save_hits(hits: Hits, path: Path) -> None:
     """Write ``hits`` as JSON (exact scores), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({qid: [[d, float(s)] for d, s in h] for qid, h in hits.items()}), encoding="utf-8")
-    os.replace(partial, path)
+    with atomic_output(path) as out:
+        out.write(json.dumps({qid: [[d, float(s)] for d, s in h] for qid, h in hits.items()}))
 
 
 def cached_hits(folder: Path, label: str, key: dict, compute: Callable[[], Hits]) -> Hits:

@@ -11,21 +11,23 @@ import logging
 import sys
 
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, METRIC, choose_strategy, rescore, strategy_table
+from pyserini_aligner.cli import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.adapt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", required=True, help="AligneR index folder; its default strategy is updated")
-    parser.add_argument("--topics", required=True, help="labelled queries: topics file (TSV qid<TAB>text, JSONL) "
-                                                        "or an ir_datasets id such as beir/scifact/train")
-    parser.add_argument("--qrels", required=True, help="judgements: TREC qrels file, BEIR qrels TSV or ir_datasets id")
-    parser.add_argument("--candidates", type=int, default=100, help="documents retrieved and rescored per query")
+    parser.add_argument("--topics", required=True, help="labelled queries: topics file (TSV qid<TAB>text, JSONL), "
+                                                        "BEIR folder or an ir_datasets id such as beir/scifact/train")
+    parser.add_argument("--qrels", required=True, help="judgements: TREC qrels file (4 columns), BEIR qrels TSV (with "
+                                                       "its header), BEIR folder or ir_datasets id")
+    parser.add_argument("--candidates", type=positive_int, default=100, help="documents retrieved and rescored per query")
     parser.add_argument("--strategies", nargs="+", default=list(CANDIDATE_STRATEGIES), help="strategies to try")
-    parser.add_argument("--sample", type=int, default=None, help="use a random sample of N labelled topics")
+    parser.add_argument("--sample", type=positive_int, default=None, help="use a random sample of N labelled topics")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample")
     parser.add_argument("--encoder", default=None, help="checkpoint folder (default: the model in the manifest)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--dry-run", action="store_true", help="print the table but leave the index unchanged")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -40,15 +42,14 @@ def format_table(means: dict[str, float], best: str, n_queries: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from pyserini_aligner.adapt.inputs import labelled_topics, read_qrels, read_topics
+    from pyserini_aligner.adapt.inputs import labelled_topics
     from pyserini_aligner.index.store import set_default_strategy
     from pyserini_aligner.search.searcher import AlignerSearcher
+    from pyserini_aligner.topics import load_topics, read_qrels
 
     try:
-        if args.candidates < 1:
-            raise ValueError(f"--candidates must be >= 1, got {args.candidates}")
         qrels = read_qrels(args.qrels)
-        topics = labelled_topics(read_topics(args.topics), qrels, args.sample, args.seed)
+        topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
         searcher = AlignerSearcher(args.index, encoder=args.encoder)
         qids = list(topics)
         found = searcher.batch_search([topics[q] for q in qids], qids, k=args.candidates, threads=args.threads)
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(format_table(means, best, len(qids)))
+    if not any(value > 0 for value in means.values()):
+        print(f"error: every strategy scores {METRIC} 0 on these {len(qids)} queries (no relevant document among "
+              f"the top {args.candidates} candidates); {args.index} is left unchanged", file=sys.stderr)
+        return 1
     if args.dry_run:
         print(f"dry run: {args.index} keeps default strategy {searcher.manifest.default_strategy}")
     else:

@@ -92,7 +92,7 @@ def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors
     strategy = parse_strategy(strategy)
     if not query.strip():
         raise ValueError("the query is empty")
-    q_tokens, _ = text_tokens(model, query, is_query=True)
+    q_tokens, query_truncated = text_tokens(model, query, is_query=True)
     d_tokens, truncated = text_tokens(model, doc_text, is_query=False)
     q_enc, d_enc = model.encode([query], is_query=True)[0], model.encode([doc_text], is_query=False)[0]
     stored = np.asarray(doc_vectors, dtype=np.float32)
@@ -113,7 +113,8 @@ def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors
         q_tokens=q_tokens, d_tokens=d_tokens,
         q_weight=(q_sal if use_salience else sim.max(1).values).numpy(),
         d_weight=(d_sal if use_salience else sim.max(0).values).numpy(),
-        sim=sim.numpy(), align=align.numpy(), contribution=contribution.numpy(), truncated=truncated)
+        sim=sim.numpy(), align=align.numpy(), contribution=contribution.numpy(), truncated=truncated,
+        query_truncated=query_truncated)
 
 
 def _check_doc(docid: str, encoded: np.ndarray, stored: np.ndarray, n_tokens: int,

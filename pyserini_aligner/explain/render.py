@@ -50,7 +50,8 @@ class Explanation:
     sim: np.ndarray
     align: np.ndarray
     contribution: np.ndarray
-    truncated: bool = False
+    truncated: bool = False  # the document was cut at the model's doc_maxlen
+    query_truncated: bool = False  # the query was cut at the model's query_maxlen
 
 
 def top_query_tokens(ex: Explanation, count: int) -> list[int]:
@@ -187,6 +188,15 @@ def _alignment_table(ex: Explanation, top: list[int], weight_name: str, max_alig
     return f'<table class="align">{head}{"".join(rows)}</table>'
 
 
+def _query_cut_note(ex: Explanation) -> str:
+    """A visible note when the query was longer than the model takes: its tail was neither searched nor scored."""
+    if not ex.query_truncated:
+        return ""
+    return (f'<p class="note query-truncated">The query was truncated: the model reads only its first '
+            f"{len(ex.q_tokens)} tokens (query_maxlen); the words after the last query token shown below took no "
+            "part in the search or the score.</p>")
+
+
 def _card(ex: Explanation, top_query: int, max_aligned: int) -> str:
     weight_name = "salience u" if ex.use_salience else "max sim"
     top = top_query_tokens(ex, top_query)
@@ -203,6 +213,7 @@ def _card(ex: Explanation, top_query: int, max_aligned: int) -> str:
     return (f'<section class="card doc"><h2>{rank_text}document <code>{html.escape(ex.docid)}</code></h2>'
             f'<p class="meta">score <b class="score">{ex.score:.4f}</b> · strategy <code>{html.escape(ex.strategy)}'
             f"</code> · {len(ex.q_tokens)} query × {len(ex.d_tokens)} document tokens{truncated}</p>"
+            f"{_query_cut_note(ex)}"
             f'<h3>query tokens</h3><div class="tokens query">{query_html}</div>'
             f"<h3>top {len(top)} query tokens → aligned document tokens (Ã of {html.escape(ex.strategy)})</h3>"
             f"{_alignment_table(ex, top, weight_name, max_aligned)}"

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pyserini_aligner.cli import INTERRUPTED_EXIT, fraction, positive_int
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
                                             derive_index)
 from pyserini_aligner.index.corpus import read_corpus
@@ -34,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="JsonCollection .jsonl/.json file or folder (fields id, contents), "
+                                         "a BEIR folder (corpus.jsonl with _id, title, text) "
                                          "or an ir_datasets id such as beir/scifact")
     source.add_argument("--from-index", metavar="DIR",
                         help="derive from an existing fp16 index without re-encoding (new --doc-prune, "
@@ -51,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strict", action="store_true", help="with --delete: fail on ids not in the index")
     parser.add_argument("--index", required=True, help="index folder")
     parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
-    parser.add_argument("--doc-prune", type=float, default=None, metavar="BETA",
+    parser.add_argument("--doc-prune", type=fraction, default=None, metavar="BETA",
                         help=f"fraction β^d of each document's most salient tokens indexed for candidate generation "
                              f"(default {DEFAULT_DOC_PRUNE} when building, the source's with --from-index)")
     parser.add_argument("--prune-redundancy", type=redundancy_arg, default=None, metavar="COS",
@@ -67,11 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index-type", default=None,
                         help=f"with --codec fp16: FAISS factory string, e.g. {DEFAULT_INDEX_TYPE} (default), "
                              "IVF256,Flat, HNSW32")
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--max-length", type=positive_int, default=None,
                         help="tokens per document (default: the model's doc_maxlen, 256 for the shipped model)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--max-docs", type=int, default=None, help="index only the first N documents")
+    parser.add_argument("--max-docs", type=positive_int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index of this package (never any other folder)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -117,9 +119,6 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
     common = dict(progress=not args.quiet, overwrite=args.overwrite)
     redundancy = None if args.prune_redundancy == "off" else args.prune_redundancy
-    for flag, value in (("--doc-prune", args.doc_prune),):
-        if value is not None and not 0.0 < value <= 1.0:
-            sys.exit(f"error: {flag} must be in (0, 1], got {value}")
     try:
         if args.verify:
             from pyserini_aligner.index.store import StoredIndex
@@ -149,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
                                    else redundancy, **common)
     except (ValueError, OSError, RuntimeError) as err:
         sys.exit(f"error: {err}")
+    except KeyboardInterrupt:  # every write removes what it had written
+        print("interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
               f"{manifest.num_kept} indexed, codec {manifest.codec}")

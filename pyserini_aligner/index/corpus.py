@@ -1,4 +1,4 @@
-"""Corpus readers for indexing: Pyserini JsonCollection files/folders, or an ir_datasets id.
+"""Corpus readers for indexing: Pyserini JsonCollection files/folders, a BEIR folder, or an ir_datasets id.
 
 Each reader yields ``(docid, text, Location)``; the location ("file, line N") is used in error messages.
 """
@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 from typing import Iterator, NamedTuple
+
+from pyserini_aligner.textio import text_lines
 
 
 class Location(NamedTuple):
@@ -54,31 +56,33 @@ def _doc_from_record(record, where: Location) -> tuple[str, str]:
 
 
 def _read_file(path: Path) -> Iterator[CorpusItem]:
-    with path.open(encoding="utf-8") as handle:
+    source = str(path)
+    with path.open("rb") as handle:
         head = handle.read(1 << 12).lstrip()
-        handle.seek(0)
-        if path.suffix == ".json" and head.startswith("["):  # a JSON array of documents
-            try:
-                records = json.load(handle)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{path}, line {err.lineno}: not valid JSON ({err.msg})") from None
-            if not isinstance(records, list):
-                raise CorpusError(f"{path}: expected a JSON array of documents")
-            source = str(path)
-            for position, record in enumerate(records, 1):
-                where = Location(source, position, "document")
-                yield (*_doc_from_record(record, where), where)
-            return
-        source = str(path)
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = Location(source, number)
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{where}: not valid JSON ({err.msg})") from None
+    if path.suffix == ".json" and head.startswith(b"["):  # a JSON array of documents
+        try:
+            records = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            for _ in text_lines(path):  # raises InputError naming the line
+                pass
+            raise
+        except json.JSONDecodeError as err:
+            raise CorpusError(f"{path}, line {err.lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(records, list):
+            raise CorpusError(f"{path}: expected a JSON array of documents")
+        for position, record in enumerate(records, 1):
+            where = Location(source, position, "document")
             yield (*_doc_from_record(record, where), where)
+        return
+    for number, line in text_lines(path):
+        if not line.strip():
+            continue
+        where = Location(source, number)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorpusError(f"{where}: not valid JSON ({err.msg})") from None
+        yield (*_doc_from_record(record, where), where)
 
 
 def read_json_collection(path: str | os.PathLike) -> Iterator[CorpusItem]:
@@ -96,12 +100,20 @@ def read_json_collection(path: str | os.PathLike) -> Iterator[CorpusItem]:
 
 
 def read_corpus(spec: str | os.PathLike) -> Iterator[CorpusItem]:
-    """A JsonCollection file/folder when ``spec`` exists on disk, else an ir_datasets id (e.g. ``beir/scifact``)."""
+    """A BEIR folder (``corpus.jsonl`` with ``_id``, ``title``, ``text``; contents = title + text, as Pyserini's BEIR
+    indexes), else a JsonCollection file/folder when ``spec`` exists on disk, else an ir_datasets id
+    (e.g. ``beir/scifact``)."""
+    from pyserini_aligner.data import is_beir_folder, iter_corpus
+
     path = Path(spec)
+    if path.is_dir() and is_beir_folder(path):
+        corpus = path / "corpus.jsonl"
+        for position, (docid, text) in enumerate(iter_corpus(str(path)), 1):
+            yield docid, text, Location(str(corpus), position, "document")
+        return
     if path.exists() or path.suffix in JSON_SUFFIXES or path.is_absolute() or str(spec).startswith("."):
         yield from read_json_collection(path)
         return
-    from pyserini_aligner.data import iter_corpus
 
     for position, (docid, text) in enumerate(iter_corpus(str(spec)), 1):
         yield docid, text, Location(str(spec), position, "document")

@@ -56,8 +56,13 @@ def register_encoders(encode: ModuleType) -> None:
     encode.document_encoder_class_map.setdefault("aligner", _aligner_document_encoder)
 
 
+def _is_aligner_encoder(encoder) -> bool:
+    return type(encoder).__module__ == "pyserini_aligner.encoders"
+
+
 def patch_faiss_searcher(searcher_module: ModuleType) -> None:
-    """Make ``FaissSearcher(<aligner index>, encoder)`` return an ``AlignerSearcher``; other indexes are untouched."""
+    """Make ``FaissSearcher(<aligner index>, encoder)`` return an ``AlignerSearcher``; other indexes are untouched,
+    except that an AligneR (multi-vector) query encoder on a plain FAISS index raises a clear ValueError."""
     faiss_searcher = searcher_module.FaissSearcher
 
     def __new__(cls, index_dir=None, *args, **kwargs):
@@ -65,28 +70,128 @@ def patch_faiss_searcher(searcher_module: ModuleType) -> None:
             from pyserini_aligner.search.searcher import AlignerSearcher
 
             return AlignerSearcher.from_pyserini(index_dir, *args, **kwargs)
+        if _is_aligner_encoder(args[0] if args else kwargs.get("query_encoder")):
+            raise ValueError(f"{index_dir} is not a pyserini-aligner index: the aligner encoder gives one vector per "
+                             "token and needs an index built by python -m pyserini_aligner.index (a plain FAISS "
+                             "index needs a single-vector --encoder)")
         return object.__new__(cls)
 
     faiss_searcher.__new__ = __new__
 
 
-def _argv_index() -> str | None:
+def _argv_indexes() -> list[str]:
     argv = sys.argv[1:]
-    for position, arg in enumerate(argv):
-        if arg == "--index" and position + 1 < len(argv):
-            return argv[position + 1]
-        if arg.startswith("--index="):
-            return arg.split("=", 1)[1]
-    return None
+    found = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--index"]
+    return found + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--index=")]
+
+
+def _argv_uses_aligner() -> bool:
+    """An AligneR index among the --index flags, or --encoder aligner (hybrid runs have two --index flags)."""
+    argv = sys.argv[1:]
+    encoders = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--encoder"]
+    encoders += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--encoder=")]
+    return "aligner" in encoders or any(is_aligner_index(index) for index in _argv_indexes())
+
+
+_PYSERINI_MAIN: dict[str, CodeType] = {}  # Pyserini's own __main__ code, run under guard_pyserini_main
+_GUARDED_MAINS = ("pyserini.search.faiss.__main__", "pyserini.search.hybrid.__main__")
+_STUB = "from pyserini_aligner.integration.hooks import {function} as _aligner_main\n_aligner_main({args})"
 
 
 def main_code(name: str, inner) -> CodeType | None:
-    """Code that ``python -m <name>`` should run instead of Pyserini's, or None to run Pyserini's."""
+    """Code that ``python -m <name>`` should run instead of Pyserini's, or None to run Pyserini's.
+
+    - ``pyserini.search.lucene`` with an AligneR ``--index``: the plugin's search CLI, its exit status kept;
+    - ``pyserini.search`` (deprecated alias): the same interpreter (``sys.executable``) runs
+      ``pyserini.search.lucene`` and its exit status is passed on (Pyserini runs a bare ``python`` and drops it);
+    - ``pyserini.search.faiss`` / ``hybrid`` with an AligneR index or encoder: Pyserini's code under
+      :func:`guard_pyserini_main`.
+    """
     if name == "pyserini.search.lucene.__main__":
-        index = _argv_index()
-        if index and is_aligner_index(index):
-            return compile("from pyserini_aligner.search.__main__ import main\nmain()", "<pyserini-aligner>", "exec")
+        indexes = _argv_indexes()
+        if indexes and is_aligner_index(indexes[0]):
+            return compile("import runpy\nrunpy.run_module('pyserini_aligner.search', run_name='__main__', "
+                           "alter_sys=True)", "<pyserini-aligner>", "exec")
+    elif name == "pyserini.search.__main__":
+        return compile(_STUB.format(function="forward_to_lucene", args=""), "<pyserini-aligner>", "exec")
+    elif name in _GUARDED_MAINS and _argv_uses_aligner():
+        _PYSERINI_MAIN[name] = inner.get_code(name)
+        return compile(_STUB.format(function="guard_pyserini_main", args=f"{name!r}, globals()"),
+                       "<pyserini-aligner>", "exec")
     return None
+
+
+def forward_to_lucene() -> None:
+    """``python -m pyserini.search ARGS``: run ``python -m pyserini.search.lucene ARGS`` with this interpreter and
+    exit with its status (Ctrl-C: 130)."""
+    import subprocess
+
+    print("WARNING: directly calling pyserini.search is deprecated, please use pyserini.search.lucene instead")
+    sys.stdout.flush()
+    child = subprocess.Popen([sys.executable, "-m", "pyserini.search.lucene", *sys.argv[1:]])
+    try:
+        status = child.wait()
+    except KeyboardInterrupt:
+        child.wait()
+        status = 130
+    sys.exit(status if status >= 0 else 128 - status)
+
+
+def _atomic_output_writers(output_writer: ModuleType) -> None:
+    """Pyserini's run writers (mode "w") write to a temporary file renamed into place when the run completes."""
+    from pyserini_aligner.textio import atomic_output
+
+    writer = output_writer.OutputWriter
+    enter, leave = writer.__enter__, writer.__exit__
+
+    def __enter__(self):
+        if self.mode != "w":
+            return enter(self)
+        self._aligner_output = atomic_output(self.file_path)
+        self._file = self._aligner_output.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        if getattr(self, "_aligner_output", None) is None:
+            return leave(self, exc_type, exc_value, traceback)
+        self._file.close()
+        return self._aligner_output.__exit__(exc_type, exc_value, traceback)
+
+    writer.__enter__, writer.__exit__ = __enter__, __exit__
+
+
+def guard_pyserini_main(name: str, namespace: dict) -> None:
+    """Run Pyserini's ``__main__`` code of ``name`` in ``namespace`` with an AligneR index or encoder involved.
+
+    The --output path is checked before any query runs; the run file appears only when complete; a plugin error
+    (ValueError, OSError) prints one line and exits 1, Ctrl-C prints "interrupted" and exits 130; after a failure no
+    run (not even an earlier one) is left under --output.
+    """
+    import pyserini.output_writer
+
+    from pyserini_aligner.cli import INTERRUPTED_EXIT, flag_value
+    from pyserini_aligner.textio import check_output_path, discard_output
+
+    output = flag_value(sys.argv[1:], "--output")
+    status: int | str | None = 1
+    try:
+        if output:
+            check_output_path(output)
+        _atomic_output_writers(pyserini.output_writer)
+        exec(_PYSERINI_MAIN[name], namespace)
+        status = 0
+    except SystemExit as stop:
+        status = stop.code
+        raise
+    except KeyboardInterrupt:
+        status = INTERRUPTED_EXIT
+        print("interrupted", file=sys.stderr)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+    finally:
+        if status not in (0, None) and discard_output(output):
+            print(f"removed {output}: an earlier run that this failed search did not replace", file=sys.stderr)
+    sys.exit(status)
 
 
 def exec_hooked(name: str, inner, module: ModuleType) -> None:

@@ -12,6 +12,9 @@ import sys
 
 from tqdm import tqdm
 
+from pyserini_aligner.cli import flag_value, fraction, positive_int, run_main
+from pyserini_aligner.textio import check_output_path, discard_output
+from pyserini_aligner.topics import load_topics
 from pyserini_aligner.trec import write_run
 
 log = logging.getLogger("pyserini_aligner.search")
@@ -23,13 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", required=True, help="AligneR index folder (python -m pyserini_aligner.index)")
     parser.add_argument("--topics", required=True,
-                        help="topics: a Pyserini topics file (TSV qid<TAB>text, JSONL) or an ir_datasets id")
+                        help="topics: a Pyserini topics file (TSV qid<TAB>text, JSONL), a BEIR folder (its test "
+                             "queries) or an ir_datasets id")
     parser.add_argument("--output", required=True, help="TREC run file to write")
     parser.add_argument("--encoder", default=GENERIC_ENCODER,
                         help="'aligner' (the model recorded in the index) or a checkpoint folder")
-    parser.add_argument("--hits", type=int, default=1000, help="hits per query")
-    parser.add_argument("--batch-size", type=int, default=32, help="queries encoded and searched together")
-    parser.add_argument("--threads", type=int, default=1, help="FAISS and torch threads")
+    parser.add_argument("--hits", type=positive_int, default=1000, help="hits per query")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="queries encoded and searched together")
+    parser.add_argument("--threads", type=positive_int, default=1, help="FAISS and torch threads")
     parser.add_argument("--remove-query", action="store_true", help="drop a hit whose docid equals the query id")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--backend", choices=["faiss", "torch"], default=None,
@@ -37,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "cpu) or with torch on --device (default on cuda)")
     parser.add_argument("--strategy", default=None, help="alignment, e.g. top-k:1, top-p:0.015, da:4:0.04 "
                                                          "(default: the index's)")
-    parser.add_argument("--k-per-token", type=int, default=100, help="FAISS neighbours per kept query token (K)")
-    parser.add_argument("--query-prune", type=float, default=1.0, help="β^q: fraction of query tokens searched")
-    parser.add_argument("--max-candidates", type=int, default=1000, help="documents refined per query")
+    parser.add_argument("--k-per-token", type=positive_int, default=100, help="FAISS neighbours per kept query token (K)")
+    parser.add_argument("--query-prune", type=fraction, default=1.0, help="β^q: fraction of query tokens searched")
+    parser.add_argument("--max-candidates", type=positive_int, default=1000, help="documents refined per query")
     parser.add_argument("--refine-with", choices=["all", "kept"], default="all",
                         help="score candidates with all stored doc tokens or only the indexed ones")
     parser.add_argument("--tag", default="AligneR", help="run tag (last TREC column)")
@@ -47,21 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_topics(spec: str) -> dict[str, str]:
-    """qid → text from a Pyserini topics file/name, or from an ir_datasets id such as beir/scifact/test."""
-    from pathlib import Path
-
-    if not Path(spec).exists() and "/" in spec:
-        from pyserini_aligner.data import Dataset
-
-        return Dataset(spec).queries()
-    from pyserini.query_iterator import TopicsFormat, get_query_iterator
-
-    iterator = get_query_iterator(spec, TopicsFormat.DEFAULT)
-    return {str(qid): text for qid, text in iterator}
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Run a search; returns the exit status. A failed search leaves no run under --output: a run there from an
+    earlier command is removed, so that it can't be taken for this one's."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    status = 1
+    try:
+        status = run_main(_search, argv)
+    except SystemExit as stop:  # argparse: bad flag value, --help
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        raise
+    finally:
+        output = flag_value(argv, "--output")
+        if status != 0 and discard_output(output):
+            print(f"removed {output}: an earlier run that this failed search did not replace", file=sys.stderr)
+    return status
+
+
+def _search(argv: list[str]) -> int:
     args, ignored = build_parser().parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)
@@ -70,27 +77,29 @@ def main(argv: list[str] | None = None) -> int:
     from pyserini_aligner.search.searcher import AlignerSearcher
 
     try:
+        check_output_path(args.output)
+        topics = load_topics(args.topics)
         searcher = AlignerSearcher(args.index, encoder=None if args.encoder == GENERIC_ENCODER else args.encoder,
                                    strategy=args.strategy, k_per_token=args.k_per_token,
                                    query_prune=args.query_prune, max_candidates=args.max_candidates,
                                    refine_with=args.refine_with, device=args.device, batch_size=args.batch_size,
                                    backend=args.backend)
-        topics = load_topics(args.topics)
+        qids = list(topics)
+        extra = 1 if args.remove_query else 0
+        hits = {}
+        with tqdm(total=len(qids), unit="query", disable=args.quiet) as bar:
+            for start in range(0, len(qids), args.batch_size):
+                batch = qids[start:start + args.batch_size]
+                results = searcher.batch_search([topics[q] for q in batch], batch, k=args.hits + extra,
+                                                threads=args.threads)
+                for qid in batch:
+                    kept = [(h.docid, h.score) for h in results[qid] if not (args.remove_query and h.docid == qid)]
+                    hits[qid] = kept[:args.hits]
+                bar.update(len(batch))
+        write_run(hits, args.output, tag=args.tag)
     except (OSError, ValueError) as error:  # IndexFormatError, DataError and bad knobs are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
-    qids = list(topics)
-    extra = 1 if args.remove_query else 0
-    hits = {}
-    with tqdm(total=len(qids), unit="query", disable=args.quiet) as bar:
-        for start in range(0, len(qids), args.batch_size):
-            batch = qids[start:start + args.batch_size]
-            results = searcher.batch_search([topics[q] for q in batch], batch, k=args.hits + extra, threads=args.threads)
-            for qid in batch:
-                kept = [(h.docid, h.score) for h in results[qid] if not (args.remove_query and h.docid == qid)]
-                hits[qid] = kept[:args.hits]
-            bar.update(len(batch))
-    write_run(hits, args.output, tag=args.tag)
     log.info("wrote %d queries to %s", len(hits), args.output)
     return 0
 

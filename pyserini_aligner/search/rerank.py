@@ -85,7 +85,10 @@ class AlignmentReranker:
 
     def rerank(self, query: str, candidates: Sequence, k: int | None = None, threads: int = 1) -> list:
         """DenseSearchResult list of the candidates (first occurrence of each docid) sorted by AligneR score, best
-        first (equal scores keep the input order); ``k`` keeps the top k. [] for an empty query or no candidates."""
+        first (equal scores keep the input order); ``k`` (None or >= 1) keeps the top k. [] for an empty query or no
+        candidates."""
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be None or an integer >= 1, got {k!r}")
         dense, _ = dense_result_classes()
         docids, seen, picked = [], set(), []
         for candidate in candidates:

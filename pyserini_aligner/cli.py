@@ -1,0 +1,50 @@
+"""Helpers shared by the command lines: argparse value checks that name the flag, and the one-line exits."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type``: an integer >= 1 (argparse prefixes the flag: "argument --hits: ...")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse ``type``: a number in (0, 1], such as β^d for --doc-prune and β^q for --query-prune."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` in ``argv`` (``--flag VALUE`` or ``--flag=VALUE``; the last one wins), or None."""
+    value = None
+    for position, arg in enumerate(argv):
+        if arg == flag and position + 1 < len(argv):
+            value = argv[position + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run a command's ``main``: Ctrl-C prints "interrupted" and gives exit status 130 instead of a traceback."""
+    try:
+        return main(argv) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT

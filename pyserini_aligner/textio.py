@@ -1,0 +1,83 @@
+"""Text files in and out: line-numbered UTF-8 reading (every input error names its file and line), and output
+written to a temporary file next to the target, renamed into place when complete."""
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+from typing import IO, Iterator
+
+
+class InputError(ValueError):
+    """Bad input file; the message names the file and line."""
+
+
+def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """``(line number, line without its newline)`` for every line of a UTF-8 file (a BOM is dropped).
+
+    A byte sequence that is not UTF-8 raises InputError naming the file, line and byte offset within the line.
+    """
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise InputError(f"{path}, line {number}: not UTF-8 (byte 0x{raw[error.start]:02x} at column "
+                                 f"{error.start + 1})") from None
+            if number == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            yield number, line.rstrip("\r\n")
+
+
+class OutputPathError(ValueError):
+    """An output path that can't be written (a folder, under a file, in a read-only folder)."""
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Check, before any work, that a file can be written at ``path``; its missing folders are created (as
+    Pyserini's run writers do). OutputPathError names the path and the reason."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"output {path} is a folder; name a file")
+    parent = path.parent
+    blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OutputPathError(f"output {path}: {blocker} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputPathError(f"output {path}: can't create its folder {parent} ({error.strerror})") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"output {path}: its folder {parent} is not writable")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """A handle on a temporary file next to ``path`` that replaces ``path`` when the block ends cleanly.
+
+    On any error (or Ctrl-C) the temporary file is removed and ``path`` is left as it was: readers never see a
+    partial file under the final name. ``mode``: "w" (UTF-8 text) or "wb".
+    """
+    path = check_output_path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            yield handle
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def discard_output(path: str | os.PathLike | None) -> bool:
+    """Remove the file at ``path`` (a failed command's earlier output, which must not pass for this run's);
+    folders and missing paths are left alone. True when a file was removed."""
+    if path is None:
+        return False
+    path = Path(path)
+    if path.is_file() or path.is_symlink():
+        path.unlink()
+        return True
+    return False

@@ -1,0 +1,347 @@
+"""Fault probes: bad flags, bad or missing input files, interrupted and failed runs, a full Java heap.
+
+One tiny index (20 SciFact documents, built from a local BEIR folder through the index CLI) serves the module.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from pyserini_aligner.index.store import read_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+N_DOCS = 20
+
+
+def run(*args: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    """``python <args>`` with this interpreter, from the repository root."""
+    return subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def tiny_beir(folder: Path) -> Path:
+    """A BEIR folder: the first 20 SciFact documents, 3 queries, each judged relevant to one of them."""
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive:
+        docs = archive.read("scifact/corpus.jsonl").decode().splitlines()[:N_DOCS]
+        queries = archive.read("scifact/queries.jsonl").decode().splitlines()[:3]
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("\n".join(docs) + "\n")
+    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    qids = [json.loads(q)["_id"] for q in queries]
+    docids = [json.loads(d)["_id"] for d in docs]
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                               "".join(f"{q}\t{docids[i]}\t1\n" for i, q in enumerate(qids)))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory) -> Path:
+    return tiny_beir(tmp_path_factory.mktemp("faults") / "beir")
+
+
+@pytest.fixture(scope="module")
+def index(beir) -> Path:
+    """Built from the BEIR folder itself (corpus.jsonl with _id/title/text) by the index CLI."""
+    target = beir.parent / "idx"
+    result = run("-m", "pyserini_aligner.index", "--corpus", str(beir), "--index", str(target), "--quiet")
+    assert result.returncode == 0, result.stderr
+    return target
+
+
+@pytest.fixture(scope="module")
+def topics(beir) -> Path:
+    path = beir.parent / "topics.tsv"
+    lines = [json.loads(q) for q in (beir / "queries.jsonl").read_text().splitlines()]
+    path.write_text("".join(f"{q['_id']}\t{q['text']}\n" for q in lines))
+    return path
+
+
+def stale_run(folder: Path) -> Path:
+    path = folder / "run.trec"
+    path.write_text("1 Q0 stale 1 1.0 old\n")
+    return path
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") or p.suffix in (".partial", ".tmp"))
+
+
+# 1. exit status through Pyserini's entry points; no stale run under --output
+
+
+@pytest.mark.parametrize("bad", [["--hits", "0"], ["--topics", "nowhere/missing.tsv"]], ids=["bad-flag", "no-topics"])
+def test_lucene_entry_point_fails_nonzero_without_stale_run(index, topics, tmp_path, bad):
+    output = stale_run(tmp_path)
+    args = {"--index": str(index), "--topics": str(topics), "--output": str(output), "--hits": "5"}
+    args.update(dict(zip(bad[::2], bad[1::2])))
+    result = run("-m", "pyserini.search.lucene", *[x for pair in args.items() for x in pair])
+    assert result.returncode != 0
+    assert not output.exists() and leftovers(tmp_path) == []
+    assert "Traceback" not in result.stderr
+    assert ("argument --hits" if bad[0] == "--hits" else "topics file nowhere/missing.tsv does not exist") in result.stderr
+
+
+def test_deprecated_pyserini_search_passes_the_exit_status_on(index, topics, tmp_path):
+    output = tmp_path / "run.trec"
+    result = run("-m", "pyserini.search", "--index", str(index), "--topics", str(topics), "--output", str(output),
+                 "--threads", "0")
+    assert result.returncode == 2, result.stderr
+    assert "argument --threads: expected an integer >= 1, got '0'" in result.stderr
+    ok = run("-m", "pyserini.search", "--index", str(index), "--topics", str(topics), "--output", str(output),
+             "--hits", "3", "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    assert len(output.read_text().splitlines()) == 9
+
+
+def test_faiss_entry_point_error_is_one_line_and_nonzero(index, topics, tmp_path):
+    output = stale_run(tmp_path)
+    result = run("-m", "pyserini.search.faiss", "--index", str(index), "--encoder", "aligner", "--topics", str(topics),
+                 "--output", str(output), "--hits", "0")
+    assert result.returncode == 1
+    assert "error: k must be >= 1, got 0" in result.stderr and "Traceback" not in result.stderr
+    assert not output.exists() and leftovers(tmp_path) == []
+
+
+def test_aligner_encoder_on_a_plain_faiss_index(topics, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    flat = faiss.IndexFlatIP(8)
+    flat.add(np.random.default_rng(0).random((3, 8), dtype=np.float32))
+    faiss.write_index(flat, str(plain / "index"))
+    (plain / "docid").write_text("a\nb\nc\n")
+    result = run("-m", "pyserini.search.faiss", "--index", str(plain), "--encoder", "aligner", "--topics", str(topics),
+                 "--output", str(tmp_path / "run.trec"))
+    assert result.returncode == 1
+    assert f"error: {plain} is not a pyserini-aligner index" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run.trec").exists()
+
+
+# 2. runs are written atomically; the output path is checked before any query runs
+
+
+def test_write_run_failure_leaves_no_partial_file(tmp_path):
+    from pyserini_aligner.trec import write_run
+
+    def broken():
+        yield "q1", [("d1", 1.0)]
+        raise RuntimeError("disk gone")
+
+    class Hits(dict):
+        def items(self):
+            return broken()
+
+    target = tmp_path / "run.trec"
+    with pytest.raises(RuntimeError):
+        write_run(Hits(), target, tag="t")
+    assert list(tmp_path.iterdir()) == []
+    write_run({"q1": [("d1", 1.0)]}, target, tag="t")
+    assert target.read_text() == "q1 Q0 d1 1 1.000000 t\n" and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize("where", ["folder", "under-a-file"])
+def test_output_path_checked_before_the_search(index, topics, tmp_path, capsys, where):
+    from pyserini_aligner.search.__main__ import main
+
+    (tmp_path / "file").write_text("mine")
+    output = tmp_path if where == "folder" else tmp_path / "file" / "run.trec"
+    started = time.perf_counter()
+    assert main(["--index", str(index), "--topics", str(topics), "--output", str(output), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert ("is a folder; name a file" if where == "folder" else "file is a file, not a folder") in err
+    assert time.perf_counter() - started < 5  # no model was loaded
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+# 3. adaptation
+
+
+def test_qrels_need_four_columns(tmp_path):
+    from pyserini_aligner.textio import InputError
+    from pyserini_aligner.topics import read_qrels
+
+    path = tmp_path / "qrels.txt"
+    path.write_text("1 0 d1 1\n2 d3 1\n")
+    with pytest.raises(InputError, match=r"qrels\.txt, line 2: expected 'qid iteration docid relevance'.*got 3"):
+        read_qrels(str(path))
+
+
+def test_one_qrels_and_topics_reader():
+    import pyserini_aligner.adapt.inputs as inputs
+    import pyserini_aligner.data as data
+
+    assert not hasattr(inputs, "read_qrels") and not hasattr(inputs, "read_topics")
+    assert not hasattr(data, "load_qrels") and "csv" not in vars(data)
+    library = [p for p in (REPO / "pyserini_aligner").rglob("*.py") if p.name != "__main__.py"]
+    importers = [p.name for p in library if ".__main__ import" in p.read_text(encoding="utf-8")]
+    assert importers == []
+
+
+def test_adapt_refuses_to_save_when_every_strategy_scores_zero(index, topics, tmp_path, capsys, caplog):
+    from pyserini_aligner.adapt.__main__ import main
+
+    qrels = tmp_path / "qrels.txt"
+    qids = [line.split("\t")[0] for line in topics.read_text().splitlines()]
+    qrels.write_text("".join(f"{qid} 0 not-in-the-index 1\n" for qid in qids))
+    before = (index / "manifest.json").read_bytes()
+    assert main(["--index", str(index), "--topics", str(topics), "--qrels", str(qrels), "--candidates", "5",
+                 "--strategies", "top-k:1", "top-k:2", "--quiet"]) == 1
+    assert "every strategy scores ndcg@10 0" in capsys.readouterr().err
+    assert "only 3 judged queries" in caplog.text
+    assert (index / "manifest.json").read_bytes() == before
+
+
+# 4. one-line errors for bad flag values; Ctrl-C while indexing
+
+
+@pytest.mark.parametrize("flag,value", [("--hits", "0"), ("--hits", "-1"), ("--threads", "0"), ("--batch-size", "0"),
+                                        ("--query-prune", "1.5")])
+def test_search_flag_values_are_checked_by_argparse(flag, value, capsys):
+    from pyserini_aligner.search.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--index", "x", "--topics", "y", "--output", "z", flag, value])
+    assert stop.value.code == 2
+    assert f"argument {flag}: expected" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--doc-prune", "0"), ("--doc-prune", "1.5"), ("--batch-size", "0")])
+def test_index_flag_values_name_the_flag(flag, value, capsys):
+    from pyserini_aligner.index.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--corpus", "c.jsonl", "--index", "i", flag, value])
+    assert f"argument {flag}: expected" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_indexing(beir, tmp_path):
+    target = tmp_path / "idx"
+    child = subprocess.Popen([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(beir), "--index",
+                              str(target), "--quiet", "--batch-size", "1"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob(".idx.building-*")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child.poll() is None, "the build ended before it could be interrupted"
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# 5. clear errors for missing and mis-encoded inputs; beta names its flag
+
+
+def test_missing_topics_file_is_named(tmp_path):
+    from pyserini_aligner.topics import load_topics
+
+    for spec in (str(tmp_path / "topics.tsv"), "runs/topics.tsv", "./topics"):
+        with pytest.raises(FileNotFoundError, match=f"topics file {spec} does not exist"):
+            load_topics(spec)
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    from pyserini_aligner.index.corpus import read_corpus
+    from pyserini_aligner.textio import InputError
+    from pyserini_aligner.topics import load_topics, read_qrels
+
+    (tmp_path / "topics.tsv").write_bytes(b"1\tfine\n2\tcaf\xe9\n")
+    (tmp_path / "qrels.txt").write_bytes(b"1 0 d1 1\n1 0 d\xff 1\n")
+    (tmp_path / "corpus.jsonl").write_bytes(b'{"id": "a", "contents": "x"}\n\n{"id": "b", "contents": "\xe9"}\n')
+    with pytest.raises(InputError, match=r"topics\.tsv, line 2: not UTF-8"):
+        load_topics(str(tmp_path / "topics.tsv"))
+    with pytest.raises(InputError, match=r"qrels\.txt, line 2: not UTF-8"):
+        read_qrels(str(tmp_path / "qrels.txt"))
+    with pytest.raises(InputError, match=r"corpus\.jsonl, line 3: not UTF-8"):
+        list(read_corpus(tmp_path / "corpus.jsonl"))
+
+
+# 6. silent oddities
+
+
+def test_topics_file_lines(tmp_path):
+    from pyserini_aligner.textio import InputError
+    from pyserini_aligner.topics import load_topics
+
+    path = tmp_path / "topics.tsv"
+    path.write_text("1\tfirst\n2\tsecond\n\n1\tagain\n")
+    with pytest.raises(InputError, match=r"topics\.tsv, line 4: query id '1' already given on line 1"):
+        load_topics(str(path))
+    path.write_text("1\tfirst\n2 no tab\n")
+    with pytest.raises(InputError, match=r"topics\.tsv, line 2: expected 'qid<TAB>query text'"):
+        load_topics(str(path))
+    path.write_text("1\tquery text\textra column\n")  # as Pyserini's TSV reader: the second field only
+    assert load_topics(str(path)) == {"1": "query text"}
+
+
+def test_reranker_k_must_be_none_or_positive(index):
+    from pyserini_aligner.search import AlignmentReranker
+
+    reranker = AlignmentReranker(index)
+    docids = reranker.store.docids[:3]
+    assert len(reranker.rerank("vitamin D", docids, k=None)) == 3
+    for k in (-1, 0):
+        with pytest.raises(ValueError, match="k must be None or an integer >= 1"):
+            reranker.rerank("vitamin D", docids, k=k)
+
+
+def test_explain_page_says_the_query_was_cut(index, beir):
+    from pyserini_aligner.explain import explain, render_html
+
+    short, = explain(index, "vitamin D deficiency", docids=[_first_docid(index)])
+    long_query = " ".join(["vitamin D deficiency and bone density in older adults"] * 20)
+    cut, = explain(index, long_query, docids=[_first_docid(index)])
+    assert not short.query_truncated and cut.query_truncated
+    assert "query was truncated" in render_html([cut]) and "query was truncated" not in render_html([short])
+
+
+def _first_docid(index: Path) -> str:
+    return (index / "docids.txt").read_text().split("\n", 1)[0]
+
+
+# 7. a BEIR folder wherever a dataset id works
+
+
+def test_beir_folder_as_corpus_topics_and_qrels(index, beir, tmp_path, capsys):
+    from pyserini_aligner.adapt.__main__ import main as adapt
+    from pyserini_aligner.search.__main__ import main as search
+
+    assert read_manifest(index).num_docs == N_DOCS
+    output = tmp_path / "run.trec"
+    assert search(["--index", str(index), "--topics", str(beir), "--output", str(output), "--hits", "2",
+                   "--quiet"]) == 0
+    assert len({line.split()[0] for line in output.read_text().splitlines()}) == 3
+    assert adapt(["--index", str(index), "--topics", str(beir), "--qrels", str(beir), "--candidates", "20",
+                  "--strategies", "top-k:1", "top-k:2", "--dry-run", "--quiet"]) == 0
+    assert "(3 queries)" in capsys.readouterr().out
+
+
+# 8. a full Java heap ends the process with a clear message instead of hanging
+
+
+def test_java_out_of_memory_exits_with_a_message():
+    started = time.perf_counter()
+    result = run("-c", "from pyserini.pyclass import autoclass; autoclass('java.util.BitSet')(2**31 - 1); "
+                       "print('survived')", env={"PYSERINI_ALIGNER_JVM_HEAP": "32m"}, timeout=60)
+    assert result.returncode == 3 and "survived" not in result.stdout
+    assert "error: the Java heap of Pyserini is full at 32m" in result.stderr
+    assert time.perf_counter() - started < 30
+
+
+def test_heap_options():
+    from pyserini_aligner.jvm import memory_options
+
+    assert memory_options([], available=8 << 30)[0] == "-Xmx4096m"
+    assert memory_options([], heap="2g", available=8 << 30)[0] == "-Xmx2g"
+    kept = memory_options(["-Xmx1g", "-XX:+CrashOnOutOfMemoryError"], heap="2g", available=8 << 30)
+    assert kept == []
+    with pytest.raises(ValueError, match="PYSERINI_ALIGNER_JVM_HEAP='lots'"):
+        memory_options([], heap="lots")
