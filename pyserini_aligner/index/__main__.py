@@ -11,6 +11,8 @@ from pyserini_aligner.cli import INTERRUPTED_EXIT, fraction, positive_int
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
                                             derive_index)
 from pyserini_aligner.index.corpus import read_corpus
+from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distributed, dist_context
+from pyserini_aligner.index.shards import shard_corpus
 from pyserini_aligner.index.store import read_manifest
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
@@ -76,8 +78,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-docs", type=positive_int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index of this package (never any other folder)")
+    parser.add_argument("--shard-id", type=int, default=None,
+                        help="with --corpus: build only shard i of --shard-num (a contiguous slice, Pyserini's "
+                             "convention); merge shards with python -m pyserini_aligner.index.merge")
+    parser.add_argument("--shard-num", type=int, default=None, help="number of shards (with --shard-id)")
+    parser.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="under torchrun: how long a rank waits for the others before the build fails")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.shard_id is None) != (args.shard_num is None) or (args.shard_num is not None and not args.corpus):
+        parser.error("--shard-id and --shard-num go together, with --corpus")
+    return args
 
 
 def corpus_name(spec: str) -> str:
@@ -137,15 +148,28 @@ def main(argv: list[str] | None = None) -> None:
         else:
             from pyserini_aligner.index.corpus import count_corpus
 
-            manifest = build_index(read_corpus(args.corpus), args.index, args.encoder,
-                                   doc_prune=DEFAULT_DOC_PRUNE if args.doc_prune is None else args.doc_prune,
-                                   codec=args.codec or DEFAULT_CODEC, codec_from=args.codec_from,
-                                   index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
-                                   device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
-                                   corpus_path=args.corpus if Path(args.corpus).exists() else None,
-                                   num_docs_hint=count_corpus(args.corpus), max_length=args.max_length,
-                                   prune_redundancy=DEFAULT_PRUNE_REDUNDANCY if args.prune_redundancy is None
-                                   else redundancy, **common)
+            knobs = dict(doc_prune=DEFAULT_DOC_PRUNE if args.doc_prune is None else args.doc_prune,
+                         codec=args.codec or DEFAULT_CODEC, codec_from=args.codec_from,
+                         index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
+                         device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
+                         max_length=args.max_length,
+                         prune_redundancy=DEFAULT_PRUNE_REDUNDANCY if args.prune_redundancy is None else redundancy,
+                         **common)
+            if dist_context() is not None:  # under torchrun: every rank encodes its slice into one index
+                if args.shard_num is not None:
+                    raise ValueError("--shard-id/--shard-num build one shard per process; under torchrun the ranks "
+                                     "split the corpus themselves")
+                manifest = build_distributed(args.corpus, args.index, args.encoder, timeout_s=args.dist_timeout,
+                                             **knobs)
+                if manifest is None:  # ranks > 0: rank 0 reports
+                    return
+            else:
+                corpus, hint = read_corpus(args.corpus), count_corpus(args.corpus)
+                if args.shard_num is not None:
+                    corpus, start, end, _ = shard_corpus(args.corpus, args.shard_id, args.shard_num, args.max_docs)
+                    hint, knobs["max_docs"] = end - start, None
+                manifest = build_index(corpus, args.index, args.encoder, num_docs_hint=hint,
+                                       corpus_path=args.corpus if Path(args.corpus).exists() else None, **knobs)
     except (ValueError, OSError, RuntimeError) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:  # every write removes what it had written

@@ -167,13 +167,33 @@ def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, se
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def codec_of_index(index_dir: str | os.PathLike) -> ResidualCodec:
-    """The trained codec of another (compressed) index, for ``codec_from``."""
+def codec_source(path: str | os.PathLike) -> tuple[ResidualCodec, Path, dict]:
+    """(trained codec, its folder, its file records) of a compressed index folder, or of the codec folder inside
+    one (``<index>/codec-*``), for ``codec_from``."""
+    path = Path(path)
+    index_dir = path if (path / store.MANIFEST).is_file() or not (path.parent / store.MANIFEST).is_file() \
+        else path.parent
     manifest = store.read_manifest(index_dir)
-    codec = store.load_codec(Path(index_dir), manifest)
+    if index_dir != path and manifest.codec_dir != path.name:
+        raise ValueError(f"codec_from {path}: not the codec folder of index {index_dir} (it uses "
+                         f"{manifest.codec_dir})")
+    codec = store.load_codec(index_dir, manifest)
     if codec is None:
-        raise ValueError(f"codec_from {index_dir}: that index stores fp16 vectors and has no codec")
-    return codec
+        raise ValueError(f"codec_from {path}: that index stores fp16 vectors and has no codec")
+    return codec, index_dir / manifest.codec_dir, manifest.codec_files
+
+
+def codec_of_index(index_dir: str | os.PathLike) -> ResidualCodec:
+    """The trained codec of another (compressed) index or codec folder, for ``codec_from``."""
+    return codec_source(index_dir)[0]
+
+
+def copy_codec(source: Path, records: dict, folder: Path) -> dict:
+    """Copy a codec folder byte for byte (shards that share a codec then hold identical codec files)."""
+    folder.mkdir(parents=True, exist_ok=False)
+    for name in records:
+        shutil.copyfile(source / name, folder / name)
+    return dict(records)
 
 
 def _check_redundancy(threshold) -> None:
@@ -330,7 +350,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
     check_target(target, overwrite, corpus_path)
     model = load_model(encoder, device)
     dim = model.config.dim
-    source_codec = codec_of_index(codec_from) if codec_from is not None else None
+    source_codec, *source_files = codec_source(codec_from) if codec_from is not None else (None,)
     if source_codec is not None:
         codec = str(source_codec.spec)
     if codec.strip().lower() != AUTO:
@@ -349,68 +369,32 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         docids = DocidRegistry()
         bar = tqdm(total=total, unit="doc", desc="index", disable=not progress, smoothing=0.05)
         stream = encode_chunks(model, checked_items(corpus, max_docs, docids), batch_size, max_length)
-        chunks, trained, codec_files, codec_dir = [], source_codec, {}, None
-        spec = None
-        if codec.strip().lower() == "fp16":
-            spec = CodecSpec()
-        else:  # buffer the first chunks: the codec is trained on their tokens
-            first = next(stream, None)
-            chunks = [first] if first is not None else []
-            if first is not None:
-                per_doc = first.num_tokens / max(len(first.docids), 1)
-                estimate = int(per_doc * total) if total else None
-                spec = resolve_codec(codec, dim, estimate or 4 * first.num_tokens)
-                need = min(max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), estimate or 1 << 62)
-                while sum(c.num_tokens for c in chunks) < need and (chunk := next(stream, None)) is not None:
-                    chunks.append(chunk)
-                buffered = sum(c.num_tokens for c in chunks)
-                if buffered < need:  # the whole corpus is buffered: size the codec to it
-                    spec = resolve_codec(codec, dim, buffered)
-            if not chunks:
-                raise ValueError("empty corpus: no documents to index")
-            if trained is None:
-                begin = time.perf_counter()
-                log.info("training codec %s on the first %d documents", spec, sum(len(c.docids) for c in chunks))
-                trained = train_codec(spec, chunks, train_size, seed)
-                codec_seconds = time.perf_counter() - begin
-            else:
-                codec_seconds = 0.0
-            codec_dir = store.new_name("codec", generation)
-            codec_files = write_codec(root / codec_dir, trained)
-            trained = trained.to(model.device)
-            spec = trained.spec
-        writer = SegmentWriter(root / store.new_name("seg", generation), dim, doc_prune, prune_redundancy,
-                               trained, faiss_factory_string(index_type) if not spec.compressed else str(spec))
-        encode_seconds = 0.0
+        chunks, trained, codec_files, codec_dir, codec_seconds = [], source_codec, {}, None, 0.0
         try:
-            for chunk in _chain(chunks, stream):
-                encode_seconds += chunk.seconds
-                writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated, chunk.empty)
-                bar.update(len(chunk.docids))
-            chunks = []
-            if writer.num_docs == 0:
-                raise ValueError("empty corpus: no documents to index")
-            info = writer.finish(train_size, seed, progress)
-        except BaseException:
-            writer.abort()
-            raise
+            if codec.strip().lower() == "fp16":
+                spec = CodecSpec()
+            else:  # buffer the first chunks: the codec is trained on their tokens
+                chunks, spec = sample_for_codec(stream, codec, dim, total, train_size)
+                if trained is None:
+                    begin = time.perf_counter()
+                    log.info("training codec %s on the first %d documents", spec,
+                             sum(len(c.docids) for c in chunks))
+                    trained = train_codec(spec, chunks, train_size, seed)
+                    codec_seconds = time.perf_counter() - begin
+                codec_dir = store.new_name("codec", generation)
+                codec_files = copy_codec(*source_files, root / codec_dir) if source_files else \
+                    write_codec(root / codec_dir, trained)
+                trained = trained.to(model.device)
+                spec = trained.spec
+            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim, doc_prune,
+                                 prune_redundancy, trained, index_type, train_size, seed, progress, bar.update)
         finally:
             bar.close()
-        info.build_stats["encode_s"] = encode_seconds
         if spec.compressed:
             info.build_stats["codec_s"] = info.build_stats.get("codec_s", 0.0) + codec_seconds
         info.build_stats["total_s"] = time.perf_counter() - started
-        if info.num_empty:
-            log.warning("%d of %d documents have empty text", info.num_empty, info.num_docs)
-        from pyserini_aligner import __version__
-
-        return store.Manifest(
-            model_name=model_name if model_name is not None else model_name_of(encoder),
-            model_fingerprint=model.fingerprint(), dim=dim, doc_prune=float(doc_prune),
-            index_type=str(spec) if spec.compressed else faiss_factory_string(index_type),
-            default_strategy=model.config.default_strategy, codec=str(spec), prune_redundancy=prune_redundancy,
-            doc_maxlen=max_length, corpus=corpus_name, codec_dir=codec_dir, codec_files=codec_files,
-            segments=[info], package_version=__version__)
+        return new_manifest(model, encoder, model_name, spec, doc_prune, index_type, prune_redundancy, max_length,
+                            corpus_name, codec_dir, codec_files, [info])
 
     manifest = write_index(target, overwrite, corpus_path, write)
     log.info("indexed %d documents (%d tokens, %d indexed, codec %s) into %s", manifest.num_docs,
@@ -429,6 +413,68 @@ def _chain(first: list, rest: Iterator) -> Iterator:
     while first:
         yield first.pop(0)
     yield from rest
+
+
+def sample_for_codec(stream: Iterator[EncodedChunk], codec: str, dim: int, total: int | None,
+                     train_size: int) -> tuple[list[EncodedChunk], CodecSpec]:
+    """Buffer the first chunks of ``stream`` until they hold the codec's training sample; returns them with the
+    codec spec ("auto" resolved from the corpus size ``total`` in documents, or from the buffered tokens when the
+    whole corpus fits in the sample). ValueError for an empty stream."""
+    first = next(stream, None)
+    if first is None:
+        raise ValueError("empty corpus: no documents to index")
+    chunks = [first]
+    per_doc = first.num_tokens / max(len(first.docids), 1)
+    estimate = int(per_doc * total) if total else None
+    spec = resolve_codec(codec, dim, estimate or 4 * first.num_tokens)
+    need = min(max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), estimate or 1 << 62)
+    while sum(c.num_tokens for c in chunks) < need and (chunk := next(stream, None)) is not None:
+        chunks.append(chunk)
+    buffered = sum(c.num_tokens for c in chunks)
+    if buffered < need:  # the whole corpus is buffered: size the codec to it
+        spec = resolve_codec(codec, dim, buffered)
+    return chunks, spec
+
+
+def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_prune: float,
+                  prune_redundancy: float | None, codec: ResidualCodec | None, index_type: str, train_size: int,
+                  seed: int, progress: bool, on_chunk: Callable[[int], object] | None = None) -> store.SegmentInfo:
+    """Prune, compress and write encoded ``chunks`` as one new segment at ``folder``; ``on_chunk(documents)`` is
+    called after each chunk. ValueError when there are no documents."""
+    writer = SegmentWriter(folder, dim, doc_prune, prune_redundancy, codec,
+                           str(codec.spec) if codec is not None else faiss_factory_string(index_type))
+    encode_seconds = 0.0
+    try:
+        for chunk in chunks:
+            encode_seconds += chunk.seconds
+            writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated, chunk.empty)
+            if on_chunk is not None:
+                on_chunk(len(chunk.docids))
+        if writer.num_docs == 0:
+            raise ValueError("empty corpus: no documents to index")
+        info = writer.finish(train_size, seed, progress)
+    except BaseException:
+        writer.abort()
+        raise
+    info.build_stats["encode_s"] = encode_seconds
+    if info.num_empty:
+        log.warning("%d of %d documents have empty text", info.num_empty, info.num_docs)
+    return info
+
+
+def new_manifest(model, encoder, model_name: str | None, spec: CodecSpec, doc_prune: float, index_type: str,
+                 prune_redundancy: float | None, max_length: int | None, corpus_name: str, codec_dir: str | None,
+                 codec_files: dict, segments: list) -> store.Manifest:
+    """The manifest of a freshly built index (generation set by :func:`write_index`)."""
+    from pyserini_aligner import __version__
+
+    return store.Manifest(
+        model_name=model_name if model_name is not None else model_name_of(encoder),
+        model_fingerprint=model.fingerprint(), dim=model.config.dim, doc_prune=float(doc_prune),
+        index_type=str(spec) if spec.compressed else faiss_factory_string(index_type),
+        default_strategy=model.config.default_strategy, codec=str(spec), prune_redundancy=prune_redundancy,
+        doc_maxlen=max_length, corpus=corpus_name, codec_dir=codec_dir, codec_files=codec_files,
+        segments=segments, package_version=__version__)
 
 
 def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *, doc_prune: float | None = None,

@@ -47,8 +47,62 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--refine-with", choices=["all", "kept"], default="all",
                         help="score candidates with all stored doc tokens or only the indexed ones")
     parser.add_argument("--tag", default="AligneR", help="run tag (last TREC column)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="under torchrun: every rank searches its share of the index's segments (torch backend, "
+                             "compressed index; --device cuda means cuda:LOCAL_RANK); rank 0 writes the run")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
+
+
+def searcher_knobs(args: argparse.Namespace) -> dict:
+    """AlignerSearcher keyword arguments from the flags (device and backend aside)."""
+    return dict(encoder=None if args.encoder == GENERIC_ENCODER else args.encoder, strategy=args.strategy,
+                k_per_token=args.k_per_token, query_prune=args.query_prune, max_candidates=args.max_candidates,
+                refine_with=args.refine_with, batch_size=args.batch_size)
+
+
+def run_distributed(args: argparse.Namespace) -> int:
+    """--distributed: search in lockstep with the other ranks; rank 0 reads the topics and writes the run."""
+    import torch.distributed as dist
+
+    from pyserini_aligner.search.distributed import TorchExchange, init_group, sharded_searcher
+
+    if args.backend == "faiss":
+        print("error: --distributed searches with backend torch, not --backend faiss", file=sys.stderr)
+        return 2
+    try:
+        ctx, created = init_group()
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    exchange = TorchExchange(ctx)
+    try:
+        problem, topics = None, None
+        try:
+            searcher = sharded_searcher(args.index, ctx, device=args.device, **searcher_knobs(args))
+            topics = load_topics(args.topics) if ctx.rank == 0 else None
+        except (OSError, ValueError) as error:
+            problem = f"rank {ctx.rank}: {error}"
+        problems = [p for p in exchange.all_gather(problem) if p]
+        if problems:
+            print(f"error: {problems[0]}", file=sys.stderr)
+            return 2
+        topics = exchange.broadcast(topics)
+        qids, extra, hits = list(topics), 1 if args.remove_query else 0, {}
+        with tqdm(total=len(qids), unit="query", disable=args.quiet or ctx.rank != 0) as bar:
+            for start in range(0, len(qids), args.batch_size):
+                batch = qids[start:start + args.batch_size]
+                ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
+                for qid, found in zip(batch, ranked):
+                    hits[qid] = [(d, s) for d, s in found if not (args.remove_query and d == qid)][:args.hits]
+                bar.update(len(batch))
+        if ctx.rank == 0:
+            write_run(hits, args.output, tag=args.tag)
+            log.info("wrote %d queries to %s (%d ranks)", len(hits), args.output, ctx.world_size)
+        return 0
+    finally:
+        if created:
+            dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,16 +128,14 @@ def _search(argv: list[str]) -> int:
     logging.getLogger("faiss").setLevel(logging.WARNING)
     if ignored:
         log.warning("ignoring flags that do not apply to an AligneR index: %s", " ".join(ignored))
+    if args.distributed:
+        return run_distributed(args)
     from pyserini_aligner.search.searcher import AlignerSearcher
 
     try:
         check_output_path(args.output)
         topics = load_topics(args.topics)
-        searcher = AlignerSearcher(args.index, encoder=None if args.encoder == GENERIC_ENCODER else args.encoder,
-                                   strategy=args.strategy, k_per_token=args.k_per_token,
-                                   query_prune=args.query_prune, max_candidates=args.max_candidates,
-                                   refine_with=args.refine_with, device=args.device, batch_size=args.batch_size,
-                                   backend=args.backend)
+        searcher = AlignerSearcher(args.index, device=args.device, backend=args.backend, **searcher_knobs(args))
         qids = list(topics)
         extra = 1 if args.remove_query else 0
         hits = {}

@@ -47,12 +47,14 @@ def is_blank(text: str) -> bool:
     return not text.translate(_INVISIBLE).strip()
 
 
-def split_devices(store: StoredIndex, devices: Sequence[str]) -> list[list[int]]:
-    """Consecutive segment numbers per device, balanced by token count (a device may get none)."""
-    tokens = np.array([s.info.num_tokens for s in store.segments], dtype=np.float64)
+def split_devices(store: StoredIndex, devices: Sequence, numbers: Sequence[int] | None = None) -> list[list[int]]:
+    """Consecutive segment numbers (of ``numbers``, default all) per device, balanced by token count (a device
+    may get none)."""
+    numbers = list(range(len(store.segments))) if numbers is None else list(numbers)
+    tokens = np.array([store.segments[i].info.num_tokens for i in numbers], dtype=np.float64)
     bounds = np.cumsum(tokens) / max(tokens.sum(), 1) * len(devices)
     owner = np.minimum((bounds - tokens / max(tokens.sum(), 1) * len(devices) / 2).astype(int), len(devices) - 1)
-    return [[i for i in range(len(tokens)) if owner[i] == d] for d in range(len(devices))]
+    return [[numbers[i] for i in range(len(tokens)) if owner[i] == d] for d in range(len(devices))]
 
 
 @lru_cache(maxsize=None)
@@ -147,14 +149,17 @@ class AlignerSearcher:
     than k_per_token entries); ef_search: HNSW search depth (fp16 indexes). device: where queries are encoded and,
     with the torch backend, searched; devices: several devices (e.g. ["cuda:0", "cuda:1"]) over which the segments
     are spread and searched in parallel, with the same ranking as one device. backend: "faiss" (default on the CPU)
-    or "torch" (default on CUDA).
+    or "torch" (default on CUDA). segments and exchange (torch backend, compressed index): this searcher holds only
+    the consecutive segments ``segments`` and combines probes and refinement scores with the processes holding the
+    others through ``exchange`` (``broadcast(obj)`` from the first process, ``all_gather(obj)``; see
+    :mod:`.distributed`), so that every process returns the ranking of the whole index.
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
                  k_per_token: int = DEFAULT_K_PER_TOKEN, query_prune: float = 1.0,
                  max_candidates: int = DEFAULT_MAX_CANDIDATES, refine_with: str = "all", nprobe: int | None = None,
                  ef_search: int | None = None, device: str = "cpu", batch_size: int = 32, backend: str | None = None,
-                 devices: Sequence[str] | None = None):
+                 devices: Sequence[str] | None = None, segments: Sequence[int] | None = None, exchange=None):
         self.index_dir = Path(index_dir)
         self.devices = list(devices) if devices else [device]
         device = self.devices[0] if devices else device
@@ -178,6 +183,9 @@ class AlignerSearcher:
         self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
         self.refine_with, self.batch_size, self.nprobe, self.ef_search = refine_with, batch_size, nprobe, ef_search
         self._strategy_arg, self._encoder_arg = strategy, encoder
+        if (segments is not None or exchange is not None) and backend != "torch":
+            raise ValueError("segments and exchange need backend 'torch'")
+        self.segments, self.exchange = None if segments is None else list(segments), exchange
         self._lock = threading.RLock()
         self._graphed = None
         self._load(StoredIndex(self.index_dir), encoder)
@@ -208,13 +216,18 @@ class AlignerSearcher:
                 self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
                 self._set_faiss_params()
         elif compressed:
+            mine = self.segments
+            if mine and (mine[0] < 0 or mine[-1] >= len(store.segments)
+                         or mine != list(range(mine[0], mine[0] + len(mine)))):
+                raise ValueError(f"segments must be consecutive numbers in [0, {len(store.segments)}), got {mine}")
             self.shards = [CodeShard(store, numbers, dev, self.refine_with)
-                           for dev, numbers in zip(self.devices, split_devices(store, self.devices)) if numbers]
+                           for dev, numbers in zip(self.devices, split_devices(store, self.devices, mine)) if numbers]
         else:
             from pyserini_aligner.search.torch_backend import TorchTokenIndex
 
-            if len(self.devices) > 1 or self.nprobe is not None:
-                raise ValueError("several devices and nprobe need a compressed index (codec IVF<nlist>,PQ<M>)")
+            if len(self.devices) > 1 or self.nprobe is not None or self.segments is not None:
+                raise ValueError("several devices, segments and nprobe need a compressed index (codec "
+                                 "IVF<nlist>,PQ<M>)")
             self.tokens = TorchTokenIndex(store, self.device, self.refine_with, with_salience=self.use_salience)
         if self.backend == "torch" and self.model.device.type == "cuda" and self._graphed is None:
             self._graphed = self._capture_query_encoder()
@@ -340,6 +353,9 @@ class AlignerSearcher:
         else:
             out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size)
         q, q_mask, q_sal = out.vectors.float(), out.mask, out.salience
+        if self.exchange is not None:  # every process searches the first one's encoding
+            q, q_mask, q_sal = (t.to(self.model.device) for t in self.exchange.broadcast(
+                (q.cpu(), q_mask.cpu(), q_sal.cpu())))
         probe_mask = prune_mask(q_sal, q_mask, self.query_prune)
         owner, token = probe_mask.nonzero(as_tuple=True)
         weights = q_sal[owner, token] if self.use_salience else None
@@ -354,7 +370,7 @@ class AlignerSearcher:
             refined = self._refine(q, q_mask, q_sal if self.use_salience else None, rows, valid)
             scores, rows = top_hits(refined, rows.to(refined.device), k)
         scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
-        vectors, mask = out.vectors.float().cpu().numpy(), out.mask.cpu().numpy()
+        vectors, mask = q.cpu().numpy(), q_mask.cpu().numpy()
         for j, i in enumerate(live):
             query_vectors[i] = vectors[j][mask[j]]
             found = rows[j] >= 0
@@ -364,7 +380,11 @@ class AlignerSearcher:
     def _probe(self, probes: torch.Tensor, per_token: int, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores [R, K], global doc rows [R, K]) of each probe's best indexed tokens (step 1 of .engine)."""
         if self.backend == "torch":
-            return merge_probes([shard.probe(probes, per_token, nprobe) for shard in self.shards], per_token)
+            parts = [shard.probe(probes, per_token, nprobe) for shard in self.shards]
+            if self.exchange is not None:
+                parts = [part for held in self.exchange.all_gather([(s.cpu(), r.cpu()) for s, r in parts])
+                         for part in held]
+            return merge_probes(parts, per_token)
         x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
         if self.store.codec is not None:
             import faiss
@@ -394,8 +414,10 @@ class AlignerSearcher:
 
     def _refine(self, q, q_mask, q_sal, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Alignment scores [B, C] of the candidate rows (−inf where not valid)."""
-        if self.shards:
+        if self.shards or self.exchange is not None:
             parts = [shard.refine(q, q_mask, q_sal, rows, valid, self.strategy) for shard in self.shards]
+            if self.exchange is not None:
+                parts = [part for held in self.exchange.all_gather([p.cpu() for p in parts]) for part in held]
             out = parts[0]
             for part in parts[1:]:
                 out = torch.maximum(out, part.to(out.device))

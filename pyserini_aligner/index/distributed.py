@@ -1,0 +1,387 @@
+"""One index built by several processes: ``torchrun --nproc-per-node G -m pyserini_aligner.index --corpus ...``.
+
+Every rank encodes a contiguous slice of the corpus (:func:`.shards.shard_range`, Pyserini's convention) on
+``cuda:LOCAL_RANK`` (or the CPU) into its own segment folder inside one temporary build folder beside the target;
+rank 0 trains the codec on the first documents (its slice's) and broadcasts it first, gathers the segments'
+SegmentInfos, checks docids across the ranks and commits one manifest (segments in rank order), renamed into place
+as a one-process build is. The ranks therefore share a file system: on several machines the target must lie on a
+shared file system (NFS, Lustre, ...).
+
+Failure handling: collectives run with a timeout (``--dist-timeout``); every rank keeps a small status file in the
+build folder (pid, host, documents done, outcome), so rank 0 shows one progress bar over the whole corpus and
+notices a rank that died on its host without waiting for the timeout. When any rank fails, rank 0 removes the build
+folder and exits non-zero with a message naming the rank; the others exit non-zero too.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from pyserini_aligner.index import store
+from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, DocidRegistry,
+                                            checked_items, codec_source, copy_codec, encode_chunks,
+                                            load_model, new_manifest, sample_for_codec, train_codec, write_index,
+                                            write_segment)
+from pyserini_aligner.index.codec import CodecSpec, parse_codec
+from pyserini_aligner.index.segment import check_factory_string, write_codec
+from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
+from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 1800.0
+POLL_S = 0.5  # rank 0 re-reads the status files this often while it waits for the other ranks
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in a torchrun job (from RANK, WORLD_SIZE, LOCAL_RANK)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def dist_context() -> DistContext | None:
+    """The torch.distributed job this process belongs to (torchrun's environment), or None outside one."""
+    if not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return DistContext(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+class Stopped(RuntimeError):
+    """The launcher ended this rank (SIGTERM): torchrun does so to every rank when one fails."""
+
+
+def _on_sigterm(signum, frame):
+    raise Stopped("stopped by SIGTERM")
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+class _Status:
+    """The status file of one rank inside the build folder: ``.tmp-rank-<r>.json``."""
+
+    def __init__(self, root: Path, rank: int):
+        self.path = root / f".tmp-rank-{rank}.json"
+
+    def write(self, **fields) -> None:
+        tmp = self.path.with_name(self.path.name + ".part")
+        tmp.write_text(json.dumps(fields), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+
+class _Job:
+    """The collectives and status files of one distributed build."""
+
+    def __init__(self, ctx: DistContext):
+        self.ctx = ctx
+        self.host = socket.gethostname()
+        self.peers: list[dict] = []
+        self.root: Path | None = None
+
+    def broadcast(self, payload=None):
+        box = [payload]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather(self, payload) -> list:
+        out = [None] * self.ctx.world_size
+        dist.all_gather_object(out, payload)
+        return out
+
+    def status(self, rank: int) -> _Status:
+        return _Status(self.root, rank)
+
+    def failures(self) -> list[str]:
+        """What went wrong with the other ranks, one phrase each ("rank 1 failed: ..." / "rank 1 died ...")."""
+        found = []
+        for rank in range(1, self.ctx.world_size):
+            status = self.status(rank).read() if self.root is not None else {}
+            peer = self.peers[rank] if rank < len(self.peers) else {}
+            if status.get("state") == "failed":
+                found.append(f"rank {rank} failed: {status.get('error')}")
+            elif status.get("state") != "done" and peer.get("host") == self.host and \
+                    not _process_alive(peer.get("pid", -1)):
+                found.append(f"rank {rank} (pid {peer.get('pid')}) died without reporting (killed or crashed)")
+        return found
+
+    def progress(self) -> int:
+        """Documents encoded by the other ranks so far."""
+        return sum(self.status(r).read().get("done", 0) for r in range(1, self.ctx.world_size))
+
+
+def _device_for(device: str, ctx: DistContext) -> str:
+    if str(device).startswith("cuda"):
+        if str(device) not in ("cuda", f"cuda:{ctx.local_rank}"):
+            log.info("rank %d encodes on cuda:%d (LOCAL_RANK), not %s", ctx.rank, ctx.local_rank, device)
+        return f"cuda:{ctx.local_rank}"
+    return "cpu"
+
+
+def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligner", *,
+                      doc_prune: float = DEFAULT_DOC_PRUNE, codec: str = DEFAULT_CODEC,
+                      index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str = "cpu",
+                      max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
+                      overwrite: bool = False, seed: int = 0, model_name: str | None = None,
+                      corpus_name: str = "", max_length: int | None = None,
+                      codec_from: str | os.PathLike | None = None,
+                      prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> store.Manifest | None:
+    """Build one index of ``corpus`` (a JsonCollection path or an ir_datasets id) with every rank of the torchrun
+    job this process belongs to; all ranks call it with the same arguments. Returns the manifest on rank 0, None on
+    the others; raises (on every rank) when any rank fails. Knobs as :func:`.builder.build_index`; device "cuda"
+    means cuda:LOCAL_RANK. The process group (NCCL + Gloo on CUDA, Gloo on the CPU) is created with a
+    ``timeout_s`` timeout unless one exists already."""
+    ctx = dist_context()
+    if ctx is None:
+        raise RuntimeError("build_distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
+    if timeout_s <= 0:
+        raise ValueError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    dev = _device_for(device, ctx)
+    created = not dist.is_initialized()
+    if created:
+        if dev.startswith("cuda"):
+            torch.cuda.set_device(dev)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo",
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    job = _Job(ctx)
+    try:
+        job.peers = job.all_gather({"host": job.host, "pid": os.getpid()})
+        knobs = dict(doc_prune=doc_prune, codec=codec, index_type=index_type, batch_size=batch_size, device=dev,
+                     max_docs=max_docs, progress=progress, train_size=train_size, seed=seed,
+                     max_length=max_length, prune_redundancy=prune_redundancy)
+        if ctx.rank == 0:
+            return _lead(job, corpus, Path(index_dir).absolute(), encoder, overwrite, model_name, corpus_name,
+                         codec_from, timeout_s, **knobs)
+        _follow(job, corpus, encoder, codec_from, **knobs)
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if created:
+            dist.destroy_process_group()
+
+
+def _slice(corpus: str, rank: int, world: int, max_docs: int | None, total: int | None = None):
+    items, start, end, total = shard_corpus(corpus, rank, world, max_docs, total)
+    if total < world:
+        raise ValueError(f"the corpus has {total} documents, fewer than the {world} ranks")
+    return items, start, end, total
+
+
+def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_name: str | None,
+          corpus_name: str, codec_from, timeout_s: float, *, doc_prune, codec, index_type, batch_size, device,
+          max_docs, progress, train_size, seed, max_length, prune_redundancy) -> store.Manifest:
+    """Rank 0: train and broadcast the codec, encode slice 0, wait for the others, check docids, commit."""
+    world = job.ctx.world_size
+    stage = {"announced": False, "gathered": False}
+
+    def announce(payload: dict) -> None:
+        stage["announced"] = True
+        job.broadcast(payload)
+
+    def write(root: Path, generation: int) -> store.Manifest:
+        started = time.perf_counter()
+        job.root = root
+        model = load_model(encoder, device)
+        dim = model.config.dim
+        source = codec_source(codec_from) if codec_from is not None else None
+        spec_text = str(source[0].spec) if source else codec
+        if spec_text.strip().lower() not in ("auto", "fp16"):
+            parse_codec(spec_text, dim)
+        if spec_text.strip().lower() == "fp16":
+            check_factory_string(dim, index_type)
+        elif model.scores_with_salience:
+            raise ValueError("a compressed codec stores no token saliences, but the model scores with them; use "
+                             "codec fp16")
+        items, start, end, total = _slice(corpus, 0, world, max_docs)
+        bar = tqdm(total=total, unit="doc", desc=f"index ({world} ranks)", disable=not progress, smoothing=0.05)
+        try:
+            stream = encode_chunks(model, checked_items(items, None, DocidRegistry()), batch_size, max_length)
+            chunks, trained, codec_dir, codec_files, codec_seconds = [], None, None, {}, 0.0
+            spec = CodecSpec()
+            if spec_text.strip().lower() != "fp16":
+                chunks, spec = sample_for_codec(stream, spec_text, dim, total, train_size)
+                codec_dir = store.new_name("codec", generation)
+                if source:
+                    trained = source[0]
+                    codec_files = copy_codec(source[1], source[2], root / codec_dir)
+                else:
+                    begin = time.perf_counter()
+                    log.info("training codec %s on the first %d documents", spec, sum(len(c.docids) for c in chunks))
+                    trained = train_codec(spec, chunks, train_size, seed)
+                    codec_seconds = time.perf_counter() - begin
+                    codec_files = write_codec(root / codec_dir, trained)
+                spec = trained.spec
+            announce({"root": str(root), "generation": generation, "total": total,
+                      "codec": None if trained is None else trained.to("cpu")})
+            own = [0]
+
+            def advance(count: int) -> None:
+                own[0] += count
+                bar.update(own[0] + job.progress() - bar.n)
+
+            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim, doc_prune,
+                                 prune_redundancy, None if trained is None else trained.to(model.device),
+                                 index_type, train_size, seed, progress=False, on_chunk=advance)
+            info.build_stats["codec_s"] = info.build_stats.get("codec_s", 0.0) + codec_seconds
+            info.build_stats["total_s"] = time.perf_counter() - started
+            _wait_for_ranks(job, bar, own, timeout_s)
+        except BaseException as err:
+            raise _named(job, err) from None
+        finally:
+            bar.close()
+        outcomes = job.all_gather((True, asdict(info)))
+        stage["gathered"] = True
+        failed = [f"rank {r} failed: {o[1]}" for r, o in enumerate(outcomes) if not o[0]]
+        if failed:
+            raise RuntimeError("; ".join(failed))
+        infos = [store.SegmentInfo(**o[1]) for o in outcomes]
+        bounds = [shard_range_text(r, world, total) for r in range(world)]
+        check_unique_docids([(f"rank {r} ({bounds[r]})", store._read_docids(root / i.name / store.DOCIDS,
+                                                                             i.num_docs), None)
+                             for r, i in enumerate(infos)])
+        for rank in range(world):
+            job.status(rank).path.unlink(missing_ok=True)
+        return new_manifest(model, encoder, model_name, spec, doc_prune, index_type, prune_redundancy, max_length,
+                            corpus_name, codec_dir, codec_files, infos)
+
+    try:
+        manifest = write_index(target, overwrite, corpus if Path(corpus).exists() else None, write)
+    except BaseException as err:
+        if not stage["announced"] or stage["gathered"]:  # the other ranks wait in a broadcast: tell them
+            try:
+                job.broadcast({"error": str(err)})
+            except (RuntimeError, dist.DistError):
+                pass
+        raise
+    job.broadcast({"ok": True})
+    log.info("indexed %d documents (%d tokens, %d indexed, codec %s) with %d ranks into %s", manifest.num_docs,
+             manifest.num_tokens, manifest.num_kept, manifest.codec, world, target)
+    return manifest
+
+
+def shard_range_text(rank: int, world: int, total: int) -> str:
+    """"corpus documents a-b" (1-based, inclusive) of rank ``rank``'s slice."""
+    start, end = shard_range(total, rank, world)
+    return f"corpus documents {start + 1}-{end}"
+
+
+def _chain(first: list, rest):
+    while first:
+        yield first.pop(0)
+    yield from rest
+
+
+def _wait_for_ranks(job: _Job, bar, own: list, timeout_s: float) -> None:
+    """Rank 0, its slice done: follow the others' progress until each reports done, one fails or dies, or the
+    timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        failures = job.failures()
+        if failures:
+            raise RuntimeError("; ".join(failures))
+        states = [job.status(r).read().get("state") for r in range(1, job.ctx.world_size)]
+        bar.update(own[0] + job.progress() - bar.n)
+        if all(state == "done" for state in states):
+            return
+        if time.monotonic() > deadline:
+            waiting = [r + 1 for r, state in enumerate(states) if state != "done"]
+            raise RuntimeError(f"rank(s) {waiting} did not finish within --dist-timeout {timeout_s:g} s")
+        time.sleep(POLL_S)
+
+
+def _named(job: _Job, err: BaseException) -> BaseException:
+    """The error to report for ``err`` on rank 0: the other ranks' failures first when there are any."""
+    failures = job.failures()
+    if failures and not (isinstance(err, RuntimeError) and str(err) == "; ".join(failures)):
+        return RuntimeError("; ".join(failures))
+    if isinstance(err, Stopped):
+        return RuntimeError("stopped by the launcher (SIGTERM) after another rank failed; see its report")
+    if isinstance(err, dist.DistBackendError):
+        return RuntimeError(f"lost contact with another rank ({str(err).splitlines()[0]})")
+    return err
+
+
+def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, index_type, batch_size, device,
+            max_docs, progress, train_size, seed, max_length, prune_redundancy) -> None:
+    """Rank r > 0: encode slice r into a segment of rank 0's build folder; report its SegmentInfo."""
+    rank, world = job.ctx.rank, job.ctx.world_size
+    try:
+        model = load_model(encoder, device)
+        error = None
+    except Exception as err:  # reported to rank 0 once the build folder exists
+        model, error = None, err
+    header = job.broadcast()
+    if "error" in header:
+        raise RuntimeError(f"rank 0 failed: {header['error']}")
+    job.root = Path(header["root"])
+    status = job.status(rank)
+    info = None
+    try:
+        if not job.root.is_dir():
+            raise FileNotFoundError(f"rank {rank} on {job.host} cannot see the build folder {job.root}: with "
+                                    "several machines the index must be on a shared file system")
+        if error is not None:
+            raise error
+        status.write(state="running", done=0)
+        items, start, end, _ = _slice(corpus, rank, world, max_docs, header["total"])
+        stream = encode_chunks(model, checked_items(items, None, DocidRegistry()), batch_size, max_length)
+        trained = header["codec"].to(model.device) if header["codec"] is not None else None
+        done = [0]
+
+        def advance(count: int) -> None:
+            done[0] += count
+            status.write(state="running", done=done[0])
+
+        info = write_segment(job.root / store.new_name("seg", header["generation"]), stream, model.config.dim,
+                             doc_prune, prune_redundancy, trained, index_type, train_size, seed, progress=False,
+                             on_chunk=advance)
+        status.write(state="done", done=done[0])
+        outcome = (True, asdict(info))
+    except Exception as err:
+        status.write(state="failed", error=str(err)) if job.root.is_dir() else None
+        outcome = (False, str(err))
+    try:
+        job.all_gather(outcome)
+        final = job.broadcast()
+    except (RuntimeError, dist.DistError) as err:  # rank 0 gave up (it reports why)
+        final = {"error": f"lost contact with rank 0 ({str(err).splitlines()[0] if str(err) else type(err).__name__})"}
+    if not outcome[0]:
+        raise RuntimeError(f"rank {rank} failed: {outcome[1]}")
+    if "error" in final:
+        raise RuntimeError(f"rank 0 failed: {final['error']}")

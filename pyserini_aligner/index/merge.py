@@ -1,0 +1,40 @@
+"""``python -m pyserini_aligner.index.merge --inputs shard_0 shard_1 ... --index merged``
+
+Combine shard indexes (built with ``--shard-id/--shard-num`` and one ``--codec-from``) into one index without
+re-encoding: segment files are hard-linked (copied where the file system refuses), in input order.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pyserini_aligner.index.shards import merge_indexes
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.index.merge", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR", help="shard indexes, in corpus order")
+    parser.add_argument("--index", required=True, help="the merged index folder to write")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing index of this package (never any other folder)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
+    try:
+        manifest = merge_indexes(args.inputs, args.index, overwrite=args.overwrite, progress=not args.quiet)
+    except (ValueError, OSError, RuntimeError) as err:
+        sys.exit(f"error: {err}")
+    if not args.quiet:
+        print(f"{args.index}: {manifest.num_docs} documents in {len(manifest.segments)} segments, "
+              f"codec {manifest.codec}")
+
+
+if __name__ == "__main__":
+    main()

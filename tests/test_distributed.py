@@ -1,0 +1,179 @@
+"""Distributed builds (torchrun, Gloo on the CPU), shard builds + merge, and sharded search: the same codes, docids
+and rankings as one process; a rank that dies leaves no index and a message naming it."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyserini_aligner.index import StoredIndex, build_index, read_json_collection, read_manifest
+from pyserini_aligner.index import __main__ as index_cli
+from pyserini_aligner.index import merge as merge_cli
+from pyserini_aligner.index.shards import merge_indexes, shard_range
+from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.search.searcher import AlignerSearcher
+
+from test_index import short_records, write_jsonl
+
+N_DOCS = 24
+QUERIES = ["protein folding in cells", "cancer risk and diet", "gene expression of neurons",
+           "bacterial infection treatment"]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return AlignerModel.from_pretrained("aligner")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("dist") / "docs.jsonl", short_records(N_DOCS, words=8))
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, model, corpus) -> Path:
+    """The one-process index of the corpus; its codec is the one every other build here shares."""
+    target = tmp_path_factory.mktemp("single") / "idx"
+    build_index(read_json_collection(corpus), target, model, codec="IVF8,PQ4", progress=False, model_name="aligner")
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def same_index(a: Path, b: Path) -> None:
+    """Both indexes hold the same documents, tokens, codes and kept tokens, in the same order."""
+    x, y = StoredIndex(a), StoredIndex(b)
+    assert x.docids == y.docids
+    assert np.array_equal(x.offsets, y.offsets)
+    everything = np.arange(int(x.offsets[-1]))
+    for mine, theirs in zip(x.token_codes(everything), y.token_codes(everything)):
+        assert np.array_equal(mine, theirs)
+    assert np.array_equal(x.kept, y.kept)
+    assert x.manifest.codec_files == y.manifest.codec_files
+
+
+def ranking(index: Path, **kwargs) -> list:
+    return AlignerSearcher(index, **kwargs).rank(QUERIES, k=10)
+
+
+def run_env(rank: int | None = None, world: int = 2, port: int = 0, **extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")]), **extra)
+    if rank is not None:
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+    return env
+
+
+def test_shard_range_follows_pyserini():
+    assert [shard_range(10, i, 3) for i in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    assert shard_range(5, 0, 1) == (0, 5)
+    with pytest.raises(ValueError, match="--shard-id must be in"):
+        shard_range(10, 3, 3)
+
+
+def test_torchrun_build_equals_one_process(tmp_path, single, corpus):
+    target = tmp_path / "idx"
+    result = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                             "pyserini_aligner.index", "--corpus", str(corpus), "--index", str(target),
+                             "--codec-from", str(single), "--dist-timeout", "60"],
+                            env=run_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{target}: {N_DOCS} documents" in result.stdout
+    manifest = read_manifest(target)
+    assert [s.num_docs for s in manifest.segments] == [12, 12]
+    assert manifest.corpus == str(corpus.resolve())
+    same_index(single, target)
+    assert ranking(target) == ranking(single)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no build folder left
+    assert not any(p.name.startswith(".tmp-") for p in target.iterdir())  # status files removed
+
+
+def test_shards_and_merge_equal_one_process(tmp_path, single, corpus):
+    shards = [tmp_path / f"shard_{i}" for i in range(3)]
+    for i, shard in enumerate(shards):
+        index_cli.main(["--corpus", str(corpus), "--index", str(shard), "--shard-id", str(i), "--shard-num", "3",
+                        "--codec-from", str(single), "--quiet"])
+    assert [read_manifest(s).num_docs for s in shards] == [8, 8, 8]
+    merge_cli.main(["--inputs", *map(str, shards), "--index", str(tmp_path / "merged"), "--quiet"])
+    merged = read_manifest(tmp_path / "merged")
+    assert len(merged.segments) == 3 and merged.generation == 1
+    same_index(single, tmp_path / "merged")
+    source = read_manifest(shards[1]).segments[0]
+    linked = tmp_path / "merged" / merged.segments[1].name / "token_residuals.u8"
+    assert linked.stat().st_ino == (shards[1] / source.name / "token_residuals.u8").stat().st_ino  # hard link
+    assert ranking(tmp_path / "merged") == ranking(single)
+    # sharded search over two CPU "devices" ranks like the unsharded index
+    assert ranking(tmp_path / "merged", backend="torch", devices=["cpu", "cpu"]) == ranking(single, backend="torch")
+    assert ranking(tmp_path / "merged", backend="torch", devices=["cpu", "cpu"]) == ranking(single)
+
+
+def test_merge_refuses_mismatches(tmp_path, model, single, corpus):
+    docs = short_records(N_DOCS, words=8)
+    other = tmp_path / "other"
+    build_index([(d["id"] + "x", d["contents"]) for d in docs[:6]], other, model, codec="IVF8,PQ4",
+                progress=False)  # its own codec
+    with pytest.raises(SystemExit, match=r"error: .*other: field 'codec_files' .* differs from .*idx's"):
+        merge_cli.main(["--inputs", str(single), str(other), "--index", str(tmp_path / "m1"), "--quiet"])
+    pruned = tmp_path / "pruned"
+    build_index([(d["id"] + "y", d["contents"]) for d in docs[:6]], pruned, model, codec_from=single,
+                doc_prune=0.5, progress=False)
+    with pytest.raises(ValueError, match=r"pruned: field 'doc_prune' is 0.5 but .*idx has 0.2"):
+        merge_indexes([single, pruned], tmp_path / "m2", progress=False)
+    again = tmp_path / "again"
+    build_index([(d["id"], d["contents"]) for d in docs[3:5]], again, model, codec_from=single, progress=False)
+    with pytest.raises(ValueError, match=rf"duplicate docid '{docs[3]['id']}': in .*idx and in .*again"):
+        merge_indexes([single, again], tmp_path / "m3", progress=False)
+    with pytest.raises(ValueError, match="must be a new folder apart from the input"):
+        merge_indexes([single, again], single / "inner", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "other", "pruned"]  # nothing half-written
+
+
+def test_killed_rank_leaves_no_index_and_is_named(tmp_path, single, corpus):
+    target, port = tmp_path / "idx", free_port()
+    command = [sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(corpus), "--index", str(target),
+               "--codec-from", str(single), "--dist-timeout", "60", "--quiet"]
+    ranks = [subprocess.Popen(command, env=run_env(0, 2, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True),
+             subprocess.Popen(command, env=run_env(1, 2, port, PYSERINI_ALIGNER_FAULT="segment-add"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    try:
+        _, err = ranks[0].communicate(timeout=90)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+    assert ranks[1].returncode == -9  # killed at the fault point
+    assert ranks[0].returncode != 0
+    assert "error: rank 1 (pid" in err and "died without reporting" in err, err[-2000:]
+    assert list(tmp_path.iterdir()) == []  # neither an index nor a build folder
+
+
+def test_distributed_search_cli_equals_one_process(tmp_path, single, corpus):
+    shards = [tmp_path / f"shard_{i}" for i in range(2)]
+    for i, shard in enumerate(shards):
+        index_cli.main(["--corpus", str(corpus), "--index", str(shard), "--shard-id", str(i), "--shard-num", "2",
+                        "--codec-from", str(single), "--quiet"])
+    merge_indexes(shards, tmp_path / "merged", progress=False)
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(f"q{i}\t{text}\n" for i, text in enumerate(QUERIES)))
+    result = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                             "pyserini_aligner.search", "--distributed", "--index", str(tmp_path / "merged"),
+                             "--topics", str(topics), "--output", str(tmp_path / "dist.trec"), "--hits", "10",
+                             "--quiet"], env=run_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from pyserini_aligner.search import __main__ as search_cli
+
+    assert search_cli.main(["--index", str(single), "--topics", str(topics), "--output", str(tmp_path / "one.trec"),
+                            "--hits", "10", "--quiet"]) == 0
+    run = (tmp_path / "dist.trec").read_text()
+    assert run == (tmp_path / "one.trec").read_text() and len(run.splitlines()) == 10 * len(QUERIES)
