@@ -188,8 +188,13 @@ class ResidualCodec:
         return cls(centroids.float(), codebooks.float())
 
     def encode_centroids(self, x: Tensor) -> np.ndarray:
-        """uint16 [n]: nearest centroid (inner product) of each row of x [n, d]."""
-        return nearest(x, self.centroids.to(x)).cpu().numpy().astype(np.uint16)
+        """uint16 [n]: nearest centroid (inner product) of each row of x [n, d] (TF32 matmuls on a GPU)."""
+        saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = x.device.type == "cuda"
+        try:
+            return nearest(x, self.centroids.to(x)).cpu().numpy().astype(np.uint16)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
 
     def encode_residuals(self, x: Tensor, centroid_ids: np.ndarray) -> np.ndarray:
         """uint8 [n, M]: PQ codes of x − its centroid (x [n, d], centroid_ids [n])."""

@@ -45,7 +45,7 @@ class CodeShard:
         if store.codec is None:
             raise ValueError("CodeShard needs a compressed index")
         self.device = torch.device(device)
-        self.half = torch.float16 if self.device.type == "cuda" else torch.float32
+        self.dtype = torch.float32  # refinement decodes and scores in float32: near-ties rank as exhaustively
         codec = store.codec.to(self.device)
         self.centroids = codec.centroids.float()
         self.books = codec.codebooks.float()  # [M, 256, sub]
@@ -88,7 +88,6 @@ class CodeShard:
             counts = torch.bincount(lists, minlength=self.nlist)
             self.ivf_offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(self.device)
         self.ivf_lengths = self.ivf_offsets[1:] - self.ivf_offsets[:-1]
-        self.max_list = int(self.ivf_lengths.max()) if self.nlist else 0
 
     @property
     def num_entries(self) -> int:
@@ -100,27 +99,35 @@ class CodeShard:
         nearest lists, best first; −inf / −1 where fewer exist. probes [R, d]."""
         probes = probes.to(self.device, torch.float32)
         nprobe = min(nprobe, self.nlist)
-        width = max(1, min(k_per_token, nprobe * self.max_list))
+        width = max(1, k_per_token)
         out_scores = torch.full((len(probes), width), -torch.inf, device=self.device)
         out_rows = torch.full((len(probes), width), -1, dtype=torch.long, device=self.device)
-        step = max(1, _MAX_ELEMENTS // max(self.nlist, nprobe * self.max_list, 1))
-        for start in range(0, len(probes), step):
-            part = probes[start:start + step]
-            scores, rows = self._probe_part(part, width, nprobe)
-            out_scores[start:start + len(part), :scores.shape[1]] = scores
-            out_rows[start:start + len(part), :rows.shape[1]] = rows
+        if not len(probes) or not self.num_entries:
+            return out_scores, out_rows
+        step = max(1, _MAX_ELEMENTS // max(self.nlist, 1))
+        cells = [(probes[a:a + step] @ self.centroids.T).topk(nprobe, dim=1) for a in range(0, len(probes), step)]
+        cval, cidx = torch.cat([c.values for c in cells]), torch.cat([c.indices for c in cells])
+        entries = self.ivf_lengths[cidx].sum(1).cpu().numpy()  # entries per probe
+        budget, start = max(_MAX_ELEMENTS // 2, int(entries.max())), 0
+        bounds = np.cumsum(entries)
+        while start < len(probes):
+            base = bounds[start - 1] if start else 0
+            stop = max(start + 1, int(np.searchsorted(bounds, base + budget, side="right")))
+            part = slice(start, stop)
+            self._probe_part(probes[part], cval[part], cidx[part], width, out_scores[part], out_rows[part])
+            start = stop
         return out_scores, out_rows
 
-    def _probe_part(self, probes: Tensor, width: int, nprobe: int) -> tuple[Tensor, Tensor]:
-        r = len(probes)
-        cval, cidx = (probes @ self.centroids.T).topk(nprobe, dim=1)  # [r, P]
-        sub = probes.view(r, self.m, -1)
-        lut = torch.einsum("rms,mks->rmk", sub, self.books).reshape(r, -1)  # [r, M·256]
+    def _probe_part(self, probes: Tensor, cval: Tensor, cidx: Tensor, width: int, out_scores: Tensor,
+                    out_rows: Tensor) -> None:
+        """Score every entry of the probed lists and write each probe's ``width`` best into the outputs."""
+        r, nprobe = cidx.shape
+        lut = torch.einsum("rms,mks->rmk", probes.view(r, self.m, -1), self.books).reshape(r, -1)  # [r, M·256]
         counts = self.ivf_lengths[cidx].reshape(-1)  # [r·P]
         total = int(counts.sum())
         if total == 0:
-            return probes.new_full((r, 0), -torch.inf), torch.zeros(r, 0, dtype=torch.long, device=self.device)
-        cell = torch.repeat_interleave(torch.arange(r * nprobe, device=self.device), counts)
+            return
+        cell = torch.repeat_interleave(torch.arange(r * nprobe, device=self.device), counts, output_size=total)
         first = torch.cumsum(counts, 0) - counts
         pos = self.ivf_offsets[cidx.reshape(-1)][cell] + torch.arange(total, device=self.device) - first[cell]
         owner = torch.div(cell, nprobe, rounding_mode="floor")
@@ -128,17 +135,14 @@ class CodeShard:
         score = cval.reshape(-1)[cell] + lut[owner.unsqueeze(1), codes].sum(1)
         docs = self.ivf_docs[pos].long()
         score = torch.where(self.live[docs], score, torch.full_like(score, -torch.inf))
-        per_probe = counts.view(r, nprobe).sum(1)
-        col = torch.arange(total, device=self.device) - (torch.cumsum(per_probe, 0) - per_probe)[owner]
-        span = int(per_probe.max())
-        padded = torch.full((r, span), -torch.inf, device=self.device)
-        padded[owner, col] = score
-        docs_padded = torch.full((r, span), -1, dtype=torch.long, device=self.device)
-        docs_padded[owner, col] = docs
-        values, index = padded.topk(min(width, span), dim=1)
-        rows = torch.where(torch.isfinite(values), docs_padded.gather(1, index) + self.row_base,
-                           torch.full_like(index, -1))
-        return values, rows
+        order = torch.argsort(score, descending=True, stable=True)  # best first; ties keep list order
+        order = order[torch.argsort(owner[order], stable=True)]  # grouped by probe
+        owner, score, docs = owner[order], score[order], docs[order]
+        per_probe = torch.bincount(owner, minlength=r)
+        rank = torch.arange(total, device=self.device) - (torch.cumsum(per_probe, 0) - per_probe)[owner]
+        keep = (rank < width) & torch.isfinite(score)
+        out_scores[owner[keep], rank[keep]] = score[keep]
+        out_rows[owner[keep], rank[keep]] = docs[keep] + self.row_base
 
     # ------------------------------------------------------------------ step 3
     def refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor,
@@ -164,17 +168,17 @@ class CodeShard:
             if self.kept is not None:
                 mask &= self.kept[positions]
             d = self.decode(positions)
-            scores = alignment_scores_grouped(q[part].to(self.half), q_mask[part], d, mask, strategy,
+            scores = alignment_scores_grouped(q[part].to(self.dtype), q_mask[part], d, mask, strategy,
                                               None if q_sal is None else q_sal[part], None)
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
 
     def decode(self, positions: Tensor) -> Tensor:
-        """Decoded token vectors [..., d] (float16 on a GPU) at shard token ``positions`` [...]."""
+        """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]."""
         ids = self.token_ids[positions].long() & 0xFFFF
         codes = self.token_codes[positions].long() + torch.arange(self.m, device=self.device) * 256
         residual = self.books.reshape(self.m * 256, -1)[codes]  # [..., M, sub]
-        return (self.centroids[ids] + residual.flatten(-2)).to(self.half)
+        return (self.centroids[ids] + residual.flatten(-2)).to(self.dtype)
 
 
 def merge_probes(parts: list[tuple[Tensor, Tensor]], width: int) -> tuple[Tensor, Tensor]:

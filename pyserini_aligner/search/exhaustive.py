@@ -65,7 +65,7 @@ class ExhaustiveScorer:
         if not live:
             return
         out = self.model.encode_padded([queries[i] for i in live], is_query=True, batch_size=self.batch_size)
-        dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        dtype = torch.float32  # as in the searcher's refinement
         q, q_mask, q_sal = out.vectors.to(self.device, dtype), out.mask.to(self.device), out.salience.to(self.device)
         index = torch.tensor(live, device=self.device)
         for rows, d, d_mask, d_sal in self._blocks(q.shape[0] * q.shape[1]):

@@ -36,6 +36,7 @@ REFINE_WITH = ("all", "kept")
 BACKENDS = ("faiss", "torch")
 DEFAULT_MAX_CANDIDATES = 256
 DEFAULT_K_PER_TOKEN = 100
+DEFAULT_QUERY_PRUNE = 0.5
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_NPROBE = 8
 DEFAULT_EF_SEARCH = 128
@@ -156,7 +157,7 @@ class AlignerSearcher:
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
-                 k_per_token: int = DEFAULT_K_PER_TOKEN, query_prune: float = 1.0,
+                 k_per_token: int = DEFAULT_K_PER_TOKEN, query_prune: float = DEFAULT_QUERY_PRUNE,
                  max_candidates: int = DEFAULT_MAX_CANDIDATES, refine_with: str = "all", nprobe: int | None = None,
                  ef_search: int | None = None, device: str = "cpu", batch_size: int = 32, backend: str | None = None,
                  devices: Sequence[str] | None = None, segments: Sequence[int] | None = None, exchange=None):
@@ -186,6 +187,7 @@ class AlignerSearcher:
         if (segments is not None or exchange is not None) and backend != "torch":
             raise ValueError("segments and exchange need backend 'torch'")
         self.segments, self.exchange = None if segments is None else list(segments), exchange
+        self.timings: dict[str, float] | None = None  # set to {} to add up seconds per search step
         self._lock = threading.RLock()
         self._graphed = None
         self._load(StoredIndex(self.index_dir), encoder)
@@ -348,6 +350,7 @@ class AlignerSearcher:
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
         if not live or self.store.num_live == 0:
             return query_vectors, hits
+        clock = self._clock()
         if len(live) == 1 and self._graphed is not None:
             out = self._graphed(texts[live[0]])
         else:
@@ -356,6 +359,7 @@ class AlignerSearcher:
         if self.exchange is not None:  # every process searches the first one's encoding
             q, q_mask, q_sal = (t.to(self.model.device) for t in self.exchange.broadcast(
                 (q.cpu(), q_mask.cpu(), q_sal.cpu())))
+        clock("encode")
         probe_mask = prune_mask(q_sal, q_mask, self.query_prune)
         owner, token = probe_mask.nonzero(as_tuple=True)
         weights = q_sal[owner, token] if self.use_salience else None
@@ -365,17 +369,38 @@ class AlignerSearcher:
                                               q_sal if self.use_salience else None)
         else:
             probe_scores, probe_rows = self._probe(q[owner, token], per_token, nprobe)
+            clock("probe")
             rows, valid = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(live),
                                             limit, None if weights is None else weights.to(probe_scores.device))
+            clock("select")
             refined = self._refine(q, q_mask, q_sal if self.use_salience else None, rows, valid)
             scores, rows = top_hits(refined, rows.to(refined.device), k)
         scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
+        clock("refine")
         vectors, mask = q.cpu().numpy(), q_mask.cpu().numpy()
         for j, i in enumerate(live):
             query_vectors[i] = vectors[j][mask[j]]
             found = rows[j] >= 0
             hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits
+
+    def _clock(self):
+        """A function that adds the seconds since its last call to ``self.timings[step]`` (a no-op unless timings
+        is a dict; device work is waited for, so profiling slows the search a little)."""
+        if self.timings is None:
+            return lambda step: None
+        import time
+
+        last = [time.perf_counter()]
+
+        def clock(step: str) -> None:
+            if self.model.device.type == "cuda":
+                torch.cuda.synchronize(self.model.device)
+            now = time.perf_counter()
+            self.timings[step] = self.timings.get(step, 0.0) + now - last[0]
+            last[0] = now
+
+        return clock
 
     def _probe(self, probes: torch.Tensor, per_token: int, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores [R, K], global doc rows [R, K]) of each probe's best indexed tokens (step 1 of .engine)."""
