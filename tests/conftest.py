@@ -44,3 +44,60 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
 def scifact_small(tmp_path_factory) -> Path:
     """A 300-document SciFact BEIR folder with the test queries fully judged inside it."""
     return make_beir_folder(tmp_path_factory.mktemp("scifact_small"))
+
+
+N_DOCS = 200  # documents of the shared SciFact indexes
+
+
+def scifact_docs(n: int) -> list[dict]:
+    """The first n SciFact documents as JsonCollection records (contents = title + text)."""
+    records = []
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive, \
+            archive.open("scifact/corpus.jsonl") as lines:
+        for line in lines:
+            if len(records) == n:
+                break
+            doc = json.loads(line)
+            records.append({"id": doc["_id"], "contents": f"{doc['title']} {doc['text']}".strip()})
+    return records
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The shipped AligneR model (real MiniLM weights), loaded once."""
+    from pyserini_aligner.model import AlignerModel
+
+    return AlignerModel.from_pretrained("aligner")
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    """The first 200 SciFact documents as a JsonCollection file."""
+    path = tmp_path_factory.getbasetemp() / "scifact200.jsonl"
+    if not path.is_file():
+        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def index_dir(tmp_path_factory, model, corpus_file) -> Path:
+    """Exact index of the first 200 SciFact documents: codec fp16, β^d = 1, FAISS Flat (built once per session)."""
+    from pyserini_aligner.index import build_index, read_json_collection, store
+
+    target = tmp_path_factory.getbasetemp() / "scifact200_fp16"
+    if not (target / store.MANIFEST).is_file():
+        build_index(read_json_collection(corpus_file), target, model, codec="fp16", doc_prune=1.0, progress=False,
+                    model_name="aligner")
+    return target
+
+
+@pytest.fixture(scope="session")
+def default_index(tmp_path_factory, model, corpus_file) -> Path:
+    """The same 200 documents under build_index's defaults (codec auto = IVF<nlist>,PQ4, β^d 0.2), built once."""
+    from pyserini_aligner.index import build_index, read_json_collection, store
+
+    target = tmp_path_factory.getbasetemp() / "scifact200_default"
+    if not (target / store.MANIFEST).is_file():
+        build_index(read_json_collection(corpus_file), target, model, progress=False, model_name="aligner",
+                    num_docs_hint=N_DOCS)
+    return target
