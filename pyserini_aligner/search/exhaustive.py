@@ -39,15 +39,16 @@ class ExhaustiveScorer:
 
     def _blocks(self, query_tokens: int) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(rows [b], vectors [b, m, d], mask [b, m], salience [b, m]) over every document, on the device."""
-        rows_all = np.arange(self.store.num_docs)
         width = max(int(self.store.lengths.max()) if self.store.num_docs else 1, 1)
         step = max(1, min(self.doc_batch * 8 if self.shards else self.doc_batch,
                           _BLOCK_ELEMENTS // max(query_tokens * width, 1)))
-        for start in tqdm(range(0, len(rows_all), step), desc="exhaustive", unit="block", disable=not self.progress):
-            rows = rows_all[start:start + step]
+        spans = [(s.row_base, s.row_base + s.num_rows) for s in self.shards] or [(0, self.store.num_docs)]
+        blocks = [(number, start, min(start + step, end)) for number, (begin, end) in enumerate(spans)
+                  for start in range(begin, end, step)]  # a block never crosses a segment boundary
+        for number, start, end in tqdm(blocks, desc="exhaustive", unit="block", disable=not self.progress):
+            rows = np.arange(start, end)
             if self.shards:
-                shard = self.shards[int(np.searchsorted(self.store.row_base, rows[0], side="right") - 1)]
-                rows = rows[rows < shard.row_base + shard.num_rows]
+                shard = self.shards[number]
                 local = torch.from_numpy(rows - shard.row_base).to(self.device)
                 lengths = shard.lengths[local]
                 span = torch.arange(max(int(lengths.max()), 1), device=self.device)
