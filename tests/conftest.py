@@ -1,6 +1,7 @@
 """Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home."""
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -100,4 +101,28 @@ def default_index(tmp_path_factory, model, corpus_file) -> Path:
     if not (target / store.MANIFEST).is_file():
         build_index(read_json_collection(corpus_file), target, model, progress=False, model_name="aligner",
                     num_docs_hint=N_DOCS)
+    return target
+
+
+@pytest.fixture(scope="session")
+def two_segment_index(tmp_path_factory, model) -> Path:
+    """The 200 documents as two segments sharing one codec: halves built apart (the second with ``codec_from`` the
+    first), then one manifest listing both segments."""
+    from pyserini_aligner.index import build_index, read_manifest, store
+
+    base = tmp_path_factory.getbasetemp()
+    target = base / "scifact200_two_segments"
+    if (target / store.MANIFEST).is_file():
+        return target
+    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS)]
+    first, second = base / "scifact200_first_half", base / "scifact200_second_half"
+    build_index(docs[:N_DOCS // 2], first, model, progress=False, model_name="aligner", codec="IVF64,PQ4")
+    build_index(docs[N_DOCS // 2:], second, model, progress=False, model_name="aligner", codec_from=first)
+    manifest, other = read_manifest(first), read_manifest(second)
+    work = base / "scifact200_two_segments.work"
+    shutil.copytree(first, work)
+    shutil.copytree(second / other.segments[0].name, work / other.segments[0].name)
+    manifest.segments += other.segments
+    store.write_manifest(work, manifest)
+    work.rename(target)
     return target
