@@ -47,7 +47,8 @@ def test_code_shard_probe_matches_numpy_loop(two_segment_index):
             for number, seg in enumerate(store.segments):
                 for e in range(int(seg.ivf_offsets[c]), int(seg.ivf_offsets[c + 1])):
                     residual = np.concatenate([books[m, code] for m, code in enumerate(seg.ivf_codes[e])])
-                    found.append((float(q @ centroids[c] + q @ residual), int(seg.ivf_docs[e]) + int(store.row_base[number])))
+                    row = int(seg.ivf_docs[e]) + int(store.row_base[number])
+                    found.append((float(q @ centroids[c] + q @ residual), row))
         found.sort(key=lambda pair: -pair[0])
         want_scores = [s for s, _ in found[:k]]
         assert np.allclose(scores[p, :len(want_scores)].numpy(), want_scores, atol=1e-4)
