@@ -160,8 +160,9 @@ def index_bytes(index_dir: Path) -> dict[str, float]:
     from pyserini_aligner.index.store import read_manifest
 
     n = read_manifest(index_dir).num_docs
-    faiss_bytes = (index_dir / "faiss.index").stat().st_size
-    total = sum(p.stat().st_size for p in index_dir.iterdir() if p.is_file())
+    files = [p for p in Path(index_dir).rglob("*") if p.is_file()]  # segment folders included
+    faiss_bytes = sum(p.stat().st_size for p in files if p.name == "faiss.index")
+    total = sum(p.stat().st_size for p in files)
     return {"faiss_bytes_per_doc": round(faiss_bytes / n, 1), "index_bytes_per_doc": round(total / n, 1)}
 
 

@@ -1,6 +1,7 @@
 """Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home."""
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -44,3 +45,84 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
 def scifact_small(tmp_path_factory) -> Path:
     """A 300-document SciFact BEIR folder with the test queries fully judged inside it."""
     return make_beir_folder(tmp_path_factory.mktemp("scifact_small"))
+
+
+N_DOCS = 200  # documents of the shared SciFact indexes
+
+
+def scifact_docs(n: int) -> list[dict]:
+    """The first n SciFact documents as JsonCollection records (contents = title + text)."""
+    records = []
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive, \
+            archive.open("scifact/corpus.jsonl") as lines:
+        for line in lines:
+            if len(records) == n:
+                break
+            doc = json.loads(line)
+            records.append({"id": doc["_id"], "contents": f"{doc['title']} {doc['text']}".strip()})
+    return records
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The shipped AligneR model (real MiniLM weights), loaded once."""
+    from pyserini_aligner.model import AlignerModel
+
+    return AlignerModel.from_pretrained("aligner")
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    """The first 200 SciFact documents as a JsonCollection file."""
+    path = tmp_path_factory.getbasetemp() / "scifact200.jsonl"
+    if not path.is_file():
+        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def index_dir(tmp_path_factory, model, corpus_file) -> Path:
+    """Exact index of the first 200 SciFact documents: codec fp16, β^d = 1, FAISS Flat (built once per session)."""
+    from pyserini_aligner.index import build_index, read_json_collection, store
+
+    target = tmp_path_factory.getbasetemp() / "scifact200_fp16"
+    if not (target / store.MANIFEST).is_file():
+        build_index(read_json_collection(corpus_file), target, model, codec="fp16", doc_prune=1.0, progress=False,
+                    model_name="aligner")
+    return target
+
+
+@pytest.fixture(scope="session")
+def default_index(tmp_path_factory, model, corpus_file) -> Path:
+    """The same 200 documents under build_index's defaults (codec auto = IVF<nlist>,PQ4, β^d 0.2), built once."""
+    from pyserini_aligner.index import build_index, read_json_collection, store
+
+    target = tmp_path_factory.getbasetemp() / "scifact200_default"
+    if not (target / store.MANIFEST).is_file():
+        build_index(read_json_collection(corpus_file), target, model, progress=False, model_name="aligner",
+                    num_docs_hint=N_DOCS)
+    return target
+
+
+@pytest.fixture(scope="session")
+def two_segment_index(tmp_path_factory, model) -> Path:
+    """The 200 documents as two segments sharing one codec: halves built apart (the second with ``codec_from`` the
+    first), then one manifest listing both segments."""
+    from pyserini_aligner.index import build_index, read_manifest, store
+
+    base = tmp_path_factory.getbasetemp()
+    target = base / "scifact200_two_segments"
+    if (target / store.MANIFEST).is_file():
+        return target
+    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS)]
+    first, second = base / "scifact200_first_half", base / "scifact200_second_half"
+    build_index(docs[:N_DOCS // 2], first, model, progress=False, model_name="aligner", codec="IVF64,PQ4")
+    build_index(docs[N_DOCS // 2:], second, model, progress=False, model_name="aligner", codec_from=first)
+    manifest, other = read_manifest(first), read_manifest(second)
+    work = base / "scifact200_two_segments.work"
+    shutil.copytree(first, work)
+    shutil.copytree(second / other.segments[0].name, work / other.segments[0].name)
+    manifest.segments += other.segments
+    store.write_manifest(work, manifest)
+    work.rename(target)
+    return target

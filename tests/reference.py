@@ -117,3 +117,21 @@ def prune_redundant(salience: Sequence[float], mask: Sequence[bool], vectors: Se
     n_keep = min(len(real), max(1, math.ceil(beta * len(real) - 1e-9)))
     kept = sorted(real, key=lambda j: (redundant(j), -float(salience[j]), j))[:n_keep]
     return [j in kept for j in range(len(mask))]
+
+
+def select_candidates(scores: Sequence[Sequence[float]], rows: Sequence[Sequence[int]], owner: Sequence[int],
+                      batch: int, limit: int, weights: Sequence[float] | None = None) -> list[list[int]]:
+    """The candidate rule, per query: proxy(doc) = Σ_probes w · (best score of doc in the probe's list − the probe's
+    lowest listed score); the ``limit`` best documents (ties to the lower row), returned in ascending row order."""
+    proxies: list[dict[int, float]] = [{} for _ in range(batch)]
+    for r in range(len(rows)):
+        listed = [j for j in range(len(rows[r])) if rows[r][j] >= 0]
+        floor = min(float(scores[r][j]) for j in listed) if listed else 0.0
+        best: dict[int, float] = {}
+        for j in listed:
+            doc = int(rows[r][j])
+            best[doc] = max(best.get(doc, -math.inf), float(scores[r][j]) - floor)
+        w = 1.0 if weights is None else float(weights[r])
+        for doc, gain in best.items():
+            proxies[owner[r]][doc] = proxies[owner[r]].get(doc, 0.0) + w * gain
+    return [sorted(sorted(p, key=lambda doc: (-p[doc], doc))[:limit]) for p in proxies]

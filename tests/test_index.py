@@ -3,8 +3,9 @@ import copy
 import json
 import os
 import math
+import re
 import shutil
-import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,25 +16,13 @@ from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, 
                                     read_json_collection, read_manifest, set_default_strategy)
 from pyserini_aligner.index import __main__ as cli
 from pyserini_aligner.index import store
+from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, keep_count
 
 import reference
+from conftest import N_DOCS, scifact_docs
 
-SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
-N_DOCS = 200
-
-
-def scifact_docs(n: int) -> list[dict]:
-    """The first n SciFact documents as JsonCollection records (contents = title + text)."""
-    records = []
-    with zipfile.ZipFile(SCIFACT) as archive, archive.open("scifact/corpus.jsonl") as lines:
-        for line in lines:
-            if len(records) == n:
-                break
-            doc = json.loads(line)
-            records.append({"id": doc["_id"], "contents": f"{doc['title']} {doc['text']}".strip()})
-    return records
 
 
 def write_jsonl(path: Path, records: list, extra_lines: dict[int, str] | None = None) -> Path:
@@ -50,23 +39,25 @@ def short_records(n: int, words: int = 12) -> list[dict]:
     return [{"id": r["id"], "contents": " ".join(r["contents"].split()[:words])} for r in scifact_docs(n)]
 
 
-@pytest.fixture(scope="session")
-def model():
-    return AlignerModel.from_pretrained("aligner")
+def only_segment(index: Path) -> Path:
+    """The folder of the single segment of ``index``."""
+    (segment,) = read_manifest(index).segments
+    return index / segment.name
 
 
-@pytest.fixture(scope="session")
-def corpus_file(tmp_path_factory) -> Path:
-    return write_jsonl(tmp_path_factory.getbasetemp() / "scifact200.jsonl", scifact_docs(N_DOCS))
+def edit_manifest(index: Path, **fields) -> None:
+    """Change manifest fields and re-seal the manifest's own checksum (as a careless tool might)."""
+    data = json.loads((index / store.MANIFEST).read_text())
+    data.pop("checksum")
+    data.update(fields)
+    data["checksum"] = zlib.crc32(json.dumps(data, sort_keys=True).encode("utf-8"))
+    (index / store.MANIFEST).write_text(json.dumps(data))
 
 
-@pytest.fixture(scope="session")
-def index_dir(tmp_path_factory, model, corpus_file) -> Path:
-    """Flat index of the first 200 SciFact documents (built once per session, shared with test_search.py)."""
-    target = tmp_path_factory.getbasetemp() / "scifact200_flat"
-    if not (target / store.MANIFEST).is_file():
-        build_index(read_json_collection(corpus_file), target, model, progress=False, model_name="aligner")
-    return target
+def flip_byte(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -75,19 +66,27 @@ def leftovers(folder: Path) -> list[str]:
 
 def test_build_writes_layout_and_counts(index_dir, model, corpus_file):
     m = read_manifest(index_dir)
-    assert (m.format, m.model_name, m.dim, m.doc_prune, m.index_type) == (
-        "pyserini-aligner", "aligner", 128, 1.0, "Flat")
+    assert (m.format, m.format_version, m.generation, m.model_name, m.dim, m.doc_prune, m.codec, m.index_type) == (
+        "pyserini-aligner", 2, 1, "aligner", 128, 1.0, "fp16", "Flat")
+    assert (m.codec_dir, m.codec_files) == (None, {})
     assert m.model_fingerprint == model.fingerprint()
     assert m.default_strategy == model.config.default_strategy
     assert m.num_docs == N_DOCS and m.num_kept == m.num_tokens and m.num_empty == 0
+    (seg,) = m.segments
+    assert re.fullmatch(r"seg-000001-[0-9a-f]{8}", seg.name)
+    assert {p.name for p in index_dir.iterdir()} - {store.LOCK} == {store.MANIFEST, seg.name}
+    folder = index_dir / seg.name
     sizes = {store.VECTORS: 2 * 128 * m.num_tokens, store.SALIENCE: 4 * m.num_tokens, store.KEPT: m.num_tokens,
              store.OFFSETS: 8 * (N_DOCS + 1), store.FAISS_IDS: 8 * m.num_kept}
+    assert set(seg.files) == set(sizes) | {store.DOCIDS, store.FAISS_INDEX}
+    for name, record in seg.files.items():  # every file's size and CRC32 recorded in the manifest
+        assert record == store.file_record(folder / name), name
     for name, size in sizes.items():
-        assert (index_dir / name).stat().st_size == size, name
+        assert (folder / name).stat().st_size == size, name
     stored = StoredIndex(index_dir)
     records = [json.loads(line) for line in corpus_file.read_text().splitlines()]
     assert stored.docids == [r["id"] for r in records]
-    assert stored.faiss_index().ntotal == m.num_kept
+    assert stored.segments[0].faiss_index().ntotal == m.num_kept
     assert np.array_equal(stored.faiss_ids, np.arange(m.num_tokens))
     assert stored.lengths.max() <= model.config.doc_maxlen
     assert m.num_truncated == int((stored.lengths == model.config.doc_maxlen).sum())
@@ -99,6 +98,45 @@ def test_build_writes_layout_and_counts(index_dir, model, corpus_file):
         assert int(mask[i].sum()) == n == stored.lengths[rows[i]]
         assert torch.allclose(vectors[i, :n], torch.from_numpy(e.vectors), atol=2e-3)
         assert torch.allclose(salience[i, :n], torch.from_numpy(e.salience))
+
+
+def test_default_build_is_compressed_with_inverted_lists(default_index, index_dir):
+    """build_index's defaults: codec auto (IVF<nlist>,PQ4), β^d 0.2 with the redundancy rule; the segment's inverted
+    lists hold exactly the kept tokens, grouped by centroid in token order."""
+    m, exact = read_manifest(default_index), StoredIndex(index_dir)
+    nlist = int(re.fullmatch(r"IVF(\d+),PQ4", m.codec)[1])
+    assert (m.index_type, m.doc_prune, m.prune_redundancy) == (m.codec, DEFAULT_DOC_PRUNE, DEFAULT_PRUNE_REDUNDANCY)
+    assert m.num_tokens == exact.manifest.num_tokens
+    stored = StoredIndex(default_index)
+    counts = np.add.reduceat(stored.kept.astype(np.int64), stored.offsets[:-1])
+    assert np.array_equal(counts, [keep_count(int(n), 0.2) for n in stored.lengths]) and counts.sum() == m.num_kept
+    codec_dir = default_index / m.codec_dir
+    assert re.fullmatch(r"codec-000001-[0-9a-f]{8}", m.codec_dir)
+    codec_sizes = {store.CODEC_CENTROIDS: nlist * 128, store.CODEC_SCALES: 4 * nlist,
+                   store.CODEC_CODEBOOKS: 4 * 128 * 256}
+    assert {name: (codec_dir / name).stat().st_size for name in m.codec_files} == codec_sizes
+    assert all(m.codec_files[name] == store.file_record(codec_dir / name) for name in codec_sizes)
+    seg_dir, t, k = default_index / m.segments[0].name, m.num_tokens, m.num_kept
+    sizes = {store.TOKEN_CENTROIDS: 2 * t, store.TOKEN_RESIDUALS: 4 * t, store.KEPT_BITS: math.ceil(t / 8),
+             store.IVF_OFFSETS: 8 * (nlist + 1), store.IVF_DOCS: 4 * k, store.IVF_CODES: 4 * k,
+             store.OFFSETS: 8 * (N_DOCS + 1)}
+    assert set(m.segments[0].files) == set(sizes) | {store.DOCIDS}
+    for name, size in sizes.items():
+        assert (seg_dir / name).stat().st_size == size, name
+        assert m.segments[0].files[name] == store.file_record(seg_dir / name), name
+    seg = stored.segments[0]
+    kept = np.flatnonzero(stored.kept)
+    lists = np.asarray(seg.centroid_ids)[kept]
+    order = np.argsort(lists, kind="stable")
+    assert np.array_equal(seg.ivf_offsets, np.concatenate([[0], np.cumsum(np.bincount(lists, minlength=nlist))]))
+    assert np.array_equal(seg.ivf_docs, stored.doc_of_token(kept)[order])
+    assert np.array_equal(seg.ivf_codes, np.asarray(seg.residuals)[kept][order])
+    # the codes decode close to the exact vectors, and closer than the centroids alone
+    positions = np.arange(2000)
+    truth = exact.token_vectors(positions)
+    fine = torch.nn.functional.cosine_similarity(truth, stored.token_vectors(positions), dim=-1)
+    coarse = torch.nn.functional.cosine_similarity(truth, stored.codec.decode(seg.centroid_ids[positions]), dim=-1)
+    assert fine.mean() > 0.8 and fine.mean() > coarse.mean() + 0.03
 
 
 def test_build_is_atomic_on_late_error(tmp_path, model):
@@ -118,9 +156,21 @@ def test_failed_overwrite_keeps_old_index(tmp_path, model):
         build_index([("x", "text")], target, model, progress=False)
     with pytest.raises(ValueError, match="empty corpus"):
         build_index([], target, model, progress=False, overwrite=True)
-    assert read_manifest(target).num_docs == 3 and leftovers(tmp_path) == []
+    first = read_manifest(target)
+    assert first.num_docs == 3 and first.generation == 1 and leftovers(tmp_path) == []
+    reader = StoredIndex(target)  # an open reader keeps its snapshot through the overwrite
     build_index([("x", "some text")], target, model, progress=False, overwrite=True)
-    assert read_manifest(target).num_docs == 1 and leftovers(tmp_path) == []
+    m = read_manifest(target)
+    assert (m.num_docs, m.generation) == (1, 2) and leftovers(tmp_path) == []
+    assert sorted(p.name for p in target.iterdir() if p.name.startswith(("seg-", "codec-"))) == sorted(
+        [m.segments[0].name, m.codec_dir])  # the new generation's folders only
+    assert m.segments[0].name.startswith("seg-000002-") and reader.docids == [r["id"] for r in short_records(3)]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not a pyserini-aligner index; it is never replaced"):
+        build_index([("x", "text")], plain, model, progress=False, overwrite=True)
+    assert [p.name for p in plain.iterdir()] == ["a.txt"]
 
 
 def test_duplicate_docids_refused(tmp_path, model):
@@ -152,8 +202,8 @@ def test_doc_prune_keeps_most_salient(tmp_path, salient):
     records = short_records(12, words=40)
     beta = 0.3
     target = tmp_path / "pruned"
-    m = build_index([(r["id"], r["contents"]) for r in records], target, salient, doc_prune=beta, progress=False,
-                    prune_redundancy=None)
+    m = build_index([(r["id"], r["contents"]) for r in records], target, salient, doc_prune=beta, codec="fp16",
+                    progress=False, prune_redundancy=None)
     stored = StoredIndex(target)
     assert m.doc_prune == beta and m.num_kept == int(stored.kept.sum()) < m.num_tokens
     assert m.prune_redundancy is None and read_manifest(target).prune_redundancy is None
@@ -169,16 +219,18 @@ def test_redundancy_aware_doc_prune(tmp_path, salient):
     records = [{"id": r["id"], "contents": r["contents"] + " " + r["contents"]}  # every word twice
                for r in scifact_docs(8)]
     docs = [(r["id"], r["contents"]) for r in records]
-    built = build_index(docs, tmp_path / "default", salient, doc_prune=0.3, progress=False)
+    built = build_index(docs, tmp_path / "default", salient, doc_prune=0.3, codec="fp16", progress=False)
     assert built.prune_redundancy == DEFAULT_PRUNE_REDUNDANCY
     stored = StoredIndex(tmp_path / "default")
     for row in range(stored.num_docs):
         doc = slice(stored.offsets[row], stored.offsets[row + 1])
-        salience, vectors = np.asarray(stored.salience[doc]), np.asarray(stored.vectors[doc], dtype=np.float64)
+        salience = stored.token_salience(np.arange(doc.start, doc.stop))
+        vectors = stored.token_vectors(np.arange(doc.start, doc.stop)).double().numpy()
         expected = reference.prune_redundant(salience.tolist(), [True] * len(salience), vectors.tolist(), 0.3,
                                              DEFAULT_PRUNE_REDUNDANCY)
         assert np.asarray(stored.kept[doc]).tolist() == expected
-    plain = build_index(docs, tmp_path / "off", salient, doc_prune=0.3, progress=False, prune_redundancy=None)
+    plain = build_index(docs, tmp_path / "off", salient, doc_prune=0.3, codec="fp16", progress=False,
+                        prune_redundancy=None)
     assert plain.num_kept == built.num_kept and not np.array_equal(StoredIndex(tmp_path / "off").kept, stored.kept)
     # derive: the source's rule by default, or the one asked for; the same masks as building with it
     assert derive_index(tmp_path / "default", tmp_path / "inherit", index_type="IVF4,Flat",
@@ -191,8 +243,7 @@ def test_redundancy_aware_doc_prune(tmp_path, salient):
     for bad in (0.0, 1.5, True):
         with pytest.raises(ValueError, match="prune_redundancy"):
             derive_index(tmp_path / "default", tmp_path / "bad", prune_redundancy=bad, progress=False)
-    manifest = json.loads((tmp_path / "plain" / store.MANIFEST).read_text())
-    (tmp_path / "plain" / store.MANIFEST).write_text(json.dumps({**manifest, "prune_redundancy": 2}))
+    edit_manifest(tmp_path / "plain", prune_redundancy=2)
     with pytest.raises(IndexFormatError, match="prune_redundancy"):
         read_manifest(tmp_path / "plain")
 
@@ -203,39 +254,42 @@ def test_derive_index_reprunes_without_encoding(tmp_path, index_dir):
     stored = StoredIndex(target)
     counts = np.add.reduceat(np.asarray(stored.kept), stored.offsets[:-1])
     assert np.array_equal(counts, [keep_count(int(n), 0.25) for n in stored.lengths])
-    assert (m.index_type, m.num_kept, stored.faiss_index().ntotal) == ("IVF8,Flat", counts.sum(), counts.sum())
+    assert (m.index_type, m.num_kept, stored.segments[0].faiss_index().ntotal) == ("IVF8,Flat", counts.sum(),
+                                                                                   counts.sum())
     assert read_manifest(index_dir).doc_prune == 1.0
 
 
 def test_compressed_index_layout_and_decoding(tmp_path, index_dir):
     target = tmp_path / "compressed"
     m = derive_index(index_dir, target, doc_prune=0.25, codec="IVF32,PQ16", progress=False)
-    assert (m.codec, m.index_type) == ("IVF32,PQ16", "IVF32,PQ16")
+    assert (m.codec, m.index_type, m.generation) == ("IVF32,PQ16", "IVF32,PQ16", 1)
+    seg_dir, codec_dir = only_segment(target), target / m.codec_dir
     sizes = {store.TOKEN_CENTROIDS: 2 * m.num_tokens, store.TOKEN_RESIDUALS: 16 * m.num_tokens,
-             store.KEPT_BITS: math.ceil(m.num_tokens / 8), store.CODEC_CENTROIDS: 32 * 128,
-             store.CODEC_SCALES: 4 * 32, store.CODEC_CODEBOOKS: 4 * 128 * 256}
+             store.KEPT_BITS: math.ceil(m.num_tokens / 8), store.IVF_CODES: 16 * m.num_kept}
     for name, size in sizes.items():
-        assert (target / name).stat().st_size == size, name
+        assert (seg_dir / name).stat().st_size == size, name
+    codec_sizes = {store.CODEC_CENTROIDS: 32 * 128, store.CODEC_SCALES: 4 * 32, store.CODEC_CODEBOOKS: 4 * 128 * 256}
+    for name, size in codec_sizes.items():
+        assert (codec_dir / name).stat().st_size == size, name
     for name in (store.VECTORS, store.SALIENCE, store.KEPT, store.FAISS_IDS, store.FAISS_INDEX):
-        assert not (target / name).exists(), name
+        assert not (seg_dir / name).exists(), name
     source, compressed = StoredIndex(index_dir), StoredIndex(target)
-    assert np.array_equal(compressed.kept, StoredIndex(derive_index(index_dir, tmp_path / "p", doc_prune=0.25,
-                                                                    progress=False) and tmp_path / "p").kept)
+    derive_index(index_dir, tmp_path / "p", doc_prune=0.25, progress=False)
+    assert np.array_equal(compressed.kept, StoredIndex(tmp_path / "p").kept)
     rows = np.array([0, 5, N_DOCS - 1])
     exact, mask, _ = source.gather(rows)
     approx, mask2, salience = compressed.gather(rows)
     assert torch.equal(mask, mask2) and torch.all(salience[mask2] == 1)
     cosine = torch.nn.functional.cosine_similarity(exact[mask], approx[mask], dim=-1)
     positions = np.arange(compressed.offsets[rows[0]], compressed.offsets[rows[0] + 1])
-    centroid_only = compressed.codec.decode(compressed.centroid_ids[positions])
+    centroid_only = compressed.codec.decode(compressed.segments[0].centroid_ids[positions])
     assert torch.allclose(approx[0][mask[0]], compressed.token_vectors(positions))
     coarse = torch.nn.functional.cosine_similarity(exact[0][mask[0]], centroid_only, dim=-1)
     assert cosine.mean() > 0.85 and cosine[:len(positions)].mean() > coarse.mean() + 0.05
-    faiss_index = compressed.faiss_index()
-    assert faiss_index.ntotal == m.num_kept and np.array_equal(compressed.faiss_ids, np.flatnonzero(compressed.kept))
+    assert int(compressed.segments[0].ivf_offsets[-1]) == m.num_kept
     with pytest.raises(ValueError, match="its tokens are compressed"):
         derive_index(target, tmp_path / "again", progress=False)
-    with open(target / store.TOKEN_RESIDUALS, "ab") as handle:
+    with open(seg_dir / store.TOKEN_RESIDUALS, "ab") as handle:
         handle.write(b"\0")
     with pytest.raises(IndexFormatError, match=r"token_residuals\.u8: \d+ bytes, the manifest implies"):
         StoredIndex(target)
@@ -245,33 +299,40 @@ def test_compressed_build_from_corpus(tmp_path, model):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(40, words=30))
     cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "IVF4,PQ8", "--quiet"])
     m = read_manifest(tmp_path / "idx")
-    assert (m.num_docs, m.codec, m.num_kept) == (40, "IVF4,PQ8", m.num_tokens)
+    assert (m.num_docs, m.codec, m.doc_prune) == (40, "IVF4,PQ8", DEFAULT_DOC_PRUNE)
+    assert m.num_kept == sum(keep_count(int(n), DEFAULT_DOC_PRUNE) for n in StoredIndex(tmp_path / "idx").lengths)
     with pytest.raises(SystemExit, match=r"error: bad codec 'PQ8'"):
         cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx2"), "--codec", "PQ8", "--quiet"])
     salient = copy.deepcopy(model)
     salient.config.use_salience = salient.config.salience_in_score = True
     with pytest.raises(ValueError, match="stores no token saliences, but the model scores with them"):
-        build_index(read_json_collection(corpus), tmp_path / "idx3", salient, codec="IVF4,PQ8", progress=False)
+        build_index(read_json_collection(corpus), tmp_path / "idx3", salient, progress=False)
     assert not (tmp_path / "idx2").exists() and not (tmp_path / "idx3").exists()
 
 
 def test_bad_factory_string_fails_before_encoding(tmp_path, model):
     with pytest.raises(ValueError, match="index_type 'Bogus12'"):
-        build_index([("a", "x")], tmp_path / "i", model, index_type="Bogus12", progress=False)
+        build_index([("a", "x")], tmp_path / "i", model, codec="fp16", index_type="Bogus12", progress=False)
     with pytest.raises(ValueError, match=r"FAISS training on 3 kept token vectors failed \(Number of training points"):
-        build_index([("a", "x")], tmp_path / "i", model, index_type="IVF64,Flat", progress=False)
+        build_index([("a", "x")], tmp_path / "i", model, codec="fp16", doc_prune=1.0, index_type="IVF64,Flat",
+                    progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_stored_index_errors_name_the_file(tmp_path, index_dir):
     broken = tmp_path / "broken"
     shutil.copytree(index_dir, broken)
-    with open(broken / store.VECTORS, "r+b") as handle:
+    seg_dir = only_segment(broken)
+    with open(seg_dir / store.VECTORS, "r+b") as handle:
         handle.truncate(1000)
     with pytest.raises(IndexFormatError, match=r"doc_vectors\.f16: 1000 bytes"):
         StoredIndex(broken)
-    (broken / store.VECTORS).unlink()
-    with pytest.raises(FileNotFoundError, match=r"index file missing: .*doc_vectors\.f16"):
+    (seg_dir / store.VECTORS).unlink()
+    with pytest.raises(FileNotFoundError, match=r"index file missing: .*seg-.*/doc_vectors\.f16"):
+        StoredIndex(broken)
+    manifest = json.loads((broken / store.MANIFEST).read_text())
+    (broken / store.MANIFEST).write_text(json.dumps({**manifest, "dim": 64}))
+    with pytest.raises(IndexFormatError, match=r"manifest\.json: checksum mismatch"):
         StoredIndex(broken)
     (broken / store.MANIFEST).write_text("{")
     with pytest.raises(IndexFormatError, match=r"manifest\.json: not valid JSON"):
@@ -280,11 +341,55 @@ def test_stored_index_errors_name_the_file(tmp_path, index_dir):
         StoredIndex(tmp_path / "nowhere")
 
 
+def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, capsys):
+    """A flipped byte in a small file fails the open; in a large token file, only a verify (API and CLI) finds it."""
+    broken = tmp_path / "broken"
+    shutil.copytree(default_index, broken)
+    seg_dir = only_segment(broken)
+    flip_byte(seg_dir / store.DOCIDS, 3)
+    with pytest.raises(IndexFormatError, match=re.escape(f"{seg_dir / store.DOCIDS}: checksum mismatch")):
+        StoredIndex(broken)
+    flip_byte(seg_dir / store.DOCIDS, 3)
+    cli.main(["--index", str(broken), "--verify"])
+    assert "every file matches its checksum" in capsys.readouterr().out
+    residuals = seg_dir / store.TOKEN_RESIDUALS
+    monkeypatch.setattr(store, "SMALL_FILE", residuals.stat().st_size - 1)  # token_residuals.u8 counts as large
+    flip_byte(residuals, residuals.stat().st_size // 2)
+    assert StoredIndex(broken).num_docs == N_DOCS  # large files are not read on open
+    with pytest.raises(IndexFormatError, match=re.escape(f"{residuals}: checksum mismatch")):
+        StoredIndex(broken, verify=True)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--index", str(broken), "--verify"])
+    assert exit_info.value.code != 0 and f"{residuals}: checksum mismatch" in str(exit_info.value.code)
+
+
+def test_v1_index_is_refused_with_a_rebuild_command(tmp_path, model):
+    old = tmp_path / "v1"
+    old.mkdir()
+    (old / store.MANIFEST).write_text(json.dumps({"format": "pyserini-aligner", "format_version": 1, "dim": 128,
+                                                  "corpus": "beir/scifact", "doc_prune": 1.0}))
+    (old / store.VECTORS).write_bytes(b"\0" * 256)
+    (old / "notes.txt").write_text("mine")
+    rebuild = re.escape(f"index format 1 is not read by this version (format 2); rebuild it: python -m "
+                        f"pyserini_aligner.index --corpus beir/scifact --index {old} --overwrite")
+    with pytest.raises(IndexFormatError, match=rebuild):
+        StoredIndex(old)
+    with pytest.raises(IndexFormatError, match=rebuild):
+        read_manifest(old)
+    with pytest.raises(FileExistsError, match="index target exists"):
+        build_index([("a", "some text")], old, model, progress=False)
+    m = build_index([("a", "some text"), ("b", "other text")], old, model, codec="fp16", overwrite=True,
+                    progress=False)
+    assert (m.format_version, StoredIndex(old).docids) == (2, ["a", "b"])
+    assert not (old / store.VECTORS).exists() and (old / "notes.txt").read_text() == "mine"
+
+
 def test_set_default_strategy(tmp_path, index_dir):
     target = tmp_path / "copy"
     derive_index(index_dir, target, progress=False)
     assert set_default_strategy(target, "top-p:0.015").default_strategy == "top-p:0.015"
-    assert read_manifest(target).default_strategy == "top-p:0.015"
+    m = read_manifest(target)
+    assert (m.default_strategy, m.generation) == ("top-p:0.015", 2)
     with pytest.raises(ValueError, match="bad alignment strategy 'top-q:1'"):
         set_default_strategy(target, "top-q:1")
     assert read_manifest(target).default_strategy == "top-p:0.015"
@@ -310,9 +415,10 @@ def test_json_collection_reader(tmp_path):
 
 def test_cli_builds_and_reports_errors(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(4))
-    cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--index-type", "HNSW8", "--quiet"])
+    cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "fp16", "--index-type", "HNSW8",
+              "--quiet"])
     m = read_manifest(tmp_path / "idx")
-    assert (m.num_docs, m.index_type, m.corpus) == (4, "HNSW8", str(corpus.resolve()))
+    assert (m.num_docs, m.codec, m.index_type, m.corpus) == (4, "fp16", "HNSW8", str(corpus.resolve()))
     bad = write_jsonl(tmp_path / "bad.jsonl", short_records(2), extra_lines={2: "oops"})
     with pytest.raises(SystemExit, match=r"error: .*bad\.jsonl, line 2: not valid JSON"):
         cli.main(["--corpus", str(bad), "--index", str(tmp_path / "idx2"), "--quiet"])
@@ -329,4 +435,13 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
         cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx5"), "--prune-redundancy",
                   "1.5", "--quiet"])
     assert "--prune-redundancy: expected 'off' or a number in (0, 1]" in capsys.readouterr().err
+    # an fp16 build derives to a compressed codec without re-encoding
+    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "small"), "--codec", "IVF4,PQ8",
+              "--doc-prune", "0.5", "--quiet"])
+    small, source = StoredIndex(tmp_path / "small", verify=True), StoredIndex(tmp_path / "idx")
+    assert (small.manifest.codec, small.manifest.index_type, small.docids) == ("IVF4,PQ8", "IVF4,PQ8", source.docids)
+    assert np.array_equal(small.kept, StoredIndex(tmp_path / "idx3").kept)
+    cosine = torch.nn.functional.cosine_similarity(small.token_vectors(np.arange(20)),
+                                                   source.token_vectors(np.arange(20)), dim=-1)
+    assert cosine.mean() > 0.8
     assert not (tmp_path / "idx2").exists() and leftovers(tmp_path) == []

@@ -12,44 +12,21 @@ import pytest
 import torch
 
 from pyserini_aligner.alignment import alignment_scores
-from pyserini_aligner.index import IndexFormatError, build_index, derive_index, read_json_collection, store
-from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.index import IndexFormatError, derive_index, store
 from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
 from pyserini_aligner.search.searcher import pad_encoded
 
-SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
-N_DOCS, N_QUERIES = 200, 12
+from conftest import N_DOCS, scifact_docs
 
-
-def read_scifact(n_docs: int, n_queries: int) -> tuple[list[dict], list[dict]]:
-    """The first n_docs documents (JsonCollection records) and the first n_queries queries of SciFact."""
-    with zipfile.ZipFile(SCIFACT) as archive:
-        docs = [json.loads(line) for line in archive.read("scifact/corpus.jsonl").decode().splitlines()[:n_docs]]
-        queries = [json.loads(line) for line in archive.read("scifact/queries.jsonl").decode().splitlines()[:n_queries]]
-    records = [{"id": d["_id"], "contents": f"{d['title']} {d['text']}".strip()} for d in docs]
-    return records, [{"id": q["_id"], "text": q["text"]} for q in queries]
+N_QUERIES = 12
 
 
 @pytest.fixture(scope="session")
-def model():
-    return AlignerModel.from_pretrained("aligner")
-
-
-@pytest.fixture(scope="session")
-def data():
-    return read_scifact(N_DOCS, N_QUERIES)
-
-
-@pytest.fixture(scope="session")
-def index_dir(tmp_path_factory, model, data) -> Path:
-    """Flat index of the first 200 SciFact documents (built once per session, shared with test_index.py)."""
-    base = tmp_path_factory.getbasetemp()
-    target = base / "scifact200_flat"
-    if not (target / store.MANIFEST).is_file():
-        corpus = base / "scifact200.jsonl"
-        corpus.write_text("".join(json.dumps(r) + "\n" for r in data[0]))
-        build_index(read_json_collection(corpus), target, model, progress=False, model_name="aligner")
-    return target
+def data() -> tuple[list[dict], list[dict]]:
+    """The 200 indexed SciFact documents (JsonCollection records) and the first 12 SciFact queries."""
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive:
+        lines = archive.read("scifact/queries.jsonl").decode().splitlines()[:N_QUERIES]
+    return scifact_docs(N_DOCS), [{"id": q["_id"], "text": q["text"]} for q in map(json.loads, lines)]
 
 
 @pytest.fixture(scope="session")
@@ -57,21 +34,24 @@ def exhaustive(index_dir, model):
     return ExhaustiveScorer(index_dir, encoder=model)
 
 
-VARIANTS = {  # name: (derive_index arguments, extra searcher arguments for exhaustive-equality runs)
+VARIANTS = {  # name: (derive_index arguments or "default", searcher arguments for exhaustive-equality runs)
     "fp16": (None, {}),
     "fp16-pruned": (dict(doc_prune=0.3), {}),
     "compressed": (dict(codec="IVF64,PQ16"), dict(nprobe=64)),
-    "compressed-pruned": (dict(codec="IVF64,PQ16", doc_prune=0.3), dict(nprobe=64)),
+    "default": ("default", None),  # build_index's defaults: codec auto, β^d 0.2; nprobe = every list
 }
 
 
 @pytest.fixture(scope="session", params=list(VARIANTS))
-def variant(request, tmp_path_factory, index_dir, model, data):
+def variant(request, tmp_path_factory, index_dir, default_index, model, data):
     """(name, index folder, searcher arguments, exhaustive top-10 per query over that same index): the shared
-    fp16 index, a β^d-pruned one, a compressed one and a compressed + pruned one."""
+    fp16 index, a β^d-pruned one, a compressed one and the compressed default one."""
     derive, knobs = VARIANTS[request.param]
     folder = index_dir
-    if derive is not None:
+    if derive == "default":
+        folder = default_index
+        knobs = dict(nprobe=store.StoredIndex(folder).codec_spec.nlist)
+    elif derive is not None:
         folder = tmp_path_factory.getbasetemp() / f"variant-{request.param}"
         if not (folder / store.MANIFEST).is_file():
             derive_index(index_dir, folder, progress=False, **derive)
@@ -99,7 +79,6 @@ def assert_same_ranking(got, want):
 @pytest.mark.parametrize("backend", ["faiss", "torch"])
 def test_searcher_equals_exhaustive_with_large_k(variant, model, data, backend):
     name, folder, knobs, want = variant
-    knobs = knobs if backend == "faiss" else {}
     searcher = AlignerSearcher(folder, encoder=model, k_per_token=1000, max_candidates=N_DOCS, backend=backend,
                                **knobs)
     queries = data[1]
@@ -123,7 +102,7 @@ def test_compressed_index_stays_close_to_fp16(variant, expected, data):
     """Whatever the store, the exhaustive top 10 stays close to the fp16 one (the codec loses little)."""
     name, _, _, want = variant
     overlap = [len({h.docid for h in want[q["id"]]} & {h.docid for h in expected[q["id"]]}) for q in data[1]]
-    assert np.mean(overlap) >= (10.0 if name.startswith("fp16") else 8.0)
+    assert np.mean(overlap) >= {"fp16": 10.0, "fp16-pruned": 10.0, "compressed": 8.0, "default": 7.0}[name]  # PQ4
 
 
 def test_searcher_loads_model_from_manifest(variant, data):
@@ -171,7 +150,7 @@ def test_strategy_knob(variant, model, data, backend):
     q = data[1][2]["text"]
     exact = ExhaustiveScorer(folder, encoder=model, strategy="top-p:0.02")
     searcher = AlignerSearcher(folder, encoder=model, strategy="top-p:0.02", k_per_token=1000, max_candidates=N_DOCS,
-                               backend=backend, **(knobs if backend == "faiss" else {}))
+                               backend=backend, **knobs)
     assert_same_ranking(as_pairs(searcher.search(q, k=10)), as_pairs(exact.search(q, k=10)))
     with pytest.raises(ValueError, match="bad alignment strategy"):
         AlignerSearcher(folder, encoder=model, strategy="max")
@@ -200,22 +179,15 @@ def test_torch_backend_refines_with_kept_tokens_like_faiss(tmp_path, index_dir, 
         assert_same_ranking(as_pairs(runs[1][q["id"]]), as_pairs(runs[0][q["id"]]))
 
 
-def test_faiss_gpu_needs_a_faiss_with_gpu_support(index_dir):
-    import faiss
-
-    from pyserini_aligner.search.searcher import faiss_to_gpu
-
-    if hasattr(faiss, "StandardGpuResources"):
-        pytest.skip("this faiss has GPU support")
-    with pytest.raises(ValueError, match="needs faiss built with GPU support"):
-        faiss_to_gpu(store.StoredIndex(index_dir).faiss_index(), "cuda:0")
-
-
-def test_backend_knob_errors(index_dir, model):
+def test_backend_knob_errors(index_dir, default_index, model):
     with pytest.raises(ValueError, match="backend must be one of"):
         AlignerSearcher(index_dir, encoder=model, backend="gpu")
-    with pytest.raises(ValueError, match="nprobe / ef_search tune FAISS"):
+    with pytest.raises(ValueError, match="backend 'faiss' runs on the CPU"):
+        AlignerSearcher(default_index, encoder=model, backend="faiss", device="cuda:0")
+    with pytest.raises(ValueError, match="several devices and nprobe need a compressed index"):
         AlignerSearcher(index_dir, encoder=model, backend="torch", nprobe=4)
+    with pytest.raises(ValueError, match="ef_search tunes HNSW FAISS indexes of fp16 stores"):
+        AlignerSearcher(default_index, encoder=model, ef_search=16)
 
 
 def test_model_mismatch_errors(index_dir, model):
@@ -233,20 +205,25 @@ def test_model_mismatch_errors(index_dir, model):
 def test_corrupt_or_missing_files_are_named(tmp_path, index_dir, model):
     broken = tmp_path / "broken"
     shutil.copytree(index_dir, broken)
-    (broken / store.FAISS_INDEX).write_bytes(b"garbage")
-    with pytest.raises(IndexFormatError, match=r"faiss\.index: FAISS cannot read it"):
+    (seg,) = store.read_manifest(broken).segments
+    seg_dir = broken / seg.name
+    size = (seg_dir / store.FAISS_INDEX).stat().st_size
+    assert size > store.SMALL_FILE  # not checksummed on open: FAISS itself must report the damage
+    (seg_dir / store.FAISS_INDEX).write_bytes(b"garbage".ljust(size, b"\0"))
+    with pytest.raises(IndexFormatError, match=r"seg-.*/faiss\.index: FAISS cannot read it"):
         AlignerSearcher(broken, encoder=model)
-    (broken / store.FAISS_INDEX).unlink()
+    (seg_dir / store.FAISS_INDEX).unlink()
     with pytest.raises(FileNotFoundError, match=r"index file missing: .*faiss\.index"):
         AlignerSearcher(broken, encoder=model)
-    with open(broken / store.SALIENCE, "ab") as handle:
+    shutil.copy(index_dir / seg.name / store.FAISS_INDEX, seg_dir / store.FAISS_INDEX)
+    with open(seg_dir / store.SALIENCE, "ab") as handle:
         handle.write(b"\0" * 4)
     with pytest.raises(IndexFormatError, match=r"doc_salience\.f32: \d+ bytes, the manifest implies"):
         AlignerSearcher(broken, encoder=model)
-    lines = (broken / store.DOCIDS).read_text().splitlines()
-    shutil.copy(index_dir / store.SALIENCE, broken / store.SALIENCE)
-    (broken / store.DOCIDS).write_text("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(IndexFormatError, match=r"docids\.txt: 199 docids, the manifest says num_docs=200"):
+    shutil.copy(index_dir / seg.name / store.SALIENCE, seg_dir / store.SALIENCE)
+    lines = (seg_dir / store.DOCIDS).read_text().splitlines()
+    (seg_dir / store.DOCIDS).write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(IndexFormatError, match=r"docids\.txt: \d+ bytes, the manifest implies|docids\.txt: checksum"):
         AlignerSearcher(broken, encoder=model)
 
 
@@ -316,3 +293,37 @@ def test_pyserini_faiss_searcher_opens_aligner_index(variant, data):
     q = data[1][0]
     overlap = {h.docid for h in searcher.search(q["text"], k=10)} & {h.docid for h in want[q["id"]]}
     assert len(overlap) >= 9
+
+
+def test_faiss_and_torch_backends_agree_on_the_default_index(default_index, model, data):
+    """Default knobs on the compressed default index: both CPU backends return the same ranking, and it finds most
+    of the exhaustive top 10."""
+    queries, ids = [q["text"] for q in data[1]], [q["id"] for q in data[1]]
+    runs = {backend: AlignerSearcher(default_index, encoder=model, backend=backend).batch_search(queries, ids, k=10)
+            for backend in ("faiss", "torch")}
+    want = ExhaustiveScorer(default_index, encoder=model).rank(queries, k=10)
+    for qid, exact in zip(ids, want):
+        assert_same_ranking(as_pairs(runs["torch"][qid]), as_pairs(runs["faiss"][qid]))
+    overlap = [len({h.docid for h in runs["faiss"][qid]} & {d for d, _ in exact}) / 10 for qid, exact in zip(ids, want)]
+    assert np.mean(overlap) >= 0.9
+
+
+def test_two_segments_on_two_devices_rank_like_one(two_segment_index, model, data):
+    """An index of two segments sharing one codec, spread over two (CPU) devices, ranks as on one device and as the
+    FAISS backend does; the exhaustive scorer agrees with a deep search."""
+    assert len(store.read_manifest(two_segment_index).segments) == 2
+    queries, ids = [q["text"] for q in data[1]], [q["id"] for q in data[1]]
+    two = AlignerSearcher(two_segment_index, encoder=model, backend="torch", devices=["cpu", "cpu"])
+    assert [shard.num_rows for shard in two.shards] == [N_DOCS // 2, N_DOCS - N_DOCS // 2]
+    runs = [two.batch_search(queries, ids, k=10)] + [
+        AlignerSearcher(two_segment_index, encoder=model, backend=backend).batch_search(queries, ids, k=10)
+        for backend in ("torch", "faiss")]
+    for qid in ids:
+        assert len(runs[0][qid]) == 10
+        for other in runs[1:]:
+            assert_same_ranking(as_pairs(runs[0][qid]), as_pairs(other[qid]))
+    nlist = store.StoredIndex(two_segment_index).codec_spec.nlist
+    deep = AlignerSearcher(two_segment_index, encoder=model, backend="torch", devices=["cpu", "cpu"], nprobe=nlist,
+                           k_per_token=1000, max_candidates=N_DOCS).rank(queries[:4], k=10)
+    for got, want in zip(deep, ExhaustiveScorer(two_segment_index, encoder=model).rank(queries[:4], k=10)):
+        assert_same_ranking(got, want)

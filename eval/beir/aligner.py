@@ -31,7 +31,8 @@ def index_key(index_dir: Path) -> dict:
 
 
 def full_index(ctx: Context) -> Path:
-    """``<work>/aligner-<fingerprint[:8]>``: the corpus encoded with ``ctx.encoder``, built once."""
+    """``<work>/aligner-<fingerprint[:8]>``: the corpus encoded with ``ctx.encoder``, built once: exact fp16 vectors,
+    every token indexed (the pruned and compressed variants are derived from it)."""
     from pyserini_aligner.index import build_index
     from pyserini_aligner.index.builder import model_name_of
     from pyserini_aligner.index.store import MANIFEST
@@ -40,7 +41,7 @@ def full_index(ctx: Context) -> Path:
     if not (target / MANIFEST).is_file():
         log.info("building the AligneR index %s", target)
         docs = ((doc.docid, doc.contents) for doc in ctx.dataset.docs())
-        build_index(docs, target, ctx.model, progress=ctx.progress, overwrite=True,
+        build_index(docs, target, ctx.model, codec="fp16", doc_prune=1.0, progress=ctx.progress, overwrite=True,
                     model_name=model_name_of(ctx.encoder))
     return target
 

@@ -40,10 +40,10 @@ def throughput_qps(batch_search: Callable[[list[str]], object], queries: Sequenc
 
 
 def file_bytes(folder: str | os.PathLike, names: Sequence[str] | None = None) -> int:
-    """Total bytes of ``names`` in ``folder`` (every file when ``names`` is None)."""
-    folder = Path(folder)
-    paths = [folder / name for name in names] if names is not None else [p for p in folder.iterdir() if p.is_file()]
-    return sum(p.stat().st_size for p in paths if p.exists())
+    """Total bytes of the files named ``names`` anywhere under ``folder`` (an index's segment and codec folders
+    included; every file when ``names`` is None)."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*")
+               if p.is_file() and (names is None or p.name in names))
 
 
 def timed_module(module: str, args: Sequence[str], env: dict | None = None) -> dict[str, float]:

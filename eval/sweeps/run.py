@@ -30,9 +30,9 @@ def alignment_sweep(ctx: Context, strategies=CANDIDATE_STRATEGIES) -> dict[str, 
 
 def index_bytes(index_dir: Path) -> dict[str, int]:
     """File sizes of an index folder: "faiss" (FAISS index + its row→token map), "store" (the rest), "total"."""
-    sizes = {path.name: path.stat().st_size for path in Path(index_dir).iterdir() if path.is_file()}
-    faiss = sum(sizes.get(name, 0) for name in FAISS_FILES)
-    total = sum(sizes.values())
+    files = [path for path in Path(index_dir).rglob("*") if path.is_file()]  # segment and codec folders included
+    faiss = sum(path.stat().st_size for path in files if path.name in FAISS_FILES)
+    total = sum(path.stat().st_size for path in files)
     return {"faiss": faiss, "store": total - faiss, "total": total}
 
 

@@ -420,9 +420,11 @@ class AlignerSearcher:
             distances, labels = self.index.search(x, per_token, params=params)
             return torch.from_numpy(distances), torch.from_numpy(labels)
         parts = []
-        for index, base in self.index:
+        for (index, base), seg in zip(self.index, self.store.segments):
             distances, labels = index.search(x, min(per_token, max(index.ntotal, 1)))
-            rows = np.where(labels >= 0, self.store.doc_of_token(np.maximum(labels, 0) + base), -1)
+            found = labels >= 0  # a FAISS label is a position in the segment's faiss_ids, not a token position
+            positions = seg.faiss_ids[np.where(found, labels, 0)] if index.ntotal else np.zeros_like(labels)
+            rows = np.where(found, self.store.doc_of_token(positions + base), -1)
             rows = np.where((rows >= 0) & self.store.live[np.maximum(rows, 0)], rows, -1)
             distances = np.where(rows >= 0, distances, -np.inf).astype(np.float32)
             parts.append((torch.from_numpy(distances), torch.from_numpy(rows)))
