@@ -216,8 +216,6 @@ def test_adding_a_live_docid_is_refused_and_changes_nothing(tmp_path, full, docs
     assert unreferenced(index) == []
 
 
-@pytest.mark.xfail(strict=True, reason="SegmentWriter.abort closes the refused segment's files but keeps its "
-                                       "folder until the next write")
 def test_refused_add_leaves_no_folder(tmp_path, full, model, docs, extra):
     index = copy_index(full, tmp_path / "index")
     entries = sorted(p.name for p in index.iterdir())

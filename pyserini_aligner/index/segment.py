@@ -6,6 +6,7 @@ its memory does not grow with the corpus beyond the kept tokens' inverted-list e
 """
 from __future__ import annotations
 
+import shutil
 import time
 import zlib
 from pathlib import Path
@@ -193,8 +194,10 @@ class SegmentWriter:
                                  files=files, build_stats=dict(self.seconds))
 
     def abort(self) -> None:
+        """Close and remove the unfinished segment folder."""
         for sink in self.sinks.values():
             sink.handle.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _write_ivf(self) -> dict[str, dict]:
         nlist, m = len(self.codec.centroids), len(self.codec.codebooks)
