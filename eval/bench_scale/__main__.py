@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="skip exhaustive scoring (overlap@10, exhaustive nDCG@10) above this size")
     parser.add_argument("--work", type=Path, help="keep the indexes in this folder (default: a temporary folder "
                                                   "in --output, removed at the end)")
+    parser.add_argument("--add-fraction", type=float, default=0.0,
+                        help="also time adding this fraction of new passages to the largest index (e.g. 0.01)")
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus")
     parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_bench(args.beir_zip, args.sizes, args.output, args.device, codec=args.codec, batch_size=args.batch_size,
                   max_queries=args.max_queries, cpu_threads=args.cpu_threads, tile_to=args.tile_to, work=args.work,
-                  exhaustive_max_docs=args.exhaustive_max_docs, encoder=args.encoder, seed=args.seed,
+                  exhaustive_max_docs=args.exhaustive_max_docs, add_fraction=args.add_fraction, encoder=args.encoder, seed=args.seed,
                   quiet=args.quiet)
     except (CorpusError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -69,6 +69,11 @@ def markdown(report: dict) -> str:
     lines += ["| " + " | ".join(table_row(row)) + " |" for row in rows]
     if report.get("cpu"):
         lines.append("| " + " | ".join(cpu_table_row(report["cpu"])) + " |")
+    for row in rows:
+        if row.get("add_s") is not None:
+            lines += ["", f"Live update: adding {row['added']} new passages ({row['added'] / row['docs']:.0%}) to the "
+                      f"{row['label']} index as a new segment took {row['add_s']} s, against {row['build']['total_s']} s "
+                      "for its build."]
     return "\n".join(lines) + "\n"
 
 

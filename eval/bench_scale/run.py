@@ -117,6 +117,21 @@ def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, e
     return row
 
 
+def add_documents(corpus: SyntheticCorpus, index_dir: Path, n: int, fraction: float, device: str,
+                  batch_size: int) -> dict:
+    """Time adding the next ``fraction`` · n passages to the built index as a new segment (a live update)."""
+    from itertools import islice
+
+    from pyserini_aligner.index.live import AlignerIndex
+
+    count = max(1, int(n * fraction))
+    start = time.perf_counter()
+    AlignerIndex(index_dir, device=device, batch_size=batch_size).add(islice(iter(corpus), n, n + count))
+    sync(device)
+    seconds = time.perf_counter() - start
+    return {"added": count, "add_s": round(seconds, 2)}
+
+
 def cpu_search(index_dir: Path, queries: Sequence[str], threads: int) -> dict:
     """p50/p95 at k=10, one query at a time on the CPU with ``threads`` threads (the CPU default backend, or the
     torch backend where FAISS is not installed)."""
@@ -135,7 +150,7 @@ def cpu_search(index_dir: Path, queries: Sequence[str], threads: int) -> dict:
 def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, codec: str = "auto",
               batch_size: int = 128, max_queries: int | None = None, cpu_threads: int | None = None,
               tile_to: int | None = None, work: Path | None = None, exhaustive_max_docs: int | None = None,
-              encoder: str = "aligner", seed: int = 0, quiet: bool = False) -> dict:
+              encoder: str = "aligner", seed: int = 0, quiet: bool = False, add_fraction: float = 0.0) -> dict:
     """Measure every size (and the CPU row, and the tiled size); writes bench_scale.json/.md in ``output`` after
     each step and returns the report. Indexes go under ``work`` (kept), or a temporary folder in ``output``."""
     sizes = sorted(set(sizes))
@@ -168,6 +183,9 @@ def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, c
             log.info("%s: %s", row["label"], row)
             largest = (index_dir, row, queries)
         index_dir, source_row, queries = largest
+        if add_fraction:
+            source_row.update(add_documents(corpus, index_dir, source_row["docs"], add_fraction, device, batch_size))
+            reporting.write(report, output)
         if tile_to:  # whole copies: the tiled size is tile_to rounded up to a multiple of the largest size
             copies = math.ceil(tile_to / source_row["docs"])
             start = time.perf_counter()

@@ -1,8 +1,8 @@
 """``python -m eval.bench_scale.sweep --beir-zip scifact.zip --size 1m --device cuda --output <dir>
---settings 100:8:256,1000:16:512``
+--settings 100:8:256,1000:16:256:4096``
 
 Builds (or reuses, with ``--work``) one synthetic index and searches it with several candidate-generation settings
-``k_per_token:nprobe:max_candidates``: overlap@10 with exhaustive scoring (computed once), nDCG@10, p50/p95 at k=10
+``k_per_token:nprobe:max_candidates[:interaction_candidates]``: overlap@10 with exhaustive scoring (computed once), nDCG@10, p50/p95 at k=10
 one query at a time and q/s in batches of 300. Writes sweep.json and sweep.md and prints the table.
 """
 from __future__ import annotations
@@ -20,15 +20,16 @@ from eval.bench_scale.run import build, judged_queries
 from eval.cli import configure_logging
 
 
-def parse_settings(text: str) -> list[tuple[int, int, int]]:
-    """"K:nprobe:C,..." -> [(K, nprobe, C), ...]."""
+def parse_settings(text: str) -> list[tuple[int, int, int, int]]:
+    """"K:nprobe:C[:W],..." -> [(K, nprobe, C, W), ...] (W: interaction candidates, 0 = off, default 0)."""
     out = []
     for part in text.split(","):
         try:
-            k, nprobe, limit = (int(x) for x in part.split(":"))
+            values = [int(x) for x in part.split(":")]
+            k, nprobe, limit, wide = (values + [0])[:4] if len(values) in (3, 4) else ([],) * 4
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected K:nprobe:C, got {part!r}") from None
-        out.append((k, nprobe, limit))
+            raise argparse.ArgumentTypeError(f"expected K:nprobe:C[:W], got {part!r}") from None
+        out.append((k, nprobe, limit, wide))
     return out
 
 
@@ -66,10 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     report = {"machine": machine_info(args.device), "size": args.size, "queries": len(texts), "build": built,
               "exhaustive_s": round(time.perf_counter() - start, 2),
               "ndcg@10_exhaustive": round(ndcg_at_10(run_dict(qids, best), judged), 4), "rows": []}
-    for k, nprobe, limit in args.settings:
+    for k, nprobe, limit, wide in args.settings:
         searcher = AlignerSearcher(index_dir, device=args.device, k_per_token=k, nprobe=nprobe,
-                                   max_candidates=limit, batch_size=300)
-        row = {"k_per_token": k, "nprobe": nprobe, "max_candidates": limit}
+                                   max_candidates=limit, interaction_candidates=wide, batch_size=300)
+        row = {"k_per_token": k, "nprobe": nprobe, "max_candidates": limit, "interaction_candidates": wide}
         row.update(percentiles_ms(per_query_latency(lambda q: searcher.rank([q], k=10), texts[:100], warmup=10)))
         times = []
         searcher.timings = {}
@@ -89,9 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     (args.output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}); "
              f"exhaustive nDCG@10 {report['ndcg@10_exhaustive']}", "",
-             "| K | nprobe | C | p50 ms | p95 ms | q/s b300 | ms per 300 (encode/probe/select/refine) | overlap@10 | nDCG@10 |",
-             "|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
-    lines += [f"| {r['k_per_token']} | {r['nprobe']} | {r['max_candidates']} | {r['p50_ms']} | {r['p95_ms']} | "
+             "| K | nprobe | C | W | p50 ms | p95 ms | q/s b300 | ms per 300 (encode/probe/select/refine) | overlap@10 | nDCG@10 |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    lines += [f"| {r['k_per_token']} | {r['nprobe']} | {r['max_candidates']} | {r['interaction_candidates']} | "
+              f"{r['p50_ms']} | {r['p95_ms']} | "
               f"{r['qps_b300']} | {'/'.join(str(v) for v in r['ms_per_batch300'].values())} | {r['overlap@10']} | "
               f"{r['ndcg@10']} |" for r in report["rows"]]
     (args.output / "sweep.md").write_text("\n".join(lines) + "\n")

@@ -12,6 +12,7 @@ import sys
 
 from tqdm import tqdm
 
+from pyserini_aligner.search.searcher import DEFAULT_QUERY_PRUNE
 from pyserini_aligner.cli import flag_value, fraction, positive_int, run_main
 from pyserini_aligner.textio import check_output_path, discard_output
 from pyserini_aligner.topics import load_topics
@@ -41,9 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "cpu) or with torch on --device (default on cuda)")
     parser.add_argument("--strategy", default=None, help="alignment, e.g. top-k:1, top-p:0.015, da:4:0.04 "
                                                          "(default: the index's)")
-    parser.add_argument("--k-per-token", type=positive_int, default=100, help="FAISS neighbours per kept query token (K)")
-    parser.add_argument("--query-prune", type=fraction, default=1.0, help="β^q: fraction of query tokens searched")
-    parser.add_argument("--max-candidates", type=positive_int, default=1000, help="documents refined per query")
+    parser.add_argument("--k-per-token", type=positive_int, default=None,
+                        help="indexed document tokens taken per kept query token (K; default by device, see "
+                             "AlignerSearcher)")
+    parser.add_argument("--nprobe", type=positive_int, default=None,
+                        help="inverted lists probed per kept query token (compressed indexes; default by device)")
+    parser.add_argument("--interaction-candidates", type=int, default=None,
+                        help="documents narrowed by centroid interaction before refinement (torch backend; 0: off; "
+                             "default by device)")
+    parser.add_argument("--query-prune", type=fraction, default=DEFAULT_QUERY_PRUNE,
+                        help="β^q: fraction of the query's tokens probed (refinement uses all)")
+    parser.add_argument("--max-candidates", type=positive_int, default=None,
+                        help="documents refined per query (at least --hits; default by device)")
     parser.add_argument("--refine-with", choices=["all", "kept"], default="all",
                         help="score candidates with all stored doc tokens or only the indexed ones")
     parser.add_argument("--tag", default="AligneR", help="run tag (last TREC column)")
@@ -58,6 +68,7 @@ def searcher_knobs(args: argparse.Namespace) -> dict:
     """AlignerSearcher keyword arguments from the flags (device and backend aside)."""
     return dict(encoder=None if args.encoder == GENERIC_ENCODER else args.encoder, strategy=args.strategy,
                 k_per_token=args.k_per_token, query_prune=args.query_prune, max_candidates=args.max_candidates,
+                nprobe=args.nprobe, interaction_candidates=args.interaction_candidates,
                 refine_with=args.refine_with, batch_size=args.batch_size)
 
 

@@ -7,7 +7,9 @@ Three steps, each a function of plain tensors so that every backend and every sh
    inner product from a [M, 256] table) and keeps its ``K`` best (score, document) entries.
 2. :func:`select_candidates`: per query, a document's proxy is Σ over query tokens of w · (its best entry score −
    that token's K-th score), a MaxSim estimate in which a token's missing documents get its K-th score; the best
-   ``limit`` documents (ties to the lower row) are the candidates.
+   ``limit`` documents (ties to the lower row) are the candidates. Optionally (:meth:`CodeShard.interaction`, in the
+   manner of PLAID's centroid interaction) a larger candidate set is first narrowed by MaxSim over the centroids of
+   all of each document's tokens, read from query-centroid scores.
 3. :meth:`CodeShard.refine`: each candidate's tokens (all, or only the kept ones) are decoded from their codes on the
    device and scored with the full alignment score.
 
@@ -131,9 +133,10 @@ class CodeShard:
         first = torch.cumsum(counts, 0) - counts
         pos = self.ivf_offsets[cidx.reshape(-1)][cell] + torch.arange(total, device=self.device) - first[cell]
         owner = torch.div(cell, nprobe, rounding_mode="floor")
-        codes = self.ivf_codes[pos].long() + torch.arange(self.m, device=self.device) * 256  # [E, M]
-        score = cval.reshape(-1)[cell] + lut[owner.unsqueeze(1), codes].sum(1)
-        docs = self.ivf_docs[pos].long()
+        codes = self.ivf_codes.index_select(0, pos).long()  # [E, M]
+        codes += (owner * (self.m * 256)).unsqueeze(1) + torch.arange(self.m, device=self.device) * 256
+        score = cval.reshape(-1).index_select(0, cell) + lut.reshape(-1)[codes].sum(1)
+        docs = self.ivf_docs.index_select(0, pos).long()
         score = torch.where(self.live[docs], score, torch.full_like(score, -torch.inf))
         order = torch.argsort(score, descending=True, stable=True)  # best first; ties keep list order
         order = order[torch.argsort(owner[order], stable=True)]  # grouped by probe
@@ -143,6 +146,42 @@ class CodeShard:
         keep = (rank < width) & torch.isfinite(score)
         out_scores[owner[keep], rank[keep]] = score[keep]
         out_rows[owner[keep], rank[keep]] = docs[keep] + self.row_base
+
+    # ------------------------------------------------------------------ step 2b
+    def interaction(self, q: Tensor, q_mask: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
+        """Centroid-interaction scores [B, C] of the candidate global ``rows`` [B, C] this shard holds (−inf for the
+        others): MaxSim with every token of a document replaced by its centroid, Σ_i max_j q_i·c(d_j) / n, read from
+        the query-centroid scores without decoding anything. q [B, n, d], q_mask [B, n]."""
+        q, q_mask = q.to(self.device, torch.float32), q_mask.to(self.device)
+        rows, valid = rows.to(self.device), valid.to(self.device)
+        local = rows - self.row_base
+        mine = valid & (local >= 0) & (local < self.num_rows)
+        local = torch.where(mine, local, torch.zeros_like(local))
+        lengths = torch.where(mine, self.lengths[local], torch.zeros_like(local))
+        out = torch.full(rows.shape, -torch.inf, device=self.device)
+        half = torch.float16 if self.device.type == "cuda" else torch.float32
+        budget = _MAX_ELEMENTS * (4 if self.device.type == "cuda" else 1)
+        real = q_mask.sum(1)
+        tokens = lengths.sum(1)
+        for part, n in query_chunks(real, tokens, self.nlist, budget):
+            count = rows.shape[1]
+            table = torch.einsum("bnd,cd->bcn", q[part, :n], self.centroids).to(half)  # [b, nlist, n]
+            flat = lengths[part].reshape(-1)
+            total = int(flat.sum())
+            if total == 0:
+                continue
+            doc = torch.repeat_interleave(torch.arange(len(flat), device=self.device), flat, output_size=total)
+            within = torch.arange(total, device=self.device) - (torch.cumsum(flat, 0) - flat)[doc]
+            pos = self.offsets[local[part].reshape(-1)][doc] + within
+            cid = self.token_ids[pos].long() & 0xFFFF
+            row = torch.div(doc, count, rounding_mode="floor") * self.nlist + cid
+            values = table.reshape(-1, n).index_select(0, row)  # [T, n]
+            best = torch.segment_reduce(values, "max", lengths=flat, axis=0, unsafe=True).float()  # [b·C, n]
+            mask = q_mask[part, :n].repeat_interleave(count, dim=0)
+            score = torch.where(mask, best, torch.zeros((), device=self.device)).sum(1) / \
+                real[part].clamp_min(1).repeat_interleave(count).float()
+            out[part] = torch.where(mine[part], score.view(-1, count), out[part])
+        return out
 
     # ------------------------------------------------------------------ step 3
     def refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor,
@@ -160,16 +199,16 @@ class CodeShard:
             return out
         width = max(int(lengths.max()), 1)
         span = torch.arange(width, device=self.device)
-        step = max(1, _MAX_ELEMENTS // (rows.shape[1] * width * self.centroids.shape[1]))
-        for start in range(0, len(rows), step):
-            part = slice(start, start + step)
+        budget = 1 << 28 if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
+        padded = torch.full_like(lengths[:, 0], rows.shape[1] * width)  # padded candidate tokens per query
+        for part, n in query_chunks(q_mask.sum(1), padded, 0, budget, padded * self.centroids.shape[1]):
             positions = (self.offsets[local[part]].unsqueeze(-1) + span).clamp_max(max(len(self.token_ids) - 1, 0))
             mask = span < lengths[part].unsqueeze(-1)
             if self.kept is not None:
                 mask &= self.kept[positions]
             d = self.decode(positions)
-            scores = alignment_scores_grouped(q[part].to(self.dtype), q_mask[part], d, mask, strategy,
-                                              None if q_sal is None else q_sal[part], None)
+            scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n], d, mask, strategy,
+                                              None if q_sal is None else q_sal[part, :n], None)
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
 
@@ -179,6 +218,27 @@ class CodeShard:
         codes = self.token_codes[positions].long() + torch.arange(self.m, device=self.device) * 256
         residual = self.books.reshape(self.m * 256, -1)[codes]  # [..., M, sub]
         return (self.centroids[ids] + residual.flatten(-2)).to(self.dtype)
+
+
+def query_chunks(real: Tensor, tokens: Tensor, table_width: int, budget: int, extra: Tensor | None = None):
+    """Chunks of queries (index tensors, longest queries first) with their width n (longest real query length in the
+    chunk). A query costs n × (tokens + table_width) + extra elements; a chunk holds at most ``budget`` (at least one
+    query). real [B]: real query tokens; tokens [B]: candidate tokens per query; extra [B] or None."""
+    order = torch.argsort(real, descending=True, stable=True)
+    real_host, tokens_host = real[order].cpu().tolist(), tokens[order].cpu().tolist()
+    extra_host = extra[order].cpu().tolist() if extra is not None else [0] * len(real_host)
+    start = 0
+    while start < len(order):
+        n = max(int(real_host[start]), 1)
+        size, stop = 0, start
+        while stop < len(order):
+            cost = n * (tokens_host[stop] + table_width) + extra_host[stop]
+            if stop > start and size + cost > budget:
+                break
+            size += cost
+            stop += 1
+        yield order[start:stop], n
+        start = stop
 
 
 def merge_probes(parts: list[tuple[Tensor, Tensor]], width: int) -> tuple[Tensor, Tensor]:
@@ -228,6 +288,16 @@ def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, l
     out = torch.where(out >= 0, out, torch.full_like(out, np.iinfo(np.int64).max)).sort(dim=1).values
     ok = out != np.iinfo(np.int64).max
     return torch.where(ok, out, torch.full_like(out, -1)), ok
+
+
+def narrow(scores: Tensor, rows: Tensor, limit: int) -> tuple[Tensor, Tensor]:
+    """The ``limit`` best candidate rows per query by ``scores`` [B, C] (ties to the lower row), as (rows [B, limit]
+    sorted ascending, valid [B, limit])."""
+    values, picked = top_hits(scores, rows, limit)
+    picked = torch.where(torch.isfinite(values), picked, torch.full_like(picked, np.iinfo(np.int64).max))
+    picked = picked.sort(dim=1).values
+    ok = picked != np.iinfo(np.int64).max
+    return torch.where(ok, picked, torch.full_like(picked, -1)), ok
 
 
 def top_hits(scores: Tensor, rows: Tensor, k: int) -> tuple[Tensor, Tensor]:

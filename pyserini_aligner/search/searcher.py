@@ -28,17 +28,18 @@ from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strateg
 from pyserini_aligner.index.store import Manifest, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel, EncodedText
 from pyserini_aligner.salience import prune_mask
-from pyserini_aligner.search.engine import CodeShard, merge_probes, select_candidates, top_hits
+from pyserini_aligner.search.engine import CodeShard, merge_probes, narrow, select_candidates, top_hits
 
 log = logging.getLogger(__name__)
 
 REFINE_WITH = ("all", "kept")
 BACKENDS = ("faiss", "torch")
-DEFAULT_MAX_CANDIDATES = 256
-DEFAULT_K_PER_TOKEN = 100
+# Candidate-generation defaults (k_per_token, nprobe, max_candidates, interaction_candidates) per kind of device,
+# chosen with python -m eval.bench_scale.sweep on synthetic passages (docs/scaling.md): a GPU affords a wide
+# centroid-interaction stage; a CPU refines a few hundred candidates straight from the probes.
+DEPTH_DEFAULTS = {"cuda": (4000, 16, 128, 16384), "cpu": (100, 8, 256, 0)}
 DEFAULT_QUERY_PRUNE = 0.5
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
-DEFAULT_NPROBE = 8
 DEFAULT_EF_SEARCH = 128
 _INVISIBLE = dict.fromkeys(map(ord, "\x00\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 
@@ -81,7 +82,8 @@ def load_model(encoder, manifest: Manifest, index_dir: str | os.PathLike, device
     elif isinstance(getattr(encoder, "model", None), AlignerModel):
         model = encoder.model
     elif isinstance(encoder, (str, os.PathLike)):
-        model = AlignerModel.from_pretrained(str(encoder), device=device)
+        model = AlignerModel.from_pretrained(str(encoder), device=device,
+                                             dtype="fp16" if str(device).startswith("cuda") else None)
     else:
         raise TypeError("encoder must be an AligneR checkpoint name/folder or an AlignerModel, "
                         f"got {type(encoder).__name__}")
@@ -144,8 +146,11 @@ class AlignerSearcher:
     index_dir: folder written by ``python -m pyserini_aligner.index``. encoder: None (the model in the manifest),
     a checkpoint name/folder, an AlignerModel or an AlignerQueryEncoder. strategy: alignment strategy for
     refinement (default: the manifest's). k_per_token: indexed document tokens taken per kept query token (raised to
-    k for deep searches). query_prune: β^q, fraction of query tokens probed (refinement always uses all).
-    max_candidates: documents refined per query (at least k). refine_with: "all" stored doc tokens or only the
+    k for deep searches). k_per_token, nprobe, max_candidates and interaction_candidates default to
+    ``DEPTH_DEFAULTS`` for the device. query_prune: β^q, fraction of query tokens probed (refinement always uses all).
+    max_candidates: documents refined per query (at least k). interaction_candidates: compressed indexes only,
+    documents first narrowed to max_candidates by centroid interaction (MaxSim over the centroids of all their
+    tokens; 0: off; only the torch backend has this stage). refine_with: "all" stored doc tokens or only the
     "kept" ones. nprobe: inverted lists probed per query token (compressed indexes; raised when the lists hold fewer
     than k_per_token entries); ef_search: HNSW search depth (fp16 indexes). device: where queries are encoded and,
     with the torch backend, searched; devices: several devices (e.g. ["cuda:0", "cuda:1"]) over which the segments
@@ -157,9 +162,10 @@ class AlignerSearcher:
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
-                 k_per_token: int = DEFAULT_K_PER_TOKEN, query_prune: float = DEFAULT_QUERY_PRUNE,
-                 max_candidates: int = DEFAULT_MAX_CANDIDATES, refine_with: str = "all", nprobe: int | None = None,
+                 k_per_token: int | None = None, query_prune: float = DEFAULT_QUERY_PRUNE,
+                 max_candidates: int | None = None, refine_with: str = "all", nprobe: int | None = None,
                  ef_search: int | None = None, device: str = "cpu", batch_size: int = 32, backend: str | None = None,
+                 interaction_candidates: int | None = None,
                  devices: Sequence[str] | None = None, segments: Sequence[int] | None = None, exchange=None):
         self.index_dir = Path(index_dir)
         self.devices = list(devices) if devices else [device]
@@ -171,6 +177,10 @@ class AlignerSearcher:
         if backend == "faiss" and str(device).startswith("cuda"):
             raise ValueError("backend 'faiss' runs on the CPU; use backend 'torch' (the default) on CUDA")
         self.backend = backend
+        kind = "cuda" if str(device).startswith("cuda") else "cpu"
+        default_k, default_nprobe, default_c, default_w = DEPTH_DEFAULTS[kind]
+        k_per_token = default_k if k_per_token is None else k_per_token
+        max_candidates = default_c if max_candidates is None else max_candidates
         if k_per_token < 1 or max_candidates < 1 or batch_size < 1:
             raise ValueError("k_per_token, max_candidates and batch_size must be >= 1, got "
                              f"{k_per_token}, {max_candidates}, {batch_size}")
@@ -179,10 +189,15 @@ class AlignerSearcher:
         if refine_with not in REFINE_WITH:
             raise ValueError(f"refine_with must be one of {REFINE_WITH}, got {refine_with!r}")
         for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+            if name == "nprobe" and interaction_candidates is not None and interaction_candidates < 0:
+                raise ValueError(f"interaction_candidates must be >= 0, got {interaction_candidates}")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
         self.refine_with, self.batch_size, self.nprobe, self.ef_search = refine_with, batch_size, nprobe, ef_search
+        self.interaction_candidates = (interaction_candidates if interaction_candidates is not None
+                                       else default_w if backend == "torch" else 0)
+        self._default_nprobe = default_nprobe
         self._strategy_arg, self._encoder_arg = strategy, encoder
         if (segments is not None or exchange is not None) and backend != "torch":
             raise ValueError("segments and exchange need backend 'torch'")
@@ -332,16 +347,21 @@ class AlignerSearcher:
         return ranked
 
     # ------------------------------------------------------------------ pipeline
-    def _depth(self, k: int) -> tuple[int, int, int]:
-        """(entries per probe K, nprobe, candidates refined) for a top-k search."""
+    def _depth(self, k: int) -> tuple[int, int, int, int]:
+        """(entries per probe K, nprobe, candidates narrowed by centroid interaction (0: none), candidates refined)
+        for a top-k search."""
+        live = max(self.store.num_live, 1)
+        limit = min(max(self.max_candidates, k), live)
+        staged = self.interaction_candidates and (self.shards or self.exchange is not None)
+        wide = min(max(self.interaction_candidates, 4 * k), live) if staged else 0
+        wide = wide if wide > limit else 0
         per_token = max(self.k_per_token, k)
-        limit = min(max(self.max_candidates, k), max(self.store.num_live, 1))
-        nprobe = self.nprobe or DEFAULT_NPROBE
+        nprobe = self.nprobe or self._default_nprobe
         if self.store.codec is not None:
             nlist = self.store.codec_spec.nlist
             mean_list = max(self.manifest.num_kept / max(nlist, 1), 1.0)
             nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
-        return per_token, nprobe, limit
+        return per_token, nprobe, wide, limit
 
     def _search_texts(self, texts: list[str], k: int):
         """(query vectors per text, [(doc row, score)] per text)."""
@@ -363,7 +383,7 @@ class AlignerSearcher:
         probe_mask = prune_mask(q_sal, q_mask, self.query_prune)
         owner, token = probe_mask.nonzero(as_tuple=True)
         weights = q_sal[owner, token] if self.use_salience else None
-        per_token, nprobe, limit = self._depth(k)
+        per_token, nprobe, wide, limit = self._depth(k)
         if self.tokens is not None:
             scores, rows = self.tokens.search(q, q_mask, q_sal, probe_mask, k, per_token, limit, self.strategy,
                                               q_sal if self.use_salience else None)
@@ -371,8 +391,12 @@ class AlignerSearcher:
             probe_scores, probe_rows = self._probe(q[owner, token], per_token, nprobe)
             clock("probe")
             rows, valid = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(live),
-                                            limit, None if weights is None else weights.to(probe_scores.device))
+                                            wide or limit, None if weights is None else weights.to(probe_scores.device))
             clock("select")
+            if wide:
+                rows, valid = narrow(self._combine([shard.interaction(q, q_mask, rows, valid)
+                                                    for shard in self.shards]), rows.to(self.device), limit)
+                clock("interaction")
             refined = self._refine(q, q_mask, q_sal if self.use_salience else None, rows, valid)
             scores, rows = top_hits(refined, rows.to(refined.device), k)
         scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
@@ -439,16 +463,20 @@ class AlignerSearcher:
             self._selector_for = self.store
         return self._selector
 
+    def _combine(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """Per-candidate scores from the shards (each −inf for rows it does not hold), also across processes."""
+        if self.exchange is not None:
+            parts = [part for held in self.exchange.all_gather([p.cpu() for p in parts]) for part in held]
+        out = parts[0]
+        for part in parts[1:]:
+            out = torch.maximum(out, part.to(out.device))
+        return out
+
     def _refine(self, q, q_mask, q_sal, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Alignment scores [B, C] of the candidate rows (−inf where not valid)."""
         if self.shards or self.exchange is not None:
-            parts = [shard.refine(q, q_mask, q_sal, rows, valid, self.strategy) for shard in self.shards]
-            if self.exchange is not None:
-                parts = [part for held in self.exchange.all_gather([p.cpu() for p in parts]) for part in held]
-            out = parts[0]
-            for part in parts[1:]:
-                out = torch.maximum(out, part.to(out.device))
-            return out
+            return self._combine([shard.refine(q, q_mask, q_sal, rows, valid, self.strategy)
+                                  for shard in self.shards])
         out = torch.full(rows.shape, -torch.inf)
         for b in range(len(rows)):
             picked = rows[b][valid[b]].numpy()
