@@ -117,8 +117,9 @@ def test_missing_or_wrong_corpus(index_dir, corpus, explain_model, explanations)
 
     store = StoredIndex(index_dir)
     row = store.row_of(ex.docid)
-    vectors = store.vectors[store.offsets[row]:store.offsets[row + 1]]
-    salience = store.salience[store.offsets[row]:store.offsets[row + 1]]
+    positions = np.arange(store.offsets[row], store.offsets[row + 1])
+    vectors = store.token_vectors(positions).numpy()
+    salience = store.token_salience(positions)
     with pytest.raises(ValueError, match="differ"):
         explain_document(explain_model, QUERY, doc_text(corpus, other), vectors, salience, STRATEGY, docid=ex.docid)
 
