@@ -75,15 +75,10 @@ def read_docs(spec: str, max_docs: int | None = None) -> list[tuple[str, str]]:
 
 
 def read_topics(spec: str, limit: int | None) -> list[str]:
-    """Query texts from a TSV file (qid<TAB>text) or a dataset id with its split."""
-    path = Path(spec)
-    if path.is_file():
-        texts = [line.split("\t", 1)[1].strip() for line in path.read_text(encoding="utf-8").splitlines()
-                 if "\t" in line]
-    else:
-        from pyserini_aligner.data import load_queries
+    """Query texts from a topics file (qid<TAB>text), a BEIR folder or a dataset id with its split."""
+    from pyserini_aligner.topics import load_topics
 
-        texts = list(load_queries(spec).values())
+    texts = list(load_topics(spec).values())
     if not texts:
         raise ValueError(f"--topics {spec}: no queries")
     return texts[:limit]

@@ -10,11 +10,11 @@ From the harness's full AligneR index (eval.beir.aligner.full_index: the same ca
 - ``first``: equal scores, so the first tokens are kept (ties go to the earlier position);
 each under every ``--redundancy`` rule: ``off`` (scores alone) or a cosine threshold (salience.prune_mask: a token
 within that cosine of a higher-scored token of its document is kept only if the distinct tokens leave room).
-For the last three, a copy of the full index with doc_salience.f32 replaced (other files hard-linked) is derived
-with builder.derive_index. Every index is searched with AlignerSearcher at each β^q (the query side always uses
-the model's own query salience). Written to ``pruning_baselines.json`` and ``.md``: nDCG@10 on the qrels, and
-overlap@10, the share of the exhaustive scorer's top 10 (every stored token of every document, no pruning) that
-the pruned search also returns in its top 10 (needs no relevance labels).
+For the last three, a copy of the full index with each segment's doc_salience.f32 replaced (other files
+hard-linked) is derived with builder.derive_index. Every index is searched with AlignerSearcher at each β^q (the
+query side always uses the model's own query salience). Written to ``pruning_baselines.json`` and ``.md``: nDCG@10
+on the qrels, and overlap@10, the share of the exhaustive scorer's top 10 (every stored token of every document, no
+pruning) that the pruned search also returns in its top 10 (needs no relevance labels).
 """
 from __future__ import annotations
 
@@ -80,21 +80,38 @@ def method_salience(ctx: Context, full: Path, method: str, seed: int) -> np.ndar
     raise ValueError(f"unknown pruning method {method!r}; choose from {METHODS}")
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """Hard-link ``source`` at ``target`` (a copy across file systems)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def rescored_source(ctx: Context, full: Path, method: str, seed: int) -> Path:
-    """``<full>-sal-<method>[-<seed>]``: the full index with doc_salience.f32 replaced by ``method``'s scores."""
-    from pyserini_aligner.index.store import MANIFEST, SALIENCE
+    """``<full>-sal-<method>[-<seed>]``: a copy of the full index (files hard-linked where possible) whose segments'
+    doc_salience.f32 hold ``method``'s scores, each file's record updated in the manifest."""
+    from pyserini_aligner.index import store
 
     target = full.with_name(f"{full.name}-sal-{method}" + (f"-{seed}" if method == "random" else ""))
-    if (target / MANIFEST).is_file():
+    if (target / store.MANIFEST).is_file():
         return target
     work = target.with_name(target.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    for path in full.iterdir():
-        if path.name not in (SALIENCE, MANIFEST):
-            os.link(path, work / path.name)
-    method_salience(ctx, full, method, seed).tofile(work / SALIENCE)
-    shutil.copyfile(full / MANIFEST, work / MANIFEST)  # last: marks the folder complete
+    shutil.copytree(full, work, copy_function=_link_or_copy,
+                    ignore=shutil.ignore_patterns(store.MANIFEST, store.LOCK, ".tmp-*", ".manifest.*"))
+    manifest = store.read_manifest(full)
+    if store.SALIENCE not in (manifest.segments[0].files if manifest.segments else {}):
+        raise ValueError(f"{full}: codec {manifest.codec} stores no saliences; rescoring needs an fp16 index")
+    scores = method_salience(ctx, full, method, seed)
+    start = 0
+    for segment in manifest.segments:
+        path = work / segment.name / store.SALIENCE
+        path.unlink()  # a hard link to the full index's file: never write through it
+        scores[start:start + segment.num_tokens].tofile(path)
+        segment.files[store.SALIENCE] = store.file_record(path)
+        start += segment.num_tokens
+    store.write_manifest(work, manifest)  # last: marks the folder complete
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)
     return target

@@ -1,4 +1,5 @@
 """The benchmark's measuring functions, on plain data."""
+import subprocess
 import sys
 
 import numpy as np
@@ -18,12 +19,12 @@ def test_file_bytes_and_stream(tmp_path):
     (tmp_path / "b.txt").write_text("xyz")
     assert measure.file_bytes(tmp_path) == 2048 + 3
     assert measure.file_bytes(tmp_path, ["a.f16", "missing"]) == 2048
-    assert measure.stream_seconds(tmp_path / "a.f16", repeats=1) >= 0.0
+    assert measure.stream_seconds(tmp_path / "a.f16", repeats=1) > 0.0
 
 
 def test_timed_module_reports_peak_rss():
     stats = measure.timed_module("json.tool", ["--help"])
-    assert stats["seconds"] >= 0 and 1 < stats["peak_rss_mib"] < 4096
+    assert 0 <= stats["seconds"] < 60 and 1 < stats["peak_rss_mib"] < 4096  # seconds rounded to 0.1
 
 
 def test_hook_microseconds_reads_importtime_report():
@@ -36,4 +37,7 @@ def test_hook_microseconds_reads_importtime_report():
 
 
 def test_start_up_hook_is_installed_in_this_interpreter():
-    assert "pyserini_aligner._startup" in sys.modules
+    """A bare interpreter (nothing of this package imported) runs the hook through the installed .pth file."""
+    code = "import sys; print('pyserini_aligner._startup' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from pyserini.encode import DocumentEncoder, QueryEncoder
 
 from pyserini_aligner.encoders import AlignerDocumentEncoder, AlignerQueryEncoder
@@ -56,4 +57,4 @@ def test_encoders_load_checkpoint_by_name(model):
     encoder = AlignerDocumentEncoder("aligner", device="cpu")
     assert encoder.model.fingerprint() == model.fingerprint()
     _same(encoder.encode(DOCS[:1]), model.encode(DOCS[:1], is_query=False))
-    assert AlignerQueryEncoder("aligner", dtype="bf16").model.compute_dtype is not None
+    assert AlignerQueryEncoder("aligner", dtype="bf16").model.compute_dtype == torch.bfloat16

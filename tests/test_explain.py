@@ -1,11 +1,9 @@
-"""AligneR explain view on the first 100 SciFact documents with the real model: explanations match the searcher,
-HTML structure and escaping, PNG heat map, CLI, and the page rendered in a real headless chromium."""
-import json
+"""AligneR explain view on the shared default index of 200 SciFact documents with the real model: explanations match
+the searcher, HTML structure and escaping, PNG heat map, CLI, and the page rendered in a real headless chromium."""
 import os
 import re
 import shutil
 import subprocess
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -15,52 +13,31 @@ from PIL import Image
 
 from pyserini_aligner.explain import explain, explain_document, render_html, render_png
 from pyserini_aligner.explain import __main__ as cli
-from pyserini_aligner.index import build_index, read_json_collection
+from pyserini_aligner.index import read_json_collection
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search import AlignerSearcher
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir" / "scifact.zip"
-N_DOCS = 100
 QUERY = "diffusion tensor imaging of white matter in newborn brains"
 STRATEGY = "top-k:2"
 
 
 @pytest.fixture(scope="module")
-def explain_model():
-    return AlignerModel.from_pretrained("aligner")
+def corpus(corpus_file) -> Path:
+    """The 200 SciFact documents of the shared indexes (JsonCollection, contents = title + text)."""
+    return corpus_file
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """The first N_DOCS SciFact documents as a JsonCollection file (contents = title + text)."""
-    path = tmp_path_factory.mktemp("explain") / "scifact100.jsonl"
-    with zipfile.ZipFile(SCIFACT) as archive:
-        lines = archive.read("scifact/corpus.jsonl").decode().splitlines()[:N_DOCS]
-    with path.open("w") as out:
-        for line in lines:
-            doc = json.loads(line)
-            out.write(json.dumps({"id": doc["_id"], "contents": f"{doc['title']} {doc['text']}".strip()}) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def index_dir(corpus, explain_model) -> Path:
-    target = corpus.parent / "index"
-    build_index(read_json_collection(corpus), target, explain_model, progress=False, model_name="aligner")
-    return target
-
-
-@pytest.fixture(scope="module")
-def explanations(index_dir, corpus):
-    return explain(index_dir, QUERY, hits=2, strategy=STRATEGY, corpus=corpus)
+def explanations(default_index, corpus):
+    return explain(default_index, QUERY, hits=2, strategy=STRATEGY, corpus=corpus)
 
 
 def doc_text(corpus: Path, docid: str) -> str:
     return next(text for d, text, _ in read_json_collection(corpus) if d == docid)
 
 
-def test_explanations_match_the_searcher(explanations, index_dir, explain_model):
-    hits = AlignerSearcher(index_dir, encoder=explain_model, strategy=STRATEGY).search(QUERY, k=2)
+def test_explanations_match_the_searcher(explanations, default_index, model):
+    hits = AlignerSearcher(default_index, encoder=model, strategy=STRATEGY).search(QUERY, k=2)
     assert [e.docid for e in explanations] == [h.docid for h in hits]
     assert [e.rank for e in explanations] == [1, 2]
     np.testing.assert_allclose([e.score for e in explanations], [h.score for h in hits], rtol=1e-5)
@@ -92,10 +69,10 @@ def test_html_structure(explanations):
         assert card.count('class="chip"') >= 5  # their aligned doc tokens with similarities
 
 
-def test_query_is_escaped(index_dir, corpus):
+def test_query_is_escaped(default_index, corpus):
     query = '<script>alert("x")</script> white matter & newborn <b>brains</b>'
-    docid = explain(index_dir, QUERY, hits=1, corpus=corpus)[0].docid
-    (ex,) = explain(index_dir, query, docids=[docid], strategy=STRATEGY, corpus=corpus)
+    docid = explain(default_index, QUERY, hits=1, corpus=corpus)[0].docid
+    (ex,) = explain(default_index, query, docids=[docid], strategy=STRATEGY, corpus=corpus)
     assert ex.rank is None and ex.docid == docid
     page = render_html([ex])
     assert "<script" not in page.lower()
@@ -104,23 +81,24 @@ def test_query_is_escaped(index_dir, corpus):
     assert '<span class="tok' in page and "&lt;</span>" in page  # the "<" token itself, escaped
 
 
-def test_missing_or_wrong_corpus(index_dir, corpus, explain_model, explanations):
+def test_missing_or_wrong_corpus(default_index, corpus, model, explanations):
     with pytest.raises(ValueError, match=r"records no corpus.*--corpus"):
-        explain(index_dir, QUERY)
+        explain(default_index, QUERY)
     with pytest.raises(SystemExit, match="--corpus"):
-        cli.main(["--index", str(index_dir), "--query", QUERY])
+        cli.main(["--index", str(default_index), "--query", QUERY])
     with pytest.raises(ValueError, match="no document with id 'nope'"):
-        explain(index_dir, QUERY, docids=["nope"], corpus=corpus)
+        explain(default_index, QUERY, docids=["nope"], corpus=corpus)
     ex = explanations[0]
     other = next(d for d, _, _ in read_json_collection(corpus) if d != ex.docid)
     from pyserini_aligner.index import StoredIndex
 
-    store = StoredIndex(index_dir)
+    store = StoredIndex(default_index)
     row = store.row_of(ex.docid)
-    vectors = store.vectors[store.offsets[row]:store.offsets[row + 1]]
-    salience = store.salience[store.offsets[row]:store.offsets[row + 1]]
+    positions = np.arange(store.offsets[row], store.offsets[row + 1])
+    vectors = store.token_vectors(positions).numpy()
+    salience = store.token_salience(positions)
     with pytest.raises(ValueError, match="differ"):
-        explain_document(explain_model, QUERY, doc_text(corpus, other), vectors, salience, STRATEGY, docid=ex.docid)
+        explain_document(model, QUERY, doc_text(corpus, other), vectors, salience, STRATEGY, docid=ex.docid)
 
 
 def test_salience_model_shades_by_salience(corpus):
@@ -144,9 +122,9 @@ def test_salience_model_shades_by_salience(corpus):
     assert rows == min(8, int((q_sal[1:-1] > 0).sum()))  # only query tokens with salience > 0 are listed
 
 
-def test_cli_writes_html_and_png(index_dir, corpus, tmp_path, capsys):
+def test_cli_writes_html_and_png(default_index, corpus, tmp_path, capsys):
     html_path, png_path = tmp_path / "explain.html", tmp_path / "explain.png"
-    cli.main(["--index", str(index_dir), "--query", QUERY, "--corpus", str(corpus), "--hits", "2",
+    cli.main(["--index", str(default_index), "--query", QUERY, "--corpus", str(corpus), "--hits", "2",
               "--strategy", STRATEGY, "--output", str(html_path), "--png", str(png_path)])
     assert "wrote" in capsys.readouterr().out
     page = html_path.read_text(encoding="utf-8")

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from pyserini_aligner.index.store import SALIENCE, StoredIndex
+from pyserini_aligner.index.store import SALIENCE, VECTORS, StoredIndex
 
 
 def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
@@ -33,12 +33,19 @@ def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
     work = next(p for p in cache.iterdir() if p.is_dir())
     full = next(p for p in work.iterdir() if p.name.startswith("aligner-") and "-" not in p.name[len("aligner-"):])
     idf = StoredIndex(work / f"{full.name}-sal-idf")
-    assert (idf.index_dir / "doc_vectors.f16").stat().st_ino == \
-        (full / "doc_vectors.f16").stat().st_ino  # hard-linked, not copied
-    first_doc = np.asarray(idf.salience[idf.offsets[0]:idf.offsets[1]])
+    source = StoredIndex(full)
+    for seg, full_seg in zip(idf.segments, source.segments):
+        assert (seg.folder / VECTORS).stat().st_ino == (full_seg.folder / VECTORS).stat().st_ino  # linked, not copied
+        assert (seg.folder / SALIENCE).stat().st_ino != (full_seg.folder / SALIENCE).stat().st_ino
+    assert not np.allclose(idf.token_salience(np.arange(20)), source.token_salience(np.arange(20)))
+    idf.verify()  # the replaced salience files match their manifest records
+    source.verify()  # and the full index's files are untouched
+    first_doc = idf.token_salience(np.arange(idf.offsets[0], idf.offsets[1]))
     assert first_doc[0] == pytest.approx(0.0, abs=1e-6) and first_doc.max() > 1.0  # [CLS] is in every doc: idf 0
     assert StoredIndex(work / f"{full.name}-sal-idf-d0.2-r0.9").manifest.prune_redundancy == 0.9
     first = StoredIndex(work / f"{full.name}-sal-first-d0.2")
     kept = np.asarray(first.kept[first.offsets[0]:first.offsets[1]])
-    assert kept[:kept.sum()].all()  # the first tokens
-    assert (work / f"{full.name}-sal-first" / SALIENCE).stat().st_size == 4 * idf.manifest.num_tokens
+    assert kept[:kept.sum()].all() and not kept.all()  # the first tokens
+    salience_bytes = sum((s.folder / SALIENCE).stat().st_size
+                         for s in StoredIndex(work / f"{full.name}-sal-first").segments)
+    assert salience_bytes == 4 * idf.manifest.num_tokens

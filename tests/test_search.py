@@ -184,7 +184,7 @@ def test_backend_knob_errors(index_dir, default_index, model):
         AlignerSearcher(index_dir, encoder=model, backend="gpu")
     with pytest.raises(ValueError, match="backend 'faiss' runs on the CPU"):
         AlignerSearcher(default_index, encoder=model, backend="faiss", device="cuda:0")
-    with pytest.raises(ValueError, match="several devices and nprobe need a compressed index"):
+    with pytest.raises(ValueError, match="several devices, segments and nprobe need a compressed index"):
         AlignerSearcher(index_dir, encoder=model, backend="torch", nprobe=4)
     with pytest.raises(ValueError, match="ef_search tunes HNSW FAISS indexes of fp16 stores"):
         AlignerSearcher(default_index, encoder=model, ef_search=16)

@@ -13,7 +13,8 @@ from pyserini_aligner.index import store
 DOC_PRUNES = (1.0, 0.4, 0.2, 0.1)
 PRUNING_HITS = 100  # the pruning sweep reports nDCG@10 and recall@100: the searcher's own candidate budget suffices
 QUERY_PRUNES = (1.0, 0.5, 0.3)
-FAISS_FILES = (store.FAISS_INDEX, store.FAISS_IDS)  # the searched part; everything else is the refinement store
+FAISS_FILES = (store.FAISS_INDEX, store.FAISS_IDS)  # the searched part
+META_FILES = (store.MANIFEST, store.LOCK)  # commit metadata: its length varies with the settings and checksums
 
 
 def ndcg10(ctx: Context, hits) -> float:
@@ -29,11 +30,13 @@ def alignment_sweep(ctx: Context, strategies=CANDIDATE_STRATEGIES) -> dict[str, 
 
 
 def index_bytes(index_dir: Path) -> dict[str, int]:
-    """File sizes of an index folder: "faiss" (FAISS index + its row→token map), "store" (the rest), "total"."""
+    """File sizes of an index folder: "faiss" (FAISS index + its row→token map), "store" (the refinement store: every
+    other file but the manifest and the write lock), "total" (every file)."""
     files = [path for path in Path(index_dir).rglob("*") if path.is_file()]  # segment and codec folders included
     faiss = sum(path.stat().st_size for path in files if path.name in FAISS_FILES)
+    meta = sum(path.stat().st_size for path in files if path.name in META_FILES)
     total = sum(path.stat().st_size for path in files)
-    return {"faiss": faiss, "store": total - faiss, "total": total}
+    return {"faiss": faiss, "store": total - faiss - meta, "total": total}
 
 
 def pruning_sweep(ctx: Context, doc_prunes=DOC_PRUNES, query_prunes=QUERY_PRUNES,
