@@ -172,6 +172,9 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
     if timeout_s <= 0:
         raise ValueError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
     dev = _device_for(device, ctx)
+    # torchrun sets OMP_NUM_THREADS=1; tokenising, pruning and writing want this rank's share of the cores
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
     created = not dist.is_initialized()
     if created:
         if dev.startswith("cuda"):

@@ -59,6 +59,14 @@ def split_devices(store: StoredIndex, devices: Sequence, numbers: Sequence[int] 
     return [[numbers[i] for i in range(len(tokens)) if owner[i] == d] for d in range(len(devices))]
 
 
+def _on_device(device: torch.device, step, shard):
+    """``step(shard)`` with ``device`` as the current CUDA device (so that its kernels go to its own stream)."""
+    if device.type != "cuda":
+        return step(shard)
+    with torch.cuda.device(device):
+        return step(shard)
+
+
 @lru_cache(maxsize=None)
 def dense_result_classes():
     """Pyserini's (DenseSearchResult, PrfDenseSearchResult), imported on first use (Pyserini starts a JVM)."""
@@ -204,6 +212,7 @@ class AlignerSearcher:
         self.segments, self.exchange = None if segments is None else list(segments), exchange
         self.timings: dict[str, float] | None = None  # set to {} to add up seconds per search step
         self._lock = threading.RLock()
+        self._pool = None
         self._graphed = None
         self._load(StoredIndex(self.index_dir), encoder)
         self.graphed_queries = self._graphed is not None  # one query at a time goes through a CUDA graph
@@ -394,8 +403,8 @@ class AlignerSearcher:
                                             wide or limit, None if weights is None else weights.to(probe_scores.device))
             clock("select")
             if wide:
-                rows, valid = narrow(self._combine([shard.interaction(q, q_mask, rows, valid)
-                                                    for shard in self.shards]), rows.to(self.device), limit)
+                rows, valid = narrow(self._combine(self._each_shard(
+                    lambda shard: shard.interaction(q, q_mask, rows, valid))), rows.to(self.device), limit)
                 clock("interaction")
             refined = self._refine(q, q_mask, q_sal if self.use_salience else None, rows, valid)
             scores, rows = top_hits(refined, rows.to(refined.device), k)
@@ -429,7 +438,7 @@ class AlignerSearcher:
     def _probe(self, probes: torch.Tensor, per_token: int, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores [R, K], global doc rows [R, K]) of each probe's best indexed tokens (step 1 of .engine)."""
         if self.backend == "torch":
-            parts = [shard.probe(probes, per_token, nprobe) for shard in self.shards]
+            parts = self._each_shard(lambda shard: shard.probe(probes, per_token, nprobe))
             if self.exchange is not None:
                 parts = [part for held in self.exchange.all_gather([(s.cpu(), r.cpu()) for s, r in parts])
                          for part in held]
@@ -463,6 +472,17 @@ class AlignerSearcher:
             self._selector_for = self.store
         return self._selector
 
+    def _each_shard(self, step) -> list:
+        """``step(shard)`` for every shard, in parallel threads when there are several (device work and most
+        tensor operations release the GIL), in shard order."""
+        if len(self.shards) < 2:
+            return [step(shard) for shard in self.shards]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix="aligner-shard")
+        return list(self._pool.map(lambda shard: _on_device(shard.device, step, shard), self.shards))
+
     def _combine(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Per-candidate scores from the shards (each −inf for rows it does not hold), also across processes."""
         if self.exchange is not None:
@@ -475,8 +495,8 @@ class AlignerSearcher:
     def _refine(self, q, q_mask, q_sal, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Alignment scores [B, C] of the candidate rows (−inf where not valid)."""
         if self.shards or self.exchange is not None:
-            return self._combine([shard.refine(q, q_mask, q_sal, rows, valid, self.strategy)
-                                  for shard in self.shards])
+            return self._combine(self._each_shard(
+                lambda shard: shard.refine(q, q_mask, q_sal, rows, valid, self.strategy)))
         out = torch.full(rows.shape, -torch.inf)
         for b in range(len(rows)):
             picked = rows[b][valid[b]].numpy()
