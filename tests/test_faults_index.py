@@ -1,0 +1,185 @@
+"""Fault probes of index writes and reads: --overwrite that could lose data, a searcher shared by threads, builds and
+overwrites killed at every write step, leftovers, a full disk, and same-size corruption of every index file."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyserini_aligner.index import build_index, store
+from pyserini_aligner.index.store import IndexFormatError, StoredIndex, read_manifest
+from pyserini_aligner.search import AlignerSearcher
+
+from conftest import scifact_docs
+
+REPO = Path(__file__).resolve().parents[1]
+QUERIES = ["what causes cancer", "protein folding in cells", "vitamin D deficiency", "stem cells in the heart",
+           "antibiotic resistance", "blood pressure drugs", "immune response to infection", "obesity and diabetes"]
+
+
+def short_docs(n: int = 40, words: int = 30) -> list[tuple[str, str]]:
+    return [(r["id"], " ".join(r["contents"].split()[:words])) for r in scifact_docs(n)]
+
+
+def write_corpus(path: Path, docs) -> Path:
+    path.write_text("".join(json.dumps({"id": d, "contents": t}) + "\n" for d, t in docs))
+    return path
+
+
+def cli(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {name: value for name, value in os.environ.items() if name != "PYSERINI_ALIGNER_FAULT"}
+    if fault:
+        env["PYSERINI_ALIGNER_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "pyserini_aligner.index", *args, "--quiet"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, model) -> Path:
+    """A small default (compressed) index."""
+    target = tmp_path_factory.mktemp("faults_index") / "idx"
+    build_index(short_docs(), target, model, progress=False, model_name="aligner")
+    return target
+
+
+def test_overwrite_never_replaces_a_folder_that_is_not_an_index(tmp_path, model):
+    project = tmp_path / "myproject"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a pyserini-aligner index"):
+        build_index(short_docs(5), project, model, progress=False, overwrite=True)
+    assert (project / "notes.txt").read_text() == "mine" and sorted(os.listdir(project)) == ["notes.txt"]
+    corpus = write_corpus(tmp_path / "c.jsonl", short_docs(5))
+    result = cli("--corpus", str(corpus), "--index", str(project), "--overwrite")
+    assert result.returncode != 0 and "not a pyserini-aligner index" in result.stderr
+    assert sorted(os.listdir(project)) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("where", ["equal", "inside", "holds"])
+def test_overwrite_never_touches_the_corpus(tmp_path, where):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_corpus(folder / "docs.jsonl", short_docs(5))
+    index = {"equal": folder, "inside": folder / "idx", "holds": tmp_path}[where]
+    result = cli("--corpus", str(folder), "--index", str(index), "--overwrite")
+    assert result.returncode != 0 and "corpus" in result.stderr
+    assert sorted(os.listdir(folder)) == ["docs.jsonl"]
+
+
+def test_index_path_under_a_file_is_named(tmp_path, model):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        build_index(short_docs(3), tmp_path / "file" / "idx", model, progress=False)
+
+
+def test_a_searcher_shared_by_threads_answers_as_a_serial_one(built, model):
+    searcher = AlignerSearcher(built, encoder=model)
+    queries = QUERIES * 4
+    serial = [searcher.search(q, k=10) for q in queries]
+    results: dict[int, list] = {}
+
+    def work(worker: int) -> None:
+        for i in range(worker, len(queries), 4):
+            results[i] = searcher.search(queries[i], k=10)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [[(h.docid, h.score) for h in results[i]] for i in range(len(queries))] == \
+        [[(h.docid, h.score) for h in hits] for hits in serial]
+
+
+@pytest.mark.parametrize("point", ["segment-add", "segment-finish", "before-commit", "before-rename"])
+def test_a_build_killed_at_any_step_leaves_nothing(tmp_path, point):
+    corpus = write_corpus(tmp_path / "c.jsonl", short_docs(12, 12))
+    result = cli("--corpus", str(corpus), "--index", str(tmp_path / "idx"), fault=point)
+    assert result.returncode == -9
+    assert not (tmp_path / "idx").exists()
+    assert any(p.name.startswith(".idx.building-") for p in tmp_path.iterdir())  # what the dead process left
+    assert cli("--corpus", str(corpus), "--index", str(tmp_path / "idx")).returncode == 0
+    assert not any(".building-" in p.name for p in tmp_path.iterdir())  # cleaned by the next build
+    assert StoredIndex(tmp_path / "idx").num_docs == 12
+
+
+@pytest.mark.parametrize("point", ["segment-add", "before-commit", "after-commit"])
+def test_an_overwrite_killed_at_any_step_keeps_a_whole_index(tmp_path, built, model, point):
+    index = tmp_path / "idx"
+    shutil.copytree(built, index)
+    before = AlignerSearcher(index, encoder=model).rank(QUERIES, k=5)
+    corpus = write_corpus(tmp_path / "c.jsonl", short_docs(12, 12))
+    result = cli("--corpus", str(corpus), "--index", str(index), "--overwrite", fault=point)
+    assert result.returncode == -9
+    reopened = StoredIndex(index)  # never a mix: the old generation, or (killed after the rename) the new one
+    if point == "after-commit":
+        assert reopened.num_docs == 12
+    else:
+        assert reopened.manifest.generation == 1
+        assert AlignerSearcher(index, encoder=model).rank(QUERIES, k=5) == before
+    assert cli("--corpus", str(corpus), "--index", str(index), "--overwrite").returncode == 0
+    manifest = read_manifest(index)
+    names = {s.name for s in manifest.segments} | {manifest.codec_dir}
+    assert {p.name for p in index.iterdir() if p.is_dir()} == names  # leftovers removed by the next write
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_same_size_corruption_of_every_file_is_caught(tmp_path, built):
+    manifest = read_manifest(built)
+    files = [(manifest.codec_dir, name) for name in manifest.codec_files]
+    files += [(seg.name, name) for seg in manifest.segments for name in seg.files]
+    assert len(files) >= 11
+    for folder, name in files:
+        copy = tmp_path / f"{folder}-{name}"
+        shutil.copytree(built, copy)
+        _flip(copy / folder / name)
+        with pytest.raises(IndexFormatError, match=name.replace(".", r"\.")):
+            StoredIndex(copy, verify=True)
+        shutil.rmtree(copy)
+    text = (built / store.MANIFEST).read_text()
+    edited = tmp_path / "edited"
+    shutil.copytree(built, edited)
+    (edited / store.MANIFEST).write_text(text.replace('"doc_prune": 0.2', '"doc_prune": 0.3'))
+    with pytest.raises(IndexFormatError, match="checksum"):
+        StoredIndex(edited)
+
+
+def test_false_manifest_fields_are_refused(tmp_path, built):
+    for field, value in (("index_type", "Flat"), ("doc_prune", 1.5), ("corpus", 7)):
+        copy = tmp_path / field
+        shutil.copytree(built, copy)
+        manifest = read_manifest(copy)
+        setattr(manifest, field, value)
+        store.write_manifest(copy, manifest)
+        with pytest.raises(IndexFormatError, match=field):
+            StoredIndex(copy)
+
+
+def _small_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_fails_cleanly(tmp_path):
+    disk = tmp_path / "disk"
+    if not _small_tmpfs(disk, "64k"):  # less than the codec files need
+        pytest.skip("mounting a small tmpfs needs privileges this machine does not grant")
+    try:
+        corpus = write_corpus(tmp_path / "c.jsonl", short_docs(40))
+        result = cli("--corpus", str(corpus), "--index", str(disk / "idx"))
+        assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith("error:")
+        assert "No space left" in result.stderr
+        assert os.listdir(disk) == []
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
