@@ -183,3 +183,15 @@ def test_a_full_disk_fails_cleanly(tmp_path):
         assert os.listdir(disk) == []
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.parametrize("docid", ["a b", "a\tb", "a\nb", ""])
+def test_docids_that_would_break_a_trec_run_are_refused(tmp_path, model, docid):
+    with pytest.raises(ValueError, match="without spaces, tabs or line breaks"):
+        build_index([("ok", "some text"), (docid, "more text")], tmp_path / "idx", model, progress=False)
+    assert not (tmp_path / "idx").exists()
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\x00", "\u200b\u200d", "\ufeff \x00"])
+def test_blank_queries_have_no_hits(built, model, query):
+    assert AlignerSearcher(built, encoder=model).search(query, k=5) == []
