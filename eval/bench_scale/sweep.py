@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}); "
              f"exhaustive nDCG@10 {report['ndcg@10_exhaustive']}", "",
-             "| K | nprobe | C | W | p50 ms | p95 ms | q/s b300 | ms per 300 (encode/probe/select/refine) | overlap@10 | nDCG@10 |",
+             "| K | nprobe | C | W | p50 ms | p95 ms | q/s b300 | ms per 300 (encode/probe/select[/interaction]/refine) | overlap@10 | nDCG@10 |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     lines += [f"| {r['k_per_token']} | {r['nprobe']} | {r['max_candidates']} | {r['interaction_candidates']} | "
               f"{r['p50_ms']} | {r['p95_ms']} | "

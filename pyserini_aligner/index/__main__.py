@@ -19,15 +19,7 @@ from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 def redundancy_arg(text: str) -> float | str:
     """--prune-redundancy value: "off" or a cosine threshold in (0, 1]."""
-    if text.lower() == "off":
-        return "off"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}")
-    return value
+    return "off" if text.lower() == "off" else fraction(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -120,17 +120,20 @@ def read_corpus(spec: str | os.PathLike) -> Iterator[CorpusItem]:
 
 
 def count_corpus(spec: str | os.PathLike) -> int | None:
-    """Number of documents in a corpus when it is cheap to know (JSONL lines, an ir_datasets id's count), else None."""
+    """Number of documents in a corpus when it is cheap to know (non-blank JSONL lines, an ir_datasets id's count),
+    else None."""
+    from pyserini_aligner.data import is_beir_folder
+
     path = Path(spec)
     if path.exists():
-        files = collection_files(path)
-        if all(f.suffix == ".jsonl" for f in files):
-            total = 0
-            for f in files:
-                with f.open("rb") as handle:
-                    total += sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 24), b""))
-            return total
-        return None
+        files = [path / "corpus.jsonl"] if is_beir_folder(path) else collection_files(path)
+        if not all(f.suffix == ".jsonl" for f in files):
+            return None
+        total = 0
+        for f in files:
+            with f.open("rb") as handle:
+                total += sum(1 for line in handle if line.strip())
+        return total
     try:
         from pyserini_aligner.data import _open_ir_dataset
 

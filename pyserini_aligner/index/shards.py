@@ -62,22 +62,10 @@ def shard_corpus(spec: str | os.PathLike, shard_id: int, shard_num: int, max_doc
 def count_documents(spec: str | os.PathLike) -> int:
     """Exact number of documents of a corpus (JSONL: non-blank lines; an ir_datasets id: its count; else a pass
     over the documents)."""
-    from pyserini_aligner.index.corpus import collection_files, count_corpus, read_corpus
+    from pyserini_aligner.index.corpus import count_corpus, read_corpus
 
-    path = Path(spec)
-    if path.exists():
-        files = collection_files(path)
-        if all(f.suffix == ".jsonl" for f in files):
-            total = 0
-            for f in files:
-                with f.open("rb") as handle:
-                    total += sum(1 for line in handle if line.strip())
-            return total
-    else:
-        counted = count_corpus(spec)
-        if counted is not None:
-            return counted
-    return sum(1 for _ in read_corpus(spec))
+    counted = count_corpus(spec)
+    return counted if counted is not None else sum(1 for _ in read_corpus(spec))
 
 
 def check_unique_docids(parts: Sequence[tuple[str, Sequence[str], Sequence[bool] | None]]) -> None:

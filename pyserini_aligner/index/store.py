@@ -37,7 +37,6 @@ import secrets
 import shutil
 import tempfile
 import time
-import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -619,18 +618,6 @@ class StoredIndex:
             within = np.arange(len(positions)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         return positions, owner, within, lengths
 
-    def padded_salience(self, rows: np.ndarray):
-        """(salience [B, m] float32, mask [B, m] bool) tensors of documents ``rows``, padded to the longest."""
-        import torch
-
-        positions, owner, within, lengths = self.token_layout(rows)
-        width = max(int(lengths.max()) if len(lengths) else 0, 1)
-        salience = torch.zeros(len(lengths), width)
-        mask = torch.zeros(len(lengths), width, dtype=torch.bool)
-        salience[owner, within] = torch.from_numpy(self.token_salience(positions))
-        mask[owner, within] = True
-        return salience, mask
-
     def gather(self, rows: np.ndarray, kept_only: bool = False, workspace: "Workspace | None" = None):
         """Token vectors of documents ``rows`` as padded tensors.
 
@@ -666,11 +653,3 @@ class Workspace:
             self._buffer = torch.empty(size)
         return self._buffer[:size].view(*shape)
 
-
-def quiet_memmap_tensor(array: np.ndarray):
-    """A torch tensor sharing a read-only memmap (never written to)."""
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)

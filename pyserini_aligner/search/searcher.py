@@ -121,12 +121,6 @@ def pad_encoded(encoded: Sequence[EncodedText], dim: int) -> tuple[torch.Tensor,
     return vectors, mask, salience
 
 
-def top_rows(scores: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k best scores, best first; equal scores go to the lower document row."""
-    order = np.lexsort((rows, -scores))
-    return order[:k]
-
-
 @contextlib.contextmanager
 def compute_threads(threads: int):
     """Run FAISS (OpenMP) and torch with ``threads`` threads inside the block (torch's setting is restored)."""
