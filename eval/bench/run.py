@@ -15,6 +15,7 @@ from pathlib import Path
 from eval.bench import measure
 from eval.metrics import evaluate
 from pyserini_aligner.data import Dataset
+from pyserini_aligner.index.store import read_manifest
 
 log = logging.getLogger(__name__)
 FAISS_PART = ("faiss.index", "faiss_ids.i64")
@@ -31,7 +32,7 @@ def _corpus_id(dataset: Dataset) -> str:
 def build_aligner(index_dir: Path, args: list[str]) -> dict:
     """Run ``python -m pyserini_aligner.index args`` in a child process: seconds, peak RSS, bytes per document."""
     stats = measure.timed_module("pyserini_aligner.index", ["--index", str(index_dir), "--overwrite", "--quiet", *args])
-    docs = json.loads((index_dir / "manifest.json").read_text())["num_docs"]
+    docs = read_manifest(index_dir).num_docs
     faiss_bytes, total = measure.file_bytes(index_dir, FAISS_PART), measure.file_bytes(index_dir)
     stats["faiss_bytes_per_doc"] = round(faiss_bytes / docs)
     stats["refine_bytes_per_doc"] = round((total - faiss_bytes) / docs)  # token store, offsets, docids, manifest
@@ -86,7 +87,7 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
                                                                              "--encoder", encoder])
     build["stream_vectors_seconds"] = round(sum(measure.stream_seconds(path) for name in CODE_FILES
                                                 for path in sorted(default_dir.glob(f"seg-*/{name}"))), 4)
-    stats = json.loads((default_dir / "manifest.json").read_text())["segments"][0]["build_stats"]
+    stats = read_manifest(default_dir).build_stats
     build["phases_s"] = {key: round(value, 2) for key, value in stats.items() if key.endswith("_s")}
     build["codec_share"] = round(stats.get("codec_s", 0.0) / build["seconds"], 3)
 

@@ -35,6 +35,7 @@ DEFAULT_INDEX_TYPE = "Flat"
 DEFAULT_CODEC = AUTO
 DEFAULT_DOC_PRUNE = 0.2
 CODEC_POINTS_PER_CENTROID = 32  # k-means sample: this many tokens per coarse centroid (all tokens when fewer)
+CPU_POINTS_PER_CENTROID = 8  # on a CPU, where k-means costs minutes, fewer
 _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
              "docids.txt", "token_centroids.u16", "token_residuals.u8", "kept.bits", "codec_centroids.i8",
              "codec_scales.f32", "codec_codebooks.f32")
@@ -156,9 +157,10 @@ def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, se
     flat = torch.cat([c.vectors[c.mask] for c in chunks]).float()
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(flat), generator=gen).to(flat.device)
-    sample = flat[order[:max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist)]]
-    residual = flat[order[:train_size]]
     cuda = flat.device.type == "cuda"
+    per_centroid = CODEC_POINTS_PER_CENTROID if cuda else CPU_POINTS_PER_CENTROID
+    sample = flat[order[:max(train_size, per_centroid * spec.nlist)]]
+    residual = flat[order[:train_size]]
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = cuda
     try:

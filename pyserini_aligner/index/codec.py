@@ -63,9 +63,11 @@ def parse_codec(spec: str, dim: int | None = None) -> CodecSpec:
 
 
 def choose_nlist(num_tokens: int) -> int:
-    """Coarse centroids for a corpus of ``num_tokens`` tokens: the power of two nearest below 4·sqrt(tokens), in
-    [16, 65536] and at most the number of tokens (e.g. 4096 for 1.3M tokens, 32768 for 70M)."""
-    target = 4.0 * float(max(num_tokens, 1)) ** 0.5
+    """Coarse centroids for a corpus of ``num_tokens`` tokens: the power of two nearest below 16·sqrt(tokens) (as
+    PLAID sizes its centroids), in [16, 65536] and at most the number of tokens (e.g. 16384 for 1.3M tokens, 65536
+    from 17M). Fewer centroids leave residuals that 4 PQ bytes cannot carry: on SciFact, 4096 centroids cost about
+    six nDCG@10 points against exact vectors."""
+    target = 16.0 * float(max(num_tokens, 1)) ** 0.5
     nlist = 1 << max(4, min(16, int(np.floor(np.log2(max(target, 1.0))))))
     return max(2, min(nlist, 1 << int(np.floor(np.log2(max(num_tokens, 2))))))
 
