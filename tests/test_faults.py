@@ -225,7 +225,11 @@ def test_index_flag_values_name_the_flag(flag, value, capsys):
 
 def test_ctrl_c_while_indexing(beir, tmp_path):
     target = tmp_path / "idx"
-    child = subprocess.Popen([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(beir), "--index",
+    corpus = tmp_path.parent / f"{tmp_path.name}-long.jsonl"  # long enough to be still encoding when interrupted
+    docs = [json.loads(line) for line in (beir / "corpus.jsonl").read_text().splitlines()]
+    corpus.write_text("".join(json.dumps({"id": f"{d['_id']}-{i}", "contents": d["text"]}) + "\n"
+                              for i in range(40) for d in docs))
+    child = subprocess.Popen([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(corpus), "--index",
                               str(target), "--quiet", "--batch-size", "1"], cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not any(tmp_path.glob(".idx.building-*")) and child.poll() is None and time.monotonic() < deadline:

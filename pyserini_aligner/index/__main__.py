@@ -19,7 +19,12 @@ from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 def redundancy_arg(text: str) -> float | str:
     """--prune-redundancy value: "off" or a cosine threshold in (0, 1]."""
-    return "off" if text.lower() == "off" else fraction(text)
+    if text.lower() == "off":
+        return "off"
+    try:
+        return fraction(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -185,9 +185,11 @@ class CodeShard:
 
     # ------------------------------------------------------------------ step 3
     def refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor,
-               strategy: Strategy) -> Tensor:
+               strategy: Strategy, width: int | None = None) -> Tensor:
         """Alignment scores [B, C] of each query's candidate global ``rows`` [B, C] that this shard holds (−inf for
-        the others and where not ``valid``). q [B, n, d], q_mask [B, n]."""
+        the others and where not ``valid``). q [B, n, d], q_mask [B, n]. width: documents are padded to this many
+        tokens (default: the longest candidate here); a width common to every shard makes the arithmetic, and so
+        the scores to the last bit, independent of how the index is split into segments and shards."""
         q, q_mask = q.to(self.device), q_mask.to(self.device)
         rows, valid = rows.to(self.device), valid.to(self.device)
         local = rows - self.row_base
@@ -197,7 +199,7 @@ class CodeShard:
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         if not bool(mine.any()):
             return out
-        width = max(int(lengths.max()), 1)
+        width = max(int(lengths.max()), 1) if width is None else width
         span = torch.arange(width, device=self.device)
         budget = 1 << 28 if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
         padded = torch.full_like(lengths[:, 0], rows.shape[1] * width)  # padded candidate tokens per query

@@ -489,8 +489,9 @@ class AlignerSearcher:
     def _refine(self, q, q_mask, q_sal, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Alignment scores [B, C] of the candidate rows (−inf where not valid)."""
         if self.shards or self.exchange is not None:
+            width = int(self.store.lengths.max()) if self.store.num_docs else 1  # the same in every shard
             return self._combine(self._each_shard(
-                lambda shard: shard.refine(q, q_mask, q_sal, rows, valid, self.strategy)))
+                lambda shard: shard.refine(q, q_mask, q_sal, rows, valid, self.strategy, width)))
         out = torch.full(rows.shape, -torch.inf)
         for b in range(len(rows)):
             picked = rows[b][valid[b]].numpy()
