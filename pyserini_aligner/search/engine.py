@@ -147,17 +147,20 @@ class CodeShard:
         out_scores[owner[keep], rank[keep]] = score[keep]
         out_rows[owner[keep], rank[keep]] = docs[keep] + self.row_base
 
+    def _held(self, rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(shard-local rows, held mask, token counts) of candidate global ``rows`` [B, C] (0 where not held)."""
+        local = rows - self.row_base
+        mine = valid & (local >= 0) & (local < self.num_rows)
+        local = torch.where(mine, local, torch.zeros_like(local))
+        return local, mine, torch.where(mine, self.lengths[local], torch.zeros_like(local))
+
     # ------------------------------------------------------------------ step 2b
     def interaction(self, q: Tensor, q_mask: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
         """Centroid-interaction scores [B, C] of the candidate global ``rows`` [B, C] this shard holds (−inf for the
         others): MaxSim with every token of a document replaced by its centroid, Σ_i max_j q_i·c(d_j) / n, read from
         the query-centroid scores without decoding anything. q [B, n, d], q_mask [B, n]."""
         q, q_mask = q.to(self.device, torch.float32), q_mask.to(self.device)
-        rows, valid = rows.to(self.device), valid.to(self.device)
-        local = rows - self.row_base
-        mine = valid & (local >= 0) & (local < self.num_rows)
-        local = torch.where(mine, local, torch.zeros_like(local))
-        lengths = torch.where(mine, self.lengths[local], torch.zeros_like(local))
+        local, mine, lengths = self._held(rows.to(self.device), valid.to(self.device))
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         half = torch.float16 if self.device.type == "cuda" else torch.float32
         budget = _MAX_ELEMENTS * (4 if self.device.type == "cuda" else 1)
@@ -191,11 +194,7 @@ class CodeShard:
         tokens (default: the longest candidate here); a width common to every shard makes the arithmetic, and so
         the scores to the last bit, independent of how the index is split into segments and shards."""
         q, q_mask = q.to(self.device), q_mask.to(self.device)
-        rows, valid = rows.to(self.device), valid.to(self.device)
-        local = rows - self.row_base
-        mine = valid & (local >= 0) & (local < self.num_rows)
-        local = torch.where(mine, local, torch.zeros_like(local))
-        lengths = torch.where(mine, self.lengths[local], torch.zeros_like(local))
+        local, mine, lengths = self._held(rows.to(self.device), valid.to(self.device))
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         if not bool(mine.any()):
             return out
