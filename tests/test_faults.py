@@ -230,7 +230,9 @@ def test_ctrl_c_while_indexing(beir, tmp_path):
     corpus.write_text("".join(json.dumps({"id": f"{d['_id']}-{i}", "contents": d["text"]}) + "\n"
                               for i in range(40) for d in docs))
     child = subprocess.Popen([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(corpus), "--index",
-                              str(target), "--quiet", "--batch-size", "1"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+                              str(target), "--quiet", "--batch-size", "1"], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                             # as from a terminal: a job started in the background by a script inherits SIGINT ignored
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not any(tmp_path.glob(".idx.building-*")) and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
