@@ -13,6 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
+import torch
+
 from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip, size_label
 from eval.bench_scale.measure import machine_info, ndcg_at_10, overlap_at_k, run_dict
@@ -71,7 +73,10 @@ def main(argv: list[str] | None = None) -> None:
         searcher = AlignerSearcher(index_dir, device=args.device, k_per_token=k, nprobe=nprobe,
                                    max_candidates=limit, interaction_candidates=wide, batch_size=300)
         row = {"k_per_token": k, "nprobe": nprobe, "max_candidates": limit, "interaction_candidates": wide}
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         row.update(percentiles_ms(per_query_latency(lambda q: searcher.rank([q], k=10), texts[:100], warmup=10)))
+        single = [searcher.rank([q], k=10)[0] for q in texts[:100]]
         times = []
         searcher.timings = {}
         for _ in range(3):
@@ -82,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         row["ms_per_batch300"] = {step: round(1000 * t / 3 / max(1, len(texts) / 300), 1)
                                   for step, t in searcher.timings.items()}
         row["overlap@10"] = round(overlap_at_k(ranked, best, 10), 4)
+        row["single_vs_batch@10"] = round(overlap_at_k(single, ranked[:100], 10), 4)
+        if args.device.startswith("cuda"):
+            row["search_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         row["ndcg@10"] = round(ndcg_at_10(run_dict(qids, ranked), judged), 4)
         report["rows"].append(row)
         print(row, flush=True)
@@ -90,12 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     (args.output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}); "
              f"exhaustive nDCG@10 {report['ndcg@10_exhaustive']}", "",
-             "| K | nprobe | C | W | p50 ms | p95 ms | q/s b300 | ms per 300 (encode/probe/select[/interaction]/refine) | overlap@10 | nDCG@10 |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "| K | nprobe | C | W | p50 ms | p95 ms | q/s b300 | ms per 300 (encode/probe/select[/interaction]/refine) | "
+             "overlap@10 | nDCG@10 | GPU GiB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     lines += [f"| {r['k_per_token']} | {r['nprobe']} | {r['max_candidates']} | {r['interaction_candidates']} | "
               f"{r['p50_ms']} | {r['p95_ms']} | "
               f"{r['qps_b300']} | {'/'.join(str(v) for v in r['ms_per_batch300'].values())} | {r['overlap@10']} | "
-              f"{r['ndcg@10']} |" for r in report["rows"]]
+              f"{r['ndcg@10']} | {r.get('search_gpu_gib', '-')} |" for r in report["rows"]]
     (args.output / "sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

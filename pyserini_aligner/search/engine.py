@@ -26,6 +26,7 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.search import kernels
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
 
@@ -161,6 +162,8 @@ class CodeShard:
         the query-centroid scores without decoding anything. q [B, n, d], q_mask [B, n]."""
         q, q_mask = q.to(self.device, torch.float32), q_mask.to(self.device)
         local, mine, lengths = self._held(rows.to(self.device), valid.to(self.device))
+        if kernels.available(self.device):
+            return self._interaction_kernel(q, q_mask, local, mine)
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         half = torch.float16 if self.device.type == "cuda" else torch.float32
         budget = _MAX_ELEMENTS * (4 if self.device.type == "cuda" else 1)
@@ -184,6 +187,26 @@ class CodeShard:
             score = torch.where(mask, best, torch.zeros((), device=self.device)).sum(1) / \
                 real[part].clamp_min(1).repeat_interleave(count).float()
             out[part] = torch.where(mine[part], score.view(-1, count), out[part])
+        return out
+
+    def query_table(self, q: Tensor) -> Tensor:
+        """Query-centroid scores [B, nlist, NPAD] (float16 on CUDA), lanes past q's n tokens zero. q [B, n, d]."""
+        npad = kernels.pad_width(q.shape[1])
+        half = torch.float16 if self.device.type == "cuda" else torch.float32
+        table = torch.zeros(q.shape[0], self.nlist, npad, dtype=half, device=self.device)
+        table[:, :, :q.shape[1]] = torch.einsum("bnd,cd->bcn", q, self.centroids)
+        return table
+
+    def _interaction_kernel(self, q: Tensor, q_mask: Tensor, local: Tensor, mine: Tensor) -> Tensor:
+        """:meth:`interaction` through :func:`.kernels.interaction`, a few queries' tables at a time."""
+        out = torch.empty(local.shape, device=self.device)
+        npad = kernels.pad_width(q.shape[1])
+        mask = torch.zeros(q.shape[0], npad, dtype=torch.bool, device=self.device)
+        mask[:, :q.shape[1]] = q_mask
+        step = max(1, (_MAX_ELEMENTS * 2) // (self.nlist * npad))
+        for a in range(0, len(q), step):
+            out[a:a + step] = kernels.interaction(self.query_table(q[a:a + step]), local[a:a + step],
+                                                  mine[a:a + step], self.offsets, self.token_ids, mask[a:a + step])
         return out
 
     # ------------------------------------------------------------------ step 3

@@ -251,6 +251,13 @@ class AlignerSearcher:
             self.tokens = TorchTokenIndex(store, self.device, self.refine_with, with_salience=self.use_salience)
         if self.backend == "torch" and self.model.device.type == "cuda" and self._graphed is None:
             self._graphed = self._capture_query_encoder()
+        self._single = None  # one query at a time: encoding and search replayed from CUDA graphs
+        if (self._graphed is not None and len(self.shards) == 1 and self.exchange is None
+                and self.shards[0].device.type == "cuda"):
+            from pyserini_aligner.search.static import GraphedSearch
+
+            self._single = GraphedSearch(self._graphed, self.shards[0], self.query_prune, self.strategy,
+                                         self.use_salience)
         # Pyserini FaissSearcher attributes
         self.docids = store.docids
         self.dimension = self.manifest.dim
@@ -374,6 +381,12 @@ class AlignerSearcher:
         if not live or self.store.num_live == 0:
             return query_vectors, hits
         clock = self._clock()
+        if len(live) == 1 and self._single is not None:
+            found = self._search_graphed(texts[live[0]], k)
+            if found is not None:
+                query_vectors[live[0]], hits[live[0]] = found
+                clock("search")
+                return query_vectors, hits
         if len(live) == 1 and self._graphed is not None:
             out = self._graphed(texts[live[0]])
         else:
@@ -410,6 +423,21 @@ class AlignerSearcher:
             found = rows[j] >= 0
             hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits
+
+    def _search_graphed(self, text: str, k: int):
+        """(query vectors [n, d], [(doc row, score)]) of one query through :class:`.static.GraphedSearch`, or None
+        when its plan cannot be captured (a strategy whose scoring reads sizes back to the host): the engine's
+        steps then run as usual, and every later query too."""
+        try:
+            scores, rows, tokens = self._single(text, self._depth(k), k)
+        except RuntimeError as err:
+            log.warning("single queries run step by step (CUDA graph capture failed: %s)", str(err).splitlines()[0])
+            self._single = None
+            torch.cuda.synchronize(self.shards[0].device)
+            return None
+        found = rows >= 0
+        vectors = self._graphed.out.vectors[0, :tokens].float().cpu().numpy()
+        return vectors, list(zip(rows[found].tolist(), scores[found].tolist()))
 
     def _clock(self):
         """A function that adds the seconds since its last call to ``self.timings[step]`` (a no-op unless timings

@@ -138,6 +138,7 @@ class GraphedQueryEncoder:
         """TokenOutput (vectors [1, query_maxlen, dim], mask, salience) of ``text``, valid until the next call."""
         ids, truncated = self.model.tokenize([text], is_query=True)
         self.model._report_truncation("query", sum(truncated), 1, None)
+        self.tokens = len(ids[0])  # real tokens of the last query
         row = torch.full((2, self.ids.shape[1]), 0, dtype=torch.long)
         row[0].fill_(self.model.pad_id)
         row[0, :len(ids[0])] = torch.tensor(ids[0])

@@ -1,0 +1,237 @@
+"""One query at a time with fixed tensor shapes: the candidate rule of :mod:`.engine` without host synchronisation.
+
+The general engine sizes its tensors from the data (entries in the probed lists, candidates found, tokens of the
+candidates), which costs a host round trip per step; for a single query that overhead, not the arithmetic, sets the
+latency. :class:`StaticPlan` computes the same ranking with shapes fixed by the index (longest inverted list,
+longest document) and by the query's padded width, so that :class:`GraphedSearch` can capture it in a CUDA graph
+and replay query encoding plus search as two launches. The plan also runs eagerly on any device (that is how it is
+tested against the engine on the CPU).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+from torch import Tensor
+
+from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
+from pyserini_aligner.salience import keep_count
+from pyserini_aligner.search import kernels
+from pyserini_aligner.search.engine import CodeShard
+
+_BLOCK = 1 << 24  # elements of the largest padded intermediate (entries, centroid look-ups) built at once
+_INT_MAX = torch.iinfo(torch.int64).max
+
+
+class StaticPlan:
+    """The search of one query of at most ``width`` tokens against ``shard`` (which holds the whole index), with
+    the depth (K entries per probe, nprobe, W candidates narrowed by centroid interaction or 0, C refined) and k
+    fixed. :meth:`run` allocates the same tensors on every call and never reads a value back to the host."""
+
+    def __init__(self, shard: CodeShard, width: int, depth: tuple[int, int, int, int], k: int, query_prune: float,
+                 strategy: Strategy, use_salience: bool):
+        per_token, nprobe, wide, limit = depth
+        self.shard, self.width, self.k, self.strategy = shard, width, k, strategy
+        self.query_prune, self.use_salience = query_prune, use_salience
+        self.probes = keep_count(width, query_prune)  # most probes a query of ``width`` tokens keeps
+        self.nprobe = min(nprobe, shard.nlist)
+        self.cap = max(int(shard.ivf_lengths.max()) if shard.nlist else 1, 1)  # longest inverted list
+        self.per_token = max(1, min(per_token, self.nprobe * self.cap))
+        self.entries = self.probes * self.per_token
+        self.wide, self.limit = min(wide, self.entries), min(limit, self.entries)
+        self.tokens = max(int(shard.lengths.max()) if shard.num_rows else 1, 1)  # longest document
+        self.sentinel = shard.row_base + shard.num_rows  # a row past every row the shard holds
+
+    # ------------------------------------------------------------------ steps
+    def _select_probes(self, q_mask: Tensor, q_sal: Tensor) -> tuple[Tensor, Tensor]:
+        """(token positions [R] in ascending order, valid [R]): the ceil(β^q·n) most salient real tokens, as
+        :func:`pyserini_aligner.salience.prune_mask` keeps them. q_mask, q_sal [n]."""
+        keyed = q_sal.float().masked_fill(~q_mask, -math.inf)
+        order = keyed.sort(descending=True, stable=True).indices[:self.probes]
+        real = q_mask.sum()
+        count = torch.minimum(torch.ceil(real.double() * self.query_prune - 1e-9).clamp_min(1), real.double())
+        valid = torch.arange(self.probes, device=q_mask.device) < count
+        positions = torch.where(valid, order, torch.full_like(order, self.width)).sort().values
+        return positions.clamp_max(self.width - 1), valid
+
+    def _probe(self, probes: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """(scores [R, K], global rows [R, K]) of each probe's K best live entries, best first (−inf / −1 past
+        the entries found), ties in list order: :meth:`CodeShard.probe`'s result. probes [R, d] float32."""
+        shard, r = self.shard, len(probes)
+        cval, cidx = (probes @ shard.centroids.T).topk(self.nprobe, dim=1)
+        lut = torch.einsum("rms,mks->rmk", probes.view(r, shard.m, -1), shard.books).reshape(r, -1)
+        span = torch.arange(self.cap, device=probes.device)
+        score = torch.empty(r, self.nprobe, self.cap, device=probes.device)
+        docs = torch.empty(r, self.nprobe, self.cap, dtype=torch.long, device=probes.device)
+        step = max(1, _BLOCK // max(self.nprobe * self.cap * shard.m, 1))
+        book = torch.arange(shard.m, device=probes.device) * 256
+        for a in range(0, r, step):
+            part = slice(a, a + step)
+            lengths = shard.ivf_lengths[cidx[part]].unsqueeze(-1)
+            pos = (shard.ivf_offsets[cidx[part]].unsqueeze(-1) + span).clamp_max(max(shard.num_entries - 1, 0))
+            codes = shard.ivf_codes[pos].long() + book  # [p, P, cap, M]
+            rows = len(codes)
+            residual = lut[part].gather(1, codes.reshape(rows, -1)).view(codes.shape).sum(-1)
+            entry = shard.ivf_docs[pos].long()
+            ok = (span < lengths) & shard.live[entry] & valid[part].view(-1, 1, 1)
+            score[part] = torch.where(ok, cval[part].unsqueeze(-1) + residual,
+                                      torch.full_like(residual, -math.inf))
+            docs[part] = entry
+        best = score.reshape(r, -1).sort(dim=1, descending=True, stable=True)
+        values, at = best.values[:, :self.per_token], best.indices[:, :self.per_token]
+        rows = docs.reshape(r, -1).gather(1, at) + shard.row_base
+        return values, torch.where(torch.isfinite(values), rows, torch.full_like(rows, -1))
+
+    def _candidates(self, scores: Tensor, rows: Tensor, weights: Tensor | None, count: int) -> tuple[Tensor, Tensor]:
+        """(rows [count] ascending, valid [count]): the best documents by the proxy of
+        :func:`.engine.select_candidates` (ties to the lower row). scores, rows [R, K]; weights [R] or None."""
+        device = scores.device
+        valid = rows >= 0
+        floor = torch.where(valid, scores, torch.full_like(scores, math.inf)).min(dim=1).values
+        floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
+        gain = scores - floor.unsqueeze(1)
+        if weights is not None:
+            gain = gain * weights.unsqueeze(1)
+        gain = torch.where(valid, gain, torch.zeros_like(gain)).reshape(-1)
+        r = rows.shape[0]
+        probe = torch.arange(r, device=device).unsqueeze(1).expand_as(rows).reshape(-1)
+        key = torch.where(valid, rows, torch.full_like(rows, self.sentinel)).reshape(-1) * r + probe
+        order = gain.sort(descending=True, stable=True).indices  # within a (doc, probe) pair the best first
+        order = order[key[order].sort(stable=True).indices]
+        key, gain = key[order], gain[order].double()
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        doc = torch.div(key, r, rounding_mode="floor")
+        new_doc = torch.ones_like(first)
+        new_doc[1:] = doc[1:] != doc[:-1]
+        group = torch.cumsum(new_doc.long(), 0) - 1
+        proxy = torch.zeros(len(key), dtype=torch.float64, device=device).scatter_add_(
+            0, group, torch.where(first, gain, torch.zeros_like(gain)))
+        owner = torch.full_like(key, self.sentinel).scatter_(0, group, doc)
+        proxy = torch.where(owner < self.sentinel, proxy, torch.full_like(proxy, -math.inf))
+        best = proxy.sort(descending=True, stable=True)  # groups are in ascending row order: ties keep the lower row
+        picked = owner[best.indices[:count]]
+        return _ascending(picked, torch.isfinite(best.values[:count]))
+
+    def _interaction(self, q: Tensor, q_mask: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
+        """Centroid-interaction scores [W] of candidate ``rows`` [W] (−inf where not valid), as
+        :meth:`CodeShard.interaction`. q [n, d] float32, q_mask [n]."""
+        shard = self.shard
+        if kernels.available(q.device):
+            local = torch.where(valid, rows - shard.row_base, torch.zeros_like(rows))
+            return kernels.interaction(shard.query_table(q.unsqueeze(0)), local.unsqueeze(0), valid.unsqueeze(0),
+                                       shard.offsets, shard.token_ids,
+                                       torch.nn.functional.pad(q_mask, (0, kernels.pad_width(len(q)) - len(q)))
+                                       .unsqueeze(0))[0]
+        half = torch.float16 if q.device.type == "cuda" else torch.float32
+        table = (q @ shard.centroids.T).T.contiguous().to(half)  # [nlist, n]
+        span = torch.arange(self.tokens, device=q.device)
+        real = q_mask.sum().clamp_min(1).float()
+        out = torch.empty(len(rows), device=q.device)
+        step = max(1, _BLOCK // (self.tokens * self.width))
+        for a in range(0, len(rows), step):
+            local = torch.where(valid[a:a + step], rows[a:a + step] - shard.row_base, torch.zeros_like(rows[a:a + step]))
+            pos = (shard.offsets[local].unsqueeze(-1) + span).clamp_max(max(len(shard.token_ids) - 1, 0))
+            ok = span < shard.lengths[local].unsqueeze(-1)
+            cid = shard.token_ids[pos].long() & 0xFFFF
+            values = torch.where(ok.unsqueeze(-1), table[cid], torch.full((), -math.inf, dtype=half,
+                                                                           device=q.device))
+            best = values.amax(dim=1).float()  # [w, n]
+            score = torch.where(q_mask, best, torch.zeros((), device=q.device)).sum(1) / real
+            out[a:a + step] = torch.where(valid[a:a + step], score, torch.full_like(score, -math.inf))
+        return out
+
+    def _refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor) -> Tensor:
+        """Alignment scores [C] of candidate ``rows`` [C] decoded from their codes (−inf where not valid)."""
+        shard = self.shard
+        span = torch.arange(self.tokens, device=q.device)
+        local = torch.where(valid, rows - shard.row_base, torch.zeros_like(rows))
+        pos = (shard.offsets[local].unsqueeze(-1) + span).clamp_max(max(len(shard.token_ids) - 1, 0))
+        mask = (span < shard.lengths[local].unsqueeze(-1)) & valid.unsqueeze(-1)
+        if shard.kept is not None:
+            mask &= shard.kept[pos]
+        d = shard.decode(pos)
+        scores = alignment_scores_grouped(q.unsqueeze(0).to(shard.dtype), q_mask.unsqueeze(0), d.unsqueeze(0),
+                                          mask.unsqueeze(0), self.strategy,
+                                          None if q_sal is None else q_sal.unsqueeze(0), None)[0]
+        return torch.where(valid, scores.float(), torch.full_like(scores, -math.inf, dtype=torch.float32))
+
+    # ------------------------------------------------------------------ the search
+    def run(self, q: Tensor, q_mask: Tensor, q_sal: Tensor) -> tuple[Tensor, Tensor]:
+        """(scores [k], global rows [k]) of one query, best first (−inf / −1 past the documents found).
+        q [width, d], q_mask [width] bool, q_sal [width], on the shard's device."""
+        q = q.float()
+        positions, valid = self._select_probes(q_mask, q_sal)
+        weights = q_sal[positions].float() if self.use_salience else None
+        scores, rows = self._probe(q[positions], valid)
+        rows, ok = self._candidates(scores, rows, weights, self.wide or self.limit)
+        if self.wide:
+            narrowed = self._interaction(q, q_mask, rows, ok)
+            best = narrowed.sort(descending=True, stable=True)
+            rows, ok = _ascending(rows[best.indices[:self.limit]], torch.isfinite(best.values[:self.limit]))
+        refined = self._refine(q, q_mask, q_sal.float() if self.use_salience else None, rows, ok)
+        best = refined.sort(descending=True, stable=True)
+        values = best.values[:self.k]
+        picked = rows[best.indices[:self.k]]
+        return values, torch.where(torch.isfinite(values), picked, torch.full_like(picked, -1))
+
+
+def _ascending(rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """``rows`` [C] sorted ascending with the invalid ones (−1 there) last, and their validity."""
+    rows = torch.where(valid, rows, torch.full_like(rows, _INT_MAX)).sort().values
+    ok = rows != _INT_MAX
+    return torch.where(ok, rows, torch.full_like(rows, -1)), ok
+
+
+def width_bucket(tokens: int, limit: int) -> int:
+    """The padded query width used for a query of ``tokens`` tokens: the next power of two from 16, at most
+    ``limit``."""
+    return min(limit, max(16, 1 << max(tokens - 1, 0).bit_length()))
+
+
+class GraphedSearch:
+    """Query encoding and the :class:`StaticPlan` search of one query, each replayed from a CUDA graph.
+
+    ``encoder`` is a :class:`.torch_backend.GraphedQueryEncoder`; plans are captured on first use per (padded
+    width, depth, k) and kept (the ``keep`` most recent). All plans share one memory pool: they never run at once,
+    and each call copies its result to the host before the next starts.
+    """
+
+    def __init__(self, encoder, shard: CodeShard, query_prune: float, strategy: Strategy, use_salience: bool,
+                 keep: int = 8):
+        self.encoder, self.shard = encoder, shard
+        self.query_prune, self.strategy, self.use_salience, self.keep = query_prune, strategy, use_salience, keep
+        self.graphs: OrderedDict = OrderedDict()
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def _graph(self, width: int, depth: tuple[int, int, int, int], k: int):
+        key = (width, depth, k)
+        if key in self.graphs:
+            self.graphs.move_to_end(key)
+            return self.graphs[key]
+        plan = StaticPlan(self.shard, width, depth, k, self.query_prune, self.strategy, self.use_salience)
+        out = self.encoder.out
+        inputs = (out.vectors[0, :width], out.mask[0, :width], out.salience[0, :width])
+        device = self.shard.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.inference_mode(), torch.cuda.stream(side):
+            plan.run(*inputs)  # warm-up: kernels and allocator blocks are set up outside the capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+            result = plan.run(*inputs)
+        self.graphs[key] = (graph, result)
+        while len(self.graphs) > self.keep:
+            self.graphs.popitem(last=False)
+        return graph, result
+
+    def __call__(self, text: str, depth: tuple[int, int, int, int], k: int) -> tuple[Tensor, Tensor, int]:
+        """(scores [k], rows [k]) on the host, and the query's real token count (its vectors stay in
+        ``self.encoder.out``)."""
+        self.encoder(text)
+        tokens = self.encoder.tokens
+        graph, (scores, rows) = self._graph(width_bucket(tokens, self.encoder.ids.shape[1]), depth, k)
+        graph.replay()
+        return scores.cpu(), rows.cpu(), tokens
