@@ -20,8 +20,6 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[test]"
-	# an editable install skips the start-up hook that a wheel install puts in site-packages
-	cp pyserini_aligner.pth "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	touch $@
 
 run: install

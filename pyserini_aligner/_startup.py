@@ -7,10 +7,12 @@ modules are imported. Hooks, by module name:
 - ``pyserini.encode._openai``: let it import when ``OPENAI_API_KEY`` is unset;
 - ``pyserini.encode`` (after): register the ``aligner`` encoders in Pyserini's encoder maps;
 - ``pyserini.search.faiss._searcher`` (after): ``FaissSearcher(<aligner index>, ...)`` gives an ``AlignerSearcher``;
-- ``pyserini.search.lucene.__main__`` (run by ``python -m``): an AligneR ``--index`` is searched with AligneR;
+- ``pyserini.search.lucene.__main__`` (run by ``python -m``): an AligneR ``--index`` is searched with AligneR, the
+  Lucene-only flags (``hooks.LUCENE_ONLY_FLAGS``) dropped with a warning;
 - ``pyserini.search.__main__``: forwarded to ``pyserini.search.lucene`` with this interpreter, exit status kept;
-- ``pyserini.search.faiss.__main__``, ``pyserini.search.hybrid.__main__``: with an AligneR index or encoder, errors
-  give one line and a non-zero exit and the run file appears only when complete.
+- ``pyserini.search.faiss.__main__``, ``pyserini.search.hybrid.__main__``: with an AligneR index or encoder (``aligner``
+  or a checkpoint folder, told by its config.json), errors give one line and a non-zero exit and the run file appears
+  only when complete.
 """
 import importlib.machinery
 import sys

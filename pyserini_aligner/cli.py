@@ -1,4 +1,5 @@
-"""Helpers shared by the command lines: argparse value checks that name the flag, and the one-line exits."""
+"""Helpers shared by the command lines: the help layout, argparse value checks that name the flag, and the one-line
+exits."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,18 @@ import sys
 from typing import Callable
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written, and every option's default in its help: "(default: X)" unless the default is
+    None or False (an unset option or switch) or the help text already speaks of the default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+                and "default" not in text):
+            text += (" " if text else "") + "(default: %(default)s)"
+        return text
 
 
 def positive_int(text: str) -> int:

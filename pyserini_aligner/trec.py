@@ -1,25 +1,50 @@
-"""TREC run files: ``qid Q0 docid rank score tag``, one hit a line."""
+"""Run files: written by Pyserini's run writer (``pyserini.output_writer``), the one writer of this project, and
+read back as ``qid -> {docid: score}``.
+
+Formats (``OUTPUT_FORMATS``, Pyserini's ``--output-format``): ``trec`` (``qid Q0 docid rank score tag``) and
+``msmarco`` (``qid<TAB>docid<TAB>rank``). With ``max_passage`` a hit's docid is cut at ``max_passage_delimiter``
+and only the best passage of each document is kept, at most ``max_passage_hits`` per query (Pyserini's MaxP).
+"""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
-from pyserini_aligner.textio import atomic_output
+from pyserini_aligner.textio import atomic_path
 
 Run = dict[str, dict[str, float]]  # qid -> {docid: score}
+OUTPUT_FORMATS = ("trec", "msmarco")
 
 
-def write_run(hits: Mapping[str, Sequence[tuple[str, float]]], path: str | os.PathLike, tag: str) -> Path:
-    """Write ``qid -> [(docid, score), ...]`` (best first) as a TREC run.
+class Hit(NamedTuple):
+    """What Pyserini's writers read from a hit."""
+
+    docid: str
+    score: float
+
+
+def write_run(hits: Mapping[str, Sequence[tuple[str, float]]], path: str | os.PathLike, tag: str,
+              output_format: str = "trec", max_passage: bool = False, max_passage_delimiter: str = "#",
+              max_passage_hits: int = 100) -> Path:
+    """Write ``qid -> [(docid, score), ...]`` (best first, every hit given) with Pyserini's run writer.
 
     Written to a temporary file next to ``path`` and renamed into place, so that an error never leaves a partial
-    run under ``path`` (nor a temporary file). OutputPathError when ``path`` can't be written.
+    run under ``path`` (nor a temporary file). OutputPathError when ``path`` can't be written; ValueError for an
+    ``output_format`` not in OUTPUT_FORMATS.
     """
-    with atomic_output(path) as out:
-        for qid, ranked in hits.items():
-            for rank, (docid, score) in enumerate(ranked, 1):
-                out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"output format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
+    from pyserini.output_writer import OutputFormat, get_output_writer
+
+    with atomic_path(path) as temporary:
+        writer = get_output_writer(str(temporary), OutputFormat(output_format), "w", max_hits=sys.maxsize,
+                                   tag=tag, use_max_passage=max_passage,
+                                   max_passage_delimiter=max_passage_delimiter, max_passage_hits=max_passage_hits)
+        with writer:
+            for qid, ranked in hits.items():
+                writer.write(qid, [Hit(docid, float(score)) for docid, score in ranked])
     return Path(path)
 
 
@@ -39,13 +64,3 @@ def read_run(path: str | os.PathLike) -> Run:
                 raise ValueError(f"{path}, line {number}: score {fields[4]!r} is not a number") from None
             run.setdefault(fields[0], {})[fields[2]] = score
     return run
-
-
-def ranked(run: Mapping[str, Mapping[str, float]], k: int | None = None) -> dict[str, list[tuple[str, float]]]:
-    """``qid -> {docid: score}`` as ``qid -> [(docid, score)]`` best first (ties by docid), cut at ``k``."""
-    return {qid: sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k] for qid, scores in run.items()}
-
-
-def from_hits(results: Mapping[str, Iterable]) -> Run:
-    """Pyserini hit lists (objects with ``docid`` and ``score``) as a run dict."""
-    return {qid: {hit.docid: float(hit.score) for hit in hits} for qid, hits in results.items()}

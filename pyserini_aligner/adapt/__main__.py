@@ -11,12 +11,12 @@ import logging
 import sys
 
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, METRIC, choose_strategy, rescore, strategy_table
-from pyserini_aligner.cli import positive_int
+from pyserini_aligner.cli import HelpFormatter, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.adapt", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--index", required=True, help="AligneR index folder; its default strategy is updated")
     parser.add_argument("--topics", required=True, help="labelled queries: topics file (TSV qid<TAB>text, JSONL), "
                                                         "BEIR folder or an ir_datasets id such as beir/scifact/train")

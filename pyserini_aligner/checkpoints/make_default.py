@@ -13,6 +13,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from pyserini_aligner.cli import HelpFormatter
 from pyserini_aligner.model import AlignerConfig, AlignerModel
 
 SEED = 0
@@ -36,11 +37,16 @@ def make_default(output: Path) -> str:
     return model.fingerprint()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.checkpoints.make_default",
+                                     description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", type=Path, required=True,
                         help="checkpoint folder to write (not the shipped checkpoints/aligner, which is trained)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     print(f"wrote {args.output} (fingerprint {make_default(args.output)})")
 

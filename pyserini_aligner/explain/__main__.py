@@ -11,13 +11,13 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import positive_int
+from pyserini_aligner.cli import HelpFormatter, positive_int
 from pyserini_aligner.explain import explain, render_html, render_png
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.explain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--index", required=True, help="AligneR index folder (python -m pyserini_aligner.index)")
     parser.add_argument("--query", required=True, help="query text")
     parser.add_argument("--corpus", default=None,
@@ -32,7 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top-query", type=positive_int, default=8, help="most salient query tokens whose alignments are shown")
     parser.add_argument("--output", default="explain.html", help="HTML page to write")
     parser.add_argument("--png", default=None, help="also write a PNG heat map (needs matplotlib)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import INTERRUPTED_EXIT, fraction, positive_int
+from pyserini_aligner.cli import INTERRUPTED_EXIT, HelpFormatter, fraction, positive_int
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
                                             derive_index)
 from pyserini_aligner.index.corpus import read_corpus
@@ -27,11 +27,11 @@ def redundancy_arg(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.index",
                                      description="Build a multi-vector AligneR index, derive one from another, or "
                                                  "verify one.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="JsonCollection .jsonl/.json file or folder (fields id, contents), "
                                          "a BEIR folder (corpus.jsonl with _id, title, text) "
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "IVF256,Flat, HNSW32")
     parser.add_argument("--max-length", type=positive_int, default=None,
                         help="tokens per document (default: the model's doc_maxlen, 256 for the shipped model)")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="documents encoded together")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--max-docs", type=positive_int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true",
@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others before the build fails")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.shard_id is None) != (args.shard_num is None) or (args.shard_num is not None and not args.corpus):
         parser.error("--shard-id and --shard-num go together, with --corpus")

@@ -119,21 +119,30 @@ def read_corpus(spec: str | os.PathLike) -> Iterator[CorpusItem]:
         yield docid, text, Location(str(spec), position, "document")
 
 
+def _count_file(path: Path) -> int | None:
+    """Documents in one collection file: the records of a .json array (None when it does not parse), else the
+    non-blank lines."""
+    with path.open("rb") as handle:
+        if path.suffix == ".json" and handle.read(1 << 12).lstrip().startswith(b"["):
+            try:
+                records = json.loads(path.read_bytes())
+            except ValueError:  # the reader reports it with its line
+                return None
+            return len(records) if isinstance(records, list) else None
+        handle.seek(0)
+        return sum(1 for line in handle if line.strip())
+
+
 def count_corpus(spec: str | os.PathLike) -> int | None:
-    """Number of documents in a corpus when it is cheap to know (non-blank JSONL lines, an ir_datasets id's count),
-    else None."""
+    """Number of documents in a corpus, for a progress bar's total (a pass over the files: non-blank JSON lines, the
+    records of .json arrays; an ir_datasets id's count), or None when it can't be told."""
     from pyserini_aligner.data import is_beir_folder
 
     path = Path(spec)
     if path.exists():
         files = [path / "corpus.jsonl"] if is_beir_folder(path) else collection_files(path)
-        if not all(f.suffix == ".jsonl" for f in files):
-            return None
-        total = 0
-        for f in files:
-            with f.open("rb") as handle:
-                total += sum(1 for line in handle if line.strip())
-        return total
+        counts = [_count_file(f) for f in files]
+        return None if None in counts else sum(counts)
     try:
         from pyserini_aligner.data import _open_ir_dataset
 

@@ -9,18 +9,23 @@ import argparse
 import logging
 import sys
 
+from pyserini_aligner.cli import HelpFormatter
 from pyserini_aligner.index.shards import merge_indexes
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.index.merge", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR", help="shard indexes, in corpus order")
     parser.add_argument("--index", required=True, help="the merged index folder to write")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index of this package (never any other folder)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

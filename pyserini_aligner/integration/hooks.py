@@ -10,7 +10,22 @@ from types import CodeType, ModuleType
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "pyserini-aligner"
+CHECKPOINT_CONFIG = "config.json"
+_CHECKPOINT_KEYS = frozenset({"format_version", "backbone", "dim"})  # what every AligneR config.json holds
 _OPENAI_PLACEHOLDER = "unset-openai-api-key"
+
+# Flags of ``python -m pyserini.search.lucene`` (and ``pyserini.search``) that choose or tune Lucene's own ranking
+# (BM25 and its parameters, RM3, Rocchio, QLD, impact and dense Lucene indexes, PRCL, analysers, field weights,
+# dismax) or de-duplicate hits (AligneR's hits are unique documents already). They mean nothing for an AligneR
+# index: when that CLI hands an AligneR --index to the plugin, they are dropped with one warning line. Any other
+# flag the plugin does not know is an error. Flag -> number of values it takes ("+": one or more).
+LUCENE_ONLY_FLAGS: dict[str, int | str] = {
+    "--bm25": 0, "--k1": 1, "--b": 1, "--bm25qs": 0, "--qld": 0, "--rm3": 0, "--rocchio": 0,
+    "--rocchio-use-negative": 0, "--impact": 0, "--min-idf": 1, "--encoded-corpus": 1, "--onnx-encoder": 1,
+    "--dense": 0, "--hnsw": 0, "--flat": 0, "--ef-search": 1, "--prcl": "+", "--prcl.vectorizer": 1,
+    "--prcl.r": 1, "--prcl.n": 1, "--prcl.alpha": 1, "--language": 1, "--pretokenized": 0, "--tokenizer": 1,
+    "--stopwords": 1, "--fields": "+", "--dismax": 0, "--dismax.tiebreaker": 1, "--remove-duplicates": 0,
+}
 
 
 def is_aligner_index(path: str | os.PathLike) -> bool:
@@ -22,6 +37,41 @@ def is_aligner_index(path: str | os.PathLike) -> bool:
         return json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT_NAME
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def is_aligner_checkpoint(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a folder whose ``config.json`` is an AligneR model config (whatever the folder's name)."""
+    config = Path(path) / CHECKPOINT_CONFIG
+    if not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and _CHECKPOINT_KEYS <= data.keys()
+
+
+def split_lucene_only(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` less the LUCENE_ONLY_FLAGS and their values, and what was taken out."""
+    kept, dropped, position = [], [], 0
+    while position < len(argv):
+        arg = argv[position]
+        name, has_value = arg.split("=", 1)[0], "=" in arg
+        arity = LUCENE_ONLY_FLAGS.get(name)
+        if arity is None:
+            kept.append(arg)
+            position += 1
+            continue
+        end = position + 1
+        if not has_value:
+            if arity == "+":
+                while end < len(argv) and not argv[end].startswith("--"):
+                    end += 1
+            else:
+                end = min(position + 1 + arity, len(argv))
+        dropped += argv[position:end]
+        position = end
+    return kept, dropped
 
 
 @contextlib.contextmanager
@@ -56,6 +106,21 @@ def register_encoders(encode: ModuleType) -> None:
     encode.document_encoder_class_map.setdefault("aligner", _aligner_document_encoder)
 
 
+def register_checkpoint_encoders(encode: ModuleType, folders: list[str]) -> None:
+    """Make each AligneR checkpoint folder in ``folders`` an ``--encoder`` of Pyserini's CLIs whatever its name.
+
+    Pyserini picks the encoder class of ``--encoder NAME`` by the first key of its encoder map found inside
+    ``NAME.lower()``; the folder's own name goes first in the map, so that a key such as "ance" inside the path
+    can't win.
+    """
+    for encoder_map, factory in ((encode.query_encoder_class_map, _aligner_query_encoder),
+                                 (encode.document_encoder_class_map, _aligner_document_encoder)):
+        others = [(key, value) for key, value in encoder_map.items() if key not in {f.lower() for f in folders}]
+        encoder_map.clear()
+        encoder_map.update({folder.lower(): factory for folder in folders})
+        encoder_map.update(others)
+
+
 def _is_aligner_encoder(encoder) -> bool:
     return type(encoder).__module__ == "pyserini_aligner.encoders"
 
@@ -85,12 +150,22 @@ def _argv_indexes() -> list[str]:
     return found + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--index=")]
 
 
-def _argv_uses_aligner() -> bool:
-    """An AligneR index among the --index flags, or --encoder aligner (hybrid runs have two --index flags)."""
+def _argv_encoders() -> list[str]:
     argv = sys.argv[1:]
-    encoders = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--encoder"]
-    encoders += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--encoder=")]
-    return "aligner" in encoders or any(is_aligner_index(index) for index in _argv_indexes())
+    found = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--encoder"]
+    return found + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--encoder=")]
+
+
+def _argv_checkpoints() -> list[str]:
+    """The --encoder values that are AligneR checkpoint folders."""
+    return [encoder for encoder in _argv_encoders() if is_aligner_checkpoint(encoder)]
+
+
+def _argv_uses_aligner() -> bool:
+    """An AligneR index among the --index flags, --encoder aligner or an AligneR checkpoint folder (hybrid runs have
+    two --index flags)."""
+    return ("aligner" in _argv_encoders() or bool(_argv_checkpoints())
+            or any(is_aligner_index(index) for index in _argv_indexes()))
 
 
 _PYSERINI_MAIN: dict[str, CodeType] = {}  # Pyserini's own __main__ code, run under guard_pyserini_main
@@ -101,7 +176,8 @@ _STUB = "from pyserini_aligner.integration.hooks import {function} as _aligner_m
 def main_code(name: str, inner) -> CodeType | None:
     """Code that ``python -m <name>`` should run instead of Pyserini's, or None to run Pyserini's.
 
-    - ``pyserini.search.lucene`` with an AligneR ``--index``: the plugin's search CLI, its exit status kept;
+    - ``pyserini.search.lucene`` with an AligneR ``--index``: the plugin's search CLI (:func:`run_plugin_search`), its
+      exit status kept;
     - ``pyserini.search`` (deprecated alias): the same interpreter (``sys.executable``) runs
       ``pyserini.search.lucene`` and its exit status is passed on (Pyserini runs a bare ``python`` and drops it);
     - ``pyserini.search.faiss`` / ``hybrid`` with an AligneR index or encoder: Pyserini's code under
@@ -110,8 +186,7 @@ def main_code(name: str, inner) -> CodeType | None:
     if name == "pyserini.search.lucene.__main__":
         indexes = _argv_indexes()
         if indexes and is_aligner_index(indexes[0]):
-            return compile("import runpy\nrunpy.run_module('pyserini_aligner.search', run_name='__main__', "
-                           "alter_sys=True)", "<pyserini-aligner>", "exec")
+            return compile(_STUB.format(function="run_plugin_search", args=""), "<pyserini-aligner>", "exec")
     elif name == "pyserini.search.__main__":
         return compile(_STUB.format(function="forward_to_lucene", args=""), "<pyserini-aligner>", "exec")
     elif name in _GUARDED_MAINS and _argv_uses_aligner():
@@ -119,6 +194,18 @@ def main_code(name: str, inner) -> CodeType | None:
         return compile(_STUB.format(function="guard_pyserini_main", args=f"{name!r}, globals()"),
                        "<pyserini-aligner>", "exec")
     return None
+
+
+def run_plugin_search() -> None:
+    """``python -m pyserini.search.lucene --index <aligner index> ARGS``: the plugin's search CLI on ARGS less the
+    LUCENE_ONLY_FLAGS (named in one warning line); its exit status is this process's."""
+    import runpy
+
+    kept, dropped = split_lucene_only(sys.argv[1:])
+    if dropped:
+        print(f"warning: ignoring Lucene-only flags for an AligneR index: {' '.join(dropped)}", file=sys.stderr)
+    sys.argv[1:] = kept
+    runpy.run_module("pyserini_aligner.search", run_name="__main__", alter_sys=True)
 
 
 def forward_to_lucene() -> None:
@@ -178,6 +265,11 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
         if output:
             check_output_path(output)
         _atomic_output_writers(pyserini.output_writer)
+        checkpoints = _argv_checkpoints()
+        if checkpoints:
+            import pyserini.encode
+
+            register_checkpoint_encoders(pyserini.encode, checkpoints)
         exec(_PYSERINI_MAIN[name], namespace)
         status = 0
     except SystemExit as stop:

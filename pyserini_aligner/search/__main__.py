@@ -1,8 +1,8 @@
 """``python -m pyserini_aligner.search --index <dir> --topics <file|ir_datasets id> --output run.trec``
 
-Pyserini's search flags plus AligneR's knobs. ``python -m pyserini.search[.lucene] --index <aligner index>``
-lands here too (see ``pyserini_aligner.integration.hooks``); flags that only mean something to Lucene are
-ignored with a warning.
+Pyserini's search flags plus AligneR's knobs; an unknown flag is an error. ``python -m pyserini.search[.lucene]
+--index <aligner index>`` lands here too (see ``pyserini_aligner.integration.hooks``), less the Lucene-only flags
+that it drops with a warning (``LUCENE_ONLY_FLAGS`` there).
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import sys
 from tqdm import tqdm
 
 from pyserini_aligner.search.searcher import DEFAULT_QUERY_PRUNE
-from pyserini_aligner.cli import flag_value, fraction, positive_int, run_main
+from pyserini_aligner.cli import HelpFormatter, flag_value, fraction, positive_int, run_main
 from pyserini_aligner.textio import check_output_path, discard_output
 from pyserini_aligner.topics import load_topics
-from pyserini_aligner.trec import write_run
+from pyserini_aligner.trec import OUTPUT_FORMATS, write_run
 
 log = logging.getLogger("pyserini_aligner.search")
 GENERIC_ENCODER = "aligner"  # with an index: the AligneR model recorded in its manifest
@@ -24,18 +24,33 @@ GENERIC_ENCODER = "aligner"  # with an index: the AligneR model recorded in its 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.search", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--index", required=True, help="AligneR index folder (python -m pyserini_aligner.index)")
     parser.add_argument("--topics", required=True,
                         help="topics: a Pyserini topics file (TSV qid<TAB>text, JSONL), a BEIR folder (its test "
                              "queries) or an ir_datasets id")
-    parser.add_argument("--output", required=True, help="TREC run file to write")
+    parser.add_argument("--output", required=True, help="run file to write")
+    parser.add_argument("--output-format", choices=OUTPUT_FORMATS, default="trec",
+                        help="trec: qid Q0 docid rank score tag; msmarco: qid<TAB>docid<TAB>rank (Pyserini's writers)")
+    parser.add_argument("--max-passage", action="store_true",
+                        help="MaxP: cut docids at --max-passage-delimiter and keep each document's best passage")
+    parser.add_argument("--max-passage-hits", type=positive_int, default=100,
+                        help="documents per query written with --max-passage")
+    parser.add_argument("--max-passage-delimiter", default="#", help="passage id separator of --max-passage")
     parser.add_argument("--encoder", default=GENERIC_ENCODER,
                         help="'aligner' (the model recorded in the index) or a checkpoint folder")
     parser.add_argument("--hits", type=positive_int, default=1000, help="hits per query")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="queries encoded and searched together")
     parser.add_argument("--threads", type=positive_int, default=1, help="FAISS and torch threads")
-    parser.add_argument("--remove-query", action="store_true", help="drop a hit whose docid equals the query id")
+    parser.add_argument("--remove-query", action="store_true",
+                        help="drop a hit whose docid equals the query id. BEIR's convention for corpora where a "
+                             "query is itself a document of the corpus (e.g. ArguAna, Quora), so that it can't be "
+                             "retrieved as its own answer; don't use it where query ids and docids are separate "
+                             "name spaces that collide (e.g. numeric ids in both), or a relevant document that "
+                             "merely shares the query's number is dropped")
+    parser.add_argument("--query-max-length", type=positive_int, default=None,
+                        help="tokens per query, special tokens included (default: the model's query_maxlen, 64 for "
+                             "the shipped model); longer queries are cut")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--backend", choices=["faiss", "torch"], default=None,
                         help="candidate generation and refinement with FAISS + the memory-mapped store (default on "
@@ -56,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="documents refined per query (at least --hits; default by device)")
     parser.add_argument("--refine-with", choices=["all", "kept"], default="all",
                         help="score candidates with all stored doc tokens or only the indexed ones")
-    parser.add_argument("--tag", default="AligneR", help="run tag (last TREC column)")
+    parser.add_argument("--tag", default="AligneR", help="run tag (last column of --output-format trec)")
     parser.add_argument("--distributed", action="store_true",
                         help="under torchrun: every rank searches its share of the index's segments (torch backend, "
                              "compressed index; --device cuda means cuda:LOCAL_RANK); rank 0 writes the run")
@@ -69,7 +84,13 @@ def searcher_knobs(args: argparse.Namespace) -> dict:
     return dict(encoder=None if args.encoder == GENERIC_ENCODER else args.encoder, strategy=args.strategy,
                 k_per_token=args.k_per_token, query_prune=args.query_prune, max_candidates=args.max_candidates,
                 nprobe=args.nprobe, interaction_candidates=args.interaction_candidates,
-                refine_with=args.refine_with, batch_size=args.batch_size)
+                refine_with=args.refine_with, batch_size=args.batch_size, query_max_length=args.query_max_length)
+
+
+def write_hits(hits: dict[str, list[tuple[str, float]]], args: argparse.Namespace) -> None:
+    """The run of the flags' format (--output-format, --max-passage*) at --output, through Pyserini's writers."""
+    write_run(hits, args.output, tag=args.tag, output_format=args.output_format, max_passage=args.max_passage,
+              max_passage_delimiter=args.max_passage_delimiter, max_passage_hits=args.max_passage_hits)
 
 
 def run_distributed(args: argparse.Namespace) -> int:
@@ -108,7 +129,7 @@ def run_distributed(args: argparse.Namespace) -> int:
                     hits[qid] = [(d, s) for d, s in found if not (args.remove_query and d == qid)][:args.hits]
                 bar.update(len(batch))
         if ctx.rank == 0:
-            write_run(hits, args.output, tag=args.tag)
+            write_hits(hits, args)
             log.info("wrote %d queries to %s (%d ranks)", len(hits), args.output, ctx.world_size)
         return 0
     finally:
@@ -134,11 +155,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _search(argv: list[str]) -> int:
-    args, ignored = build_parser().parse_known_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)
-    if ignored:
-        log.warning("ignoring flags that do not apply to an AligneR index: %s", " ".join(ignored))
     if args.distributed:
         return run_distributed(args)
     from pyserini_aligner.search.searcher import AlignerSearcher
@@ -159,7 +178,7 @@ def _search(argv: list[str]) -> int:
                     kept = [(h.docid, h.score) for h in results[qid] if not (args.remove_query and h.docid == qid)]
                     hits[qid] = kept[:args.hits]
                 bar.update(len(batch))
-        write_run(hits, args.output, tag=args.tag)
+        write_hits(hits, args)
     except (OSError, ValueError) as error:  # IndexFormatError, DataError and bad knobs are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2

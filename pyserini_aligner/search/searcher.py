@@ -160,14 +160,15 @@ class AlignerSearcher:
     or "torch" (default on CUDA). segments and exchange (torch backend, compressed index): this searcher holds only
     the consecutive segments ``segments`` and combines probes and refinement scores with the processes holding the
     others through ``exchange`` (``broadcast(obj)`` from the first process, ``all_gather(obj)``; see
-    :mod:`.distributed`), so that every process returns the ranking of the whole index.
+    :mod:`.distributed`), so that every process returns the ranking of the whole index. query_max_length: tokens per
+    query, special tokens included (default: the model's query_maxlen; at most the backbone's positions).
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
                  k_per_token: int | None = None, query_prune: float = DEFAULT_QUERY_PRUNE,
                  max_candidates: int | None = None, refine_with: str = "all", nprobe: int | None = None,
                  ef_search: int | None = None, device: str = "cpu", batch_size: int = 32, backend: str | None = None,
-                 interaction_candidates: int | None = None,
+                 interaction_candidates: int | None = None, query_max_length: int | None = None,
                  devices: Sequence[str] | None = None, segments: Sequence[int] | None = None, exchange=None):
         self.index_dir = Path(index_dir)
         self.devices = list(devices) if devices else [device]
@@ -195,6 +196,9 @@ class AlignerSearcher:
                 raise ValueError(f"interaction_candidates must be >= 0, got {interaction_candidates}")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if query_max_length is not None and query_max_length < 3:
+            raise ValueError(f"query_max_length must be >= 3 (two special tokens and one word), got {query_max_length}")
+        self.query_max_length = query_max_length
         self.k_per_token, self.query_prune, self.max_candidates = k_per_token, query_prune, max_candidates
         self.refine_with, self.batch_size, self.nprobe, self.ef_search = refine_with, batch_size, nprobe, ef_search
         self.interaction_candidates = (interaction_candidates if interaction_candidates is not None
@@ -219,6 +223,9 @@ class AlignerSearcher:
             self.model = load_model(encoder, self.manifest, self.index_dir, self.device)
         elif self.model.fingerprint() != self.manifest.model_fingerprint:
             self.model = load_model(None, self.manifest, self.index_dir, self.device)
+        positions = getattr(self.model.backbone.config, "max_position_embeddings", None)
+        if self.query_max_length is not None and positions is not None and self.query_max_length > positions:
+            raise ValueError(f"query_max_length {self.query_max_length} exceeds the model's {positions} positions")
         self.strategy = parse_strategy(self._strategy_arg if self._strategy_arg is not None
                                        else self.manifest.default_strategy)
         self.use_salience = self.model.scores_with_salience
@@ -390,7 +397,8 @@ class AlignerSearcher:
         if len(live) == 1 and self._graphed is not None:
             out = self._graphed(texts[live[0]])
         else:
-            out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size)
+            out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size,
+                                           maxlen=self.query_max_length)
         q, q_mask, q_sal = out.vectors.float(), out.mask, out.salience
         if self.exchange is not None:  # every process searches the first one's encoding
             q, q_mask, q_sal = (t.to(self.model.device) for t in self.exchange.broadcast(
@@ -535,7 +543,7 @@ class AlignerSearcher:
         from pyserini_aligner.search.torch_backend import GraphedQueryEncoder
 
         try:
-            return GraphedQueryEncoder(self.model)
+            return GraphedQueryEncoder(self.model, self.query_max_length)
         except RuntimeError as err:  # a model whose forward pass syncs with the host cannot be captured
             log.warning("query encoding runs eagerly (CUDA graph capture failed: %s)", str(err).splitlines()[0])
             return None

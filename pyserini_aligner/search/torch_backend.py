@@ -111,16 +111,17 @@ class TorchTokenIndex:
 
 
 class GraphedQueryEncoder:
-    """One query at a time through a CUDA graph of the model's forward pass, padded to ``query_maxlen``.
+    """One query at a time through a CUDA graph of the model's forward pass, padded to ``maxlen`` (default the model's
+    ``query_maxlen``).
 
     The eager forward of a small encoder on one short query is bound by kernel launches (~4 ms); replaying a
     captured graph launches them all at once. Padding only adds masked positions, so the vectors of the real tokens
     are those of the eager pass up to floating-point rounding. Raises RuntimeError when the model cannot be captured.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, maxlen: int | None = None):
         self.model = model.eval()
-        device, width = model.device, model.config.query_maxlen
+        device, width = model.device, maxlen or model.config.query_maxlen
         self.ids = torch.full((1, width), model.pad_id, dtype=torch.long, device=device)
         self.attention = torch.zeros(1, width, dtype=torch.long, device=device)
         self.attention[0, :2] = 1
@@ -135,9 +136,10 @@ class GraphedQueryEncoder:
             self.out = model(self.ids, self.attention, is_query=True)
 
     def __call__(self, text: str):
-        """TokenOutput (vectors [1, query_maxlen, dim], mask, salience) of ``text``, valid until the next call."""
-        ids, truncated = self.model.tokenize([text], is_query=True)
-        self.model._report_truncation("query", sum(truncated), 1, None)
+        """TokenOutput (vectors [1, maxlen, dim], mask, salience) of ``text``, valid until the next call."""
+        width = self.ids.shape[1]
+        ids, truncated = self.model.tokenize([text], is_query=True, maxlen=width)
+        self.model._report_truncation("query", sum(truncated), 1, width)
         self.tokens = len(ids[0])  # real tokens of the last query
         row = torch.full((2, self.ids.shape[1]), 0, dtype=torch.long)
         row[0].fill_(self.model.pad_id)

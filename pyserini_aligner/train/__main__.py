@@ -6,12 +6,13 @@ import argparse
 import json
 import logging
 
+from pyserini_aligner.cli import HelpFormatter
 from pyserini_aligner.train.config import load_config
 from pyserini_aligner.train.loop import Trainer
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.train",
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.train", formatter_class=HelpFormatter,
                                      description="Train an AligneR checkpoint (contrastive, hard negatives).")
     parser.add_argument("--config", required=True, help="YAML training config (see pyserini_aligner/train/configs/)")
     parser.add_argument("--output", help="output folder (default: the config's output_dir)")
@@ -21,6 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop-after", type=int, help="stop after this many more steps (resume later)")
     parser.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -12,6 +12,7 @@ import logging
 import random
 from pathlib import Path
 
+from pyserini_aligner.cli import HelpFormatter
 from pyserini_aligner.train.data import load_bundle, write_bundle
 
 log = logging.getLogger(__name__)
@@ -83,14 +84,20 @@ def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float =
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.train.prepare",
+                                     description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help=f"folder for {BUNDLE_NAME}")
     parser.add_argument("--work", type=Path, default=Path(".cache/train_prepare"), help="Lucene index folder")
     parser.add_argument("--depth", type=int, default=50, help="BM25 negatives kept per query")
     parser.add_argument("--heldout-fraction", type=float, default=0.1, help="SciFact train queries held out")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    parser.add_argument("--threads", type=int, default=2, help="Lucene indexing and BM25 search threads")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.depth < 1:
         parser.error("--depth must be >= 1")

@@ -1,0 +1,224 @@
+"""The plugin's command lines follow Pyserini's: unknown flags are errors (Lucene-only flags dropped on purpose when
+Pyserini's Lucene CLI forwards), run files come from Pyserini's writers (trec, msmarco, MaxP), defaults show in
+--help, indexing shows a progress bar with a total, and Pyserini's CLIs know an AligneR checkpoint folder by its
+config.json."""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyserini_aligner.index import build_index
+from pyserini_aligner.index import __main__ as index_cli
+from pyserini_aligner.index.corpus import count_corpus
+from pyserini_aligner.integration.hooks import (LUCENE_ONLY_FLAGS, is_aligner_checkpoint, register_checkpoint_encoders,
+                                                split_lucene_only)
+from pyserini_aligner.search import __main__ as search_cli
+from pyserini_aligner.search.searcher import AlignerSearcher
+from pyserini_aligner.trec import read_run, write_run
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT = REPO / "pyserini_aligner" / "checkpoints" / "aligner"
+QUERIES = {"q1": "vitamin D deficiency and bone density", "q2": "stem cells in the bone marrow",
+           "q3": "antibiotic resistance of bacteria"}
+CLI_MODULES = ["pyserini_aligner.search.__main__", "pyserini_aligner.index.__main__", "pyserini_aligner.index.merge",
+               "pyserini_aligner.adapt.__main__", "pyserini_aligner.explain.__main__", "pyserini_aligner.train.__main__",
+               "pyserini_aligner.train.prepare", "pyserini_aligner.checkpoints.make_default"]
+
+
+@pytest.fixture(scope="module")
+def topics(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "topics.tsv"
+    path.write_text("".join(f"{qid}\t{text}\n" for qid, text in QUERIES.items()))
+    return path
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --help
+
+
+@pytest.mark.parametrize("module", CLI_MODULES)
+def test_help_shows_every_default(module):
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            assert "default" in formatter._get_help_string(action), (module, action.option_strings)
+    assert parser.format_help()  # renders
+
+
+def test_search_help_texts():
+    text = flat(search_cli.build_parser().format_help())
+    assert "hits per query (default: 1000)" in text
+    assert "--output-format {trec,msmarco}" in text
+    assert "BEIR's convention" in text and "don't use it where query ids and docids" in text
+    assert "--query-max-length" in text
+    assert "tokens per document (default: the model's doc_maxlen" in flat(index_cli.build_parser().format_help())
+
+
+# unknown flags
+
+
+@pytest.mark.parametrize("parser, argv", [(search_cli.build_parser, ["--topics", "t", "--output", "o"]),
+                                          (index_cli.build_parser, ["--corpus", "c"])], ids=["search", "index"])
+def test_unknown_flag_is_an_error(parser, argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parser().parse_args(["--index", "i", *argv, "--bm25"])
+    assert stop.value.code == 2
+    assert "error: unrecognized arguments: --bm25\n" in capsys.readouterr().err
+
+
+def test_split_lucene_only():
+    argv = ["--index", "x", "--bm25", "--k1", "0.9", "--b=0.4", "--fields", "title=2", "body=1", "--hits", "3",
+            "--rm3", "--remove-query"]
+    kept, dropped = split_lucene_only(argv)
+    assert kept == ["--index", "x", "--hits", "3", "--remove-query"]
+    assert dropped == ["--bm25", "--k1", "0.9", "--b=0.4", "--fields", "title=2", "body=1", "--rm3"]
+    assert not set(LUCENE_ONLY_FLAGS) & {a.option_strings[0] for a in search_cli.build_parser()._actions}
+
+
+def test_lucene_cli_drops_lucene_only_flags_and_refuses_others(index_dir, topics, tmp_path):
+    output = tmp_path / "run.trec"
+    common = ["-m", "pyserini.search.lucene", "--index", str(index_dir), "--topics", str(topics), "--output",
+              str(output), "--hits", "3", "--quiet"]
+    ok = run(*common, "--bm25", "--k1", "0.9", "--b", "0.4")
+    assert ok.returncode == 0, ok.stderr
+    assert "ignoring Lucene-only flags for an AligneR index: --bm25 --k1 0.9 --b 0.4" in ok.stderr
+    assert {qid: len(hits) for qid, hits in read_run(output).items()} == {qid: 3 for qid in QUERIES}
+    bad = run(*common, "--bogus", "1")
+    assert bad.returncode == 2
+    assert "unrecognized arguments: --bogus 1" in bad.stderr
+    assert not output.exists()  # a failed search leaves no run, not even the earlier one
+
+
+def test_pyserini_search_forwards_with_this_interpreter(index_dir, topics, tmp_path):
+    """No venv on PATH, and a ``python`` there that is not this one: the child must still be this interpreter, and
+    its failure the parent's exit status."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("python", "python3"):
+        (fake / name).write_text("#!/bin/sh\necho 'wrong python' >&2\nexit 97\n")
+        (fake / name).chmod(0o755)
+    venv_bin = os.path.dirname(sys.executable)
+    path = os.pathsep.join([str(fake)] + [d for d in os.environ["PATH"].split(os.pathsep) if d != venv_bin])
+    result = run("-m", "pyserini.search", "--index", str(index_dir), "--topics", str(topics), "--output",
+                 str(tmp_path / "run.trec"), "--hits", "0", env={"PATH": path})
+    assert result.returncode == 2, result.stderr
+    assert "argument --hits: expected an integer >= 1, got '0'" in result.stderr
+    assert "wrong python" not in result.stderr
+
+
+# run files
+
+
+@pytest.fixture(scope="module")
+def passage_index(tmp_path_factory, model) -> Path:
+    """Six passages of three documents, docids ``<doc>#<passage>``."""
+    texts = {"bone": ["vitamin D and calcium keep bone density", "bone loss in older adults",
+                      "fractures follow low bone density"],
+             "cells": ["stem cells live in the bone marrow", "marrow transplants restore blood cells"],
+             "germs": ["bacteria resist antibiotics through efflux pumps"]}
+    docs = [(f"{doc}#{i}", text) for doc, passages in texts.items() for i, text in enumerate(passages)]
+    target = tmp_path_factory.mktemp("passages") / "index"
+    build_index(docs, target, model, codec="fp16", doc_prune=1.0, progress=False, model_name="aligner")
+    return target
+
+
+def test_output_formats_and_max_passage(passage_index, topics, tmp_path):
+    common = ["--index", str(passage_index), "--topics", str(topics), "--hits", "6", "--quiet"]
+    assert search_cli.main(common + ["--output", str(tmp_path / "run.trec")]) == 0
+    assert search_cli.main(common + ["--output", str(tmp_path / "run.msmarco"), "--output-format", "msmarco"]) == 0
+    assert search_cli.main(common + ["--output", str(tmp_path / "run.maxp"), "--max-passage",
+                                     "--max-passage-hits", "2"]) == 0
+    trec = [line.split() for line in (tmp_path / "run.trec").read_text().splitlines()]
+    msmarco = [line.split("\t") for line in (tmp_path / "run.msmarco").read_text().splitlines()]
+    assert all(len(row) == 6 and row[1] == "Q0" and row[5] == "AligneR" for row in trec) and len(trec) == 18
+    assert msmarco == [[qid, docid, rank] for qid, _, docid, rank, _, _ in trec]
+    maxp = [line.split() for line in (tmp_path / "run.maxp").read_text().splitlines()]
+    for qid in QUERIES:
+        passages = [row[2] for row in trec if row[0] == qid]
+        best_docs = list(dict.fromkeys(p.split("#")[0] for p in passages))[:2]
+        assert [(row[2], row[3]) for row in maxp if row[0] == qid] == [(d, str(r)) for r, d in enumerate(best_docs, 1)]
+
+
+def test_write_run_refuses_other_formats(tmp_path):
+    with pytest.raises(ValueError, match="output format must be one of"):
+        write_run({"q": [("d", 1.0)]}, tmp_path / "run.kilt", tag="t", output_format="kilt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_query_max_length(index_dir):
+    args = search_cli.build_parser().parse_args(["--index", "i", "--topics", "t", "--output", "o",
+                                                 "--query-max-length", "8"])
+    assert search_cli.searcher_knobs(args)["query_max_length"] == 8
+    query = " ".join(QUERIES.values()) * 3
+    short = AlignerSearcher(index_dir, query_max_length=6)
+    full = AlignerSearcher(index_dir)
+    assert short.model.encode_padded([query], is_query=True, maxlen=6).mask.shape[1] == 6
+    assert [h.docid for h in short.search(query, k=5)] != [h.docid for h in full.search(query, k=5)] or \
+        [h.score for h in short.search(query, k=5)] != pytest.approx([h.score for h in full.search(query, k=5)])
+    with pytest.raises(ValueError, match="query_max_length 100000 exceeds"):
+        AlignerSearcher(index_dir, query_max_length=100000)
+
+
+# indexing progress
+
+
+def test_corpus_counts_give_the_progress_total(tmp_path, capsys):
+    docs = [{"id": f"d{i}", "contents": f"document number {i} about bone density"} for i in range(3)]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(docs))
+    lines = tmp_path / "lines.json"
+    lines.write_text("\n".join(json.dumps(d) for d in docs) + "\n\n")
+    assert count_corpus(array) == count_corpus(lines) == 3
+    index_cli.main(["--corpus", str(array), "--index", str(tmp_path / "index"), "--codec", "fp16"])
+    err = capsys.readouterr().err
+    assert "3/3" in err and "<" in err  # total and ETA
+    index_cli.main(["--corpus", str(lines), "--index", str(tmp_path / "quiet"), "--codec", "fp16", "--quiet"])
+    assert "3/3" not in capsys.readouterr().err
+
+
+# --encoder <checkpoint folder> in Pyserini's CLIs
+
+
+def test_checkpoint_folder_is_told_by_its_config(tmp_path):
+    mine = tmp_path / "balance-ckpt"  # "ance" inside: Pyserini's keyword match would take it for ANCE
+    mine.mkdir()
+    shutil.copy(CHECKPOINT / "config.json", mine / "config.json")
+    other = tmp_path / "hf-model"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    assert is_aligner_checkpoint(mine) and not is_aligner_checkpoint(other) and not is_aligner_checkpoint(tmp_path)
+
+    class Encode:  # Pyserini's encoder maps, as pyserini.encode holds them
+        query_encoder_class_map = {"ance": "AnceQueryEncoder", "aligner": "aligner"}
+        document_encoder_class_map = {"ance": "AnceDocumentEncoder"}
+
+    register_checkpoint_encoders(Encode, [str(mine)])
+    chosen = next(v for k, v in Encode.query_encoder_class_map.items() if k in str(mine).lower())
+    assert callable(chosen) and chosen.__name__ == "_aligner_query_encoder"
+    assert Encode.query_encoder_class_map["ance"] == "AnceQueryEncoder"
+
+
+def test_pyserini_faiss_cli_takes_a_checkpoint_folder(index_dir, topics, tmp_path):
+    folder = tmp_path / "balance-ckpt"
+    shutil.copytree(CHECKPOINT, folder)
+    output = tmp_path / "run.trec"
+    result = run("-m", "pyserini.search.faiss", "--index", str(index_dir), "--encoder", str(folder), "--topics",
+                 str(topics), "--output", str(output), "--hits", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {qid: len(hits) for qid, hits in read_run(output).items()} == {qid: 3 for qid in QUERIES}

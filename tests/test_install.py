@@ -1,0 +1,82 @@
+"""Packaging: a regular and an editable (PEP 660) install both put the start-up hook in site-packages, and the
+build warns about no package or data folder."""
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HOOK = "pyserini_aligner.pth"
+SOURCES = ("setup.py", "setup.cfg", "pyproject.toml", "README.md", HOOK)
+
+
+@pytest.fixture(scope="module")
+def source_tree(tmp_path_factory) -> Path:
+    """A copy of what a build reads, so that building leaves the checkout untouched."""
+    tree = tmp_path_factory.mktemp("source")
+    for name in SOURCES:
+        shutil.copy(REPO / name, tree / name)
+    shutil.copytree(REPO / "pyserini_aligner", tree / "pyserini_aligner",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+def _clean_env() -> dict:
+    """The environment less PYTHONPATH, which would show the checkout's package as installed already."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def _pip(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, capture_output=True, text=True,
+                            timeout=240, env={**_clean_env(), "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def _bare_venv(path: Path) -> Path:
+    """A virtualenv without pip or any package; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    return path / "bin" / "python"
+
+
+def _hook_installed(python: Path) -> bool:
+    """Whether the interpreter put pyserini-aligner's import hook on sys.meta_path at start-up (no import of ours)."""
+    code = "import sys; print(any(type(f).__module__ == 'pyserini_aligner._startup' for f in sys.meta_path))"
+    result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, env=_clean_env())
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip() == "True"
+
+
+def test_wheel_carries_hook_and_data(source_tree, tmp_path):
+    built = _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), ".", cwd=source_tree)
+    assert "would be ignored" not in built.stdout + built.stderr
+    wheel = next((tmp_path / "dist").glob("pyserini_aligner-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        assert archive.read(HOOK) == (REPO / HOOK).read_bytes()
+    assert {"pyserini_aligner/checkpoints/aligner/config.json", "pyserini_aligner/train/configs/aligner_default.yaml",
+            "pyserini_aligner/search/__main__.py"} <= names
+    assert not any("__pycache__" in name for name in names)
+    python = _bare_venv(tmp_path / "venv")
+    _pip("--python", str(python), "install", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
+    assert _hook_installed(python)
+
+
+def test_editable_install_carries_hook(source_tree, tmp_path):
+    """The PEP 660 hook pip calls for ``pip install -e``, then the editable wheel installed by pip."""
+    build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                            "print(build_meta.build_editable(sys.argv[1]))", str(tmp_path / "dist")],
+                           cwd=source_tree, capture_output=True, text=True, timeout=240, env=_clean_env())
+    assert build.returncode == 0, build.stderr
+    assert "would be ignored" not in build.stdout + build.stderr
+    wheel = tmp_path / "dist" / build.stdout.split()[-1]
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(HOOK) == (REPO / HOOK).read_bytes()
+    python = _bare_venv(tmp_path / "venv")
+    assert not _hook_installed(python)
+    _pip("--python", str(python), "install", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
+    assert _hook_installed(python)
