@@ -53,3 +53,12 @@ def test_code_shard_probe_matches_numpy_loop(two_segment_index):
         want_scores = [s for s, _ in found[:k]]
         assert np.allclose(scores[p, :len(want_scores)].numpy(), want_scores, atol=1e-4)
         assert sorted(rows[p].tolist()) == sorted(r for _, r in found[:k])
+
+
+def test_descending_key_orders_floats_from_largest():
+    from pyserini_aligner.search.engine import descending_key
+
+    values = torch.tensor([0.5, -0.25, float("-inf"), 3.0, -0.0, 0.0, 1e-30, -7.5, float("inf"), 0.5])
+    order = torch.sort(descending_key(values), stable=True).indices
+    assert order.tolist() == torch.argsort(values, descending=True, stable=True).tolist()
+    assert int(descending_key(values).min()) >= 0 and int(descending_key(values).max()) < 1 << 32

@@ -59,3 +59,4 @@ def test_engine_ranks_alike_with_and_without_kernels(default_index, model, inter
         interpreted._triton.cache_clear()
     for got, want in zip(with_kernel, plain):
         assert [d for d, _ in got] == [d for d, _ in want]
+

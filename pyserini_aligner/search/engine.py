@@ -111,7 +111,7 @@ class CodeShard:
         cells = [(probes[a:a + step] @ self.centroids.T).topk(nprobe, dim=1) for a in range(0, len(probes), step)]
         cval, cidx = torch.cat([c.values for c in cells]), torch.cat([c.indices for c in cells])
         entries = self.ivf_lengths[cidx].sum(1).cpu().numpy()  # entries per probe
-        budget, start = max(_MAX_ELEMENTS // 2, int(entries.max())), 0
+        budget, start = max(_MAX_ELEMENTS // 8, int(entries.max())), 0
         bounds = np.cumsum(entries)
         while start < len(probes):
             base = bounds[start - 1] if start else 0
@@ -134,14 +134,16 @@ class CodeShard:
         first = torch.cumsum(counts, 0) - counts
         pos = self.ivf_offsets[cidx.reshape(-1)][cell] + torch.arange(total, device=self.device) - first[cell]
         owner = torch.div(cell, nprobe, rounding_mode="floor")
-        codes = self.ivf_codes.index_select(0, pos).long()  # [E, M]
-        codes += (owner * (self.m * 256)).unsqueeze(1) + torch.arange(self.m, device=self.device) * 256
-        score = cval.reshape(-1).index_select(0, cell) + lut.reshape(-1)[codes].sum(1)
+        codes = self.ivf_codes.index_select(0, pos)  # [E, M]
+        base = owner * (self.m * 256)
+        residual = lut.reshape(-1)[base + codes[:, 0].long()]
+        for m in range(1, self.m):
+            residual = residual + lut.reshape(-1)[base + (m * 256 + codes[:, m].long())]
+        score = cval.reshape(-1).index_select(0, cell) + residual
         docs = self.ivf_docs.index_select(0, pos).long()
         score = torch.where(self.live[docs], score, torch.full_like(score, -torch.inf))
-        order = torch.argsort(score, descending=True, stable=True)  # best first; ties keep list order
-        order = order[torch.argsort(owner[order], stable=True)]  # grouped by probe
-        owner, score, docs = owner[order], score[order], docs[order]
+        order = torch.sort(owner * (1 << 32) + descending_key(score), stable=True).indices  # by probe, best first;
+        owner, score, docs = owner[order], score[order], docs[order]  # ties keep list order
         per_probe = torch.bincount(owner, minlength=r)
         rank = torch.arange(total, device=self.device) - (torch.cumsum(per_probe, 0) - per_probe)[owner]
         keep = (rank < width) & torch.isfinite(score)
@@ -203,7 +205,7 @@ class CodeShard:
         npad = kernels.pad_width(q.shape[1])
         mask = torch.zeros(q.shape[0], npad, dtype=torch.bool, device=self.device)
         mask[:, :q.shape[1]] = q_mask
-        step = max(1, (_MAX_ELEMENTS * 2) // (self.nlist * npad))
+        step = max(1, _MAX_ELEMENTS // (self.nlist * npad))
         for a in range(0, len(q), step):
             out[a:a + step] = kernels.interaction(self.query_table(q[a:a + step]), local[a:a + step],
                                                   mine[a:a + step], self.offsets, self.token_ids, mask[a:a + step])
@@ -223,7 +225,7 @@ class CodeShard:
             return out
         width = max(int(lengths.max()), 1) if width is None else width
         span = torch.arange(width, device=self.device)
-        budget = 1 << 28 if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
+        budget = 1 << 26 if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
         padded = torch.full_like(lengths[:, 0], rows.shape[1] * width)  # padded candidate tokens per query
         for part, n in query_chunks(q_mask.sum(1), padded, 0, budget, padded * self.centroids.shape[1]):
             positions = (self.offsets[local[part]].unsqueeze(-1) + span).clamp_max(max(len(self.token_ids) - 1, 0))
@@ -242,6 +244,13 @@ class CodeShard:
         codes = self.token_codes[positions].long() + torch.arange(self.m, device=self.device) * 256
         residual = self.books.reshape(self.m * 256, -1)[codes]  # [..., M, sub]
         return (self.centroids[ids] + residual.flatten(-2)).to(self.dtype)
+
+
+def descending_key(values: Tensor) -> Tensor:
+    """int64 keys in [0, 2^32) that sort float32 ``values`` from the largest to the smallest (−inf last)."""
+    bits = (values.float() + 0.0).contiguous().view(torch.int32).long()  # + 0.0 turns −0.0 into 0.0
+    ascending = torch.where(bits >= 0, bits + (1 << 31), (1 << 31) - 1 - (bits + (1 << 31)))
+    return (1 << 32) - 1 - ascending
 
 
 def query_chunks(real: Tensor, tokens: Tensor, table_width: int, budget: int, extra: Tensor | None = None):

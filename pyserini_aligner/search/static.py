@@ -145,8 +145,8 @@ class StaticPlan:
     def _refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor) -> Tensor:
         """Alignment scores [C] of candidate ``rows`` [C] decoded from their codes (−inf where not valid)."""
         shard = self.shard
-        span = torch.arange(self.tokens, device=q.device)
         local = torch.where(valid, rows - shard.row_base, torch.zeros_like(rows))
+        span = torch.arange(self.tokens, device=q.device)
         pos = (shard.offsets[local].unsqueeze(-1) + span).clamp_max(max(len(shard.token_ids) - 1, 0))
         mask = (span < shard.lengths[local].unsqueeze(-1)) & valid.unsqueeze(-1)
         if shard.kept is not None:
