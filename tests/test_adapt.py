@@ -229,6 +229,11 @@ def test_rescore_matches_the_searcher(adapt_index, labelled):
     assert per_query({"a": {"d": 1}}, {"a": [("d", 1.0)]}) == {"a": 1.0}
 
 
+def table_rows(out: str) -> dict[str, list[str]]:
+    """The CLI's table: strategy -> [ndcg@10, gain, p, ...] ('' cells dropped)."""
+    return {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:] if line.split()[0].startswith("top-")}
+
+
 def test_adapt_cli_saves_the_default_strategy(adapt_index, labelled, capsys):
     from pyserini.search.faiss import FaissSearcher
 
@@ -239,18 +244,49 @@ def test_adapt_cli_saves_the_default_strategy(adapt_index, labelled, capsys):
     topics, qrels = labelled
     set_default_strategy(index, "top-k:8")
     args = ["--index", str(index), "--topics", str(topics), "--qrels", str(qrels), "--candidates", "50", "--quiet"]
-    assert main(args + ["--dry-run"]) == 0
-    assert read_manifest(index).default_strategy == "top-k:8"
-    capsys.readouterr()
-    assert main(args + ["--strategies", "top-k:2", "top-p:0.01", "top-k:1"]) == 0
+    assert main(args + ["--dry-run", "--strategies", "top-k:2"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()[1:4]}
-    assert set(rows) == {"top-k:2", "top-p:0.01", "top-k:1"} and "(10 queries)" in out
-    chosen = max(rows, key=lambda s: (rows[s], -list(rows).index(s)))
-    assert [line.split()[0] for line in out.splitlines() if line.endswith("<- chosen")] == [chosen]
-    assert read_manifest(index).default_strategy == chosen
-    assert AlignerSearcher(index, encoder=model).strategy.__str__() == chosen
-    assert str(FaissSearcher(str(index), AlignerQueryEncoder(model)).strategy) == chosen
+    assert read_manifest(index).default_strategy == "top-k:8" and "keeps default strategy top-k:8" in out
+    assert list(table_rows(out)) == ["top-k:1", "top-k:2"]  # the checkpoint's default is always the baseline
+
+    strategies = ["top-k:2", "top-p:0.01", "top-k:8"]
+    assert main(args + ["--strategies", *strategies]) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert list(rows) == ["top-k:1", *strategies] and "(10 queries)" in out
+    means = {s: float(r[0]) for s, r in rows.items()}
+    chosen = [s for s, r in rows.items() if r[-1] == "chosen"]
+    assert len(chosen) == 1
+    for spec in strategies:  # a strategy replaces top-k:1 only with a gain >= 0.005 and p <= 0.05
+        gain, p = float(rows[spec][1]), float(rows[spec][2])
+        assert gain == pytest.approx(means[spec] - means["top-k:1"], abs=2e-4) and 0 < p <= 1
+        if spec == chosen[0]:
+            assert gain >= 0.005 and p <= 0.05
+    if chosen == ["top-k:1"]:
+        assert "keeping top-k:1" in out
+    assert read_manifest(index).default_strategy == chosen[0]  # top-k:8 set before is replaced either way
+    assert "(was top-k:8)" in out
+
+    # without the test (any gain counts) the best mean wins, ties going to the baseline
+    assert main(args + ["--strategies", *strategies, "--alpha", "1", "--min-gain", "0"]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    means = {s: float(r[0]) for s, r in rows.items()}
+    best = max(means, key=lambda s: (means[s], -list(means).index(s)))
+    assert [s for s, r in rows.items() if r[-1] == "chosen"] == [best]
+    assert read_manifest(index).default_strategy == best
+    assert AlignerSearcher(index, encoder=model).strategy.__str__() == best
+    assert str(FaissSearcher(str(index), AlignerQueryEncoder(model)).strategy) == best
+
+
+@pytest.mark.parametrize("flag,value,message", [("--alpha", "0", "expected a number in (0, 1]"),
+                                                ("--alpha", "1.5", "expected a number in (0, 1]"),
+                                                ("--min-gain", "-0.1", "expected a number >= 0"),
+                                                ("--permutations", "0", "expected an integer >= 1")])
+def test_adapt_cli_test_flags_are_checked(flag, value, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--index", "x", "--topics", "y", "--qrels", "z", flag, value])
+    assert stop.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
 
 
 def test_adapt_cli_errors(adapt_index, labelled, tmp_path, capsys):
