@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hits", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner' or a folder")
-    parser.add_argument("--candidates", type=int, default=100, help="aligner hits rescored by aligner-adapted")
+    parser.add_argument("--candidates", type=int, default=100,
+                        help="aligner hits rescored by aligner-adapted to choose a strategy on each fold")
     parser.add_argument("--fold-size", type=int, default=8, help="queries per few-shot adaptation fold")
     parser.add_argument("--adapt-alpha", type=fraction, default=ALPHA,
                         help="aligner-adapted: significance level a strategy must reach to replace the default")

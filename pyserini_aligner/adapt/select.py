@@ -169,8 +169,9 @@ def choose_strategy(table: PerQuery, qids: Sequence[str], baseline: str, alpha: 
     ``qids``.
 
     A candidate qualifies when its mean gain over ``baseline`` is positive and >= ``min_gain`` (metric units:
-    0.005 = 0.5 point) and its :func:`paired_permutation_test` p-value over the per-query differences is <= ``alpha``; the qualifying
-    candidate with the best mean wins (ties: the earlier one in ``table``), else the baseline is kept.
+    0.005 = 0.5 point) and its :func:`paired_permutation_test` p-value over the per-query differences is
+    <= ``alpha``; the qualifying candidate with the best mean wins (ties: the earlier one in ``table``), else the
+    baseline is kept.
     """
     if baseline not in table:
         raise ValueError(f"baseline strategy {baseline} is not among the strategies scored: {', '.join(table)}")
