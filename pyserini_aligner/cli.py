@@ -43,6 +43,17 @@ def fraction(text: str) -> float:
     return value
 
 
+def non_negative(text: str) -> float:
+    """argparse ``type``: a number >= 0, such as a minimum gain."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def flag_value(argv: list[str], flag: str) -> str | None:
     """The value given to ``flag`` in ``argv`` (``--flag VALUE`` or ``--flag=VALUE``; the last one wins), or None."""
     value = None

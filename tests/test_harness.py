@@ -6,7 +6,7 @@ import pytest
 
 from harness_support import SYSTEMS, harness_context, harness_run
 
-from eval.beir.aligner import drop_query_hits, full_index, rescored_runs, with_tail
+from eval.beir.aligner import drop_query_hits, full_index, rescored_runs
 from eval.beir.hybrid import DEFAULT_ALPHA, fuse, tuning_split
 from eval.metrics import METRICS, rrf_fuse
 from pyserini_aligner.data import Dataset
@@ -50,6 +50,18 @@ def test_system_extras(harness):
     assert 0 <= adapted["ndcg@10_std"] <= min(adapted["ndcg@10"], 1 - adapted["ndcg@10"]) + 1e-4
     assert "ndcg@10_run" in adapted
     assert sum(adapted["chosen"].values()) == 2
+    assert (adapted["baseline"], adapted["alpha"], adapted["min_gain"]) == ("top-k:1", 0.05, 0.005)
+    assert len(adapted["fold_choices"]) == 2 and adapted["search_hits"] == 1000
+    for fold in adapted["fold_choices"]:
+        assert len(fold["queries"]) == 8 and fold["changed"] == (fold["strategy"] != "top-k:1")
+        assert fold["changed"] == (fold["gain"] >= 0.005 and fold["p"] <= 0.05)
+        assert fold["delta"] == pytest.approx(fold["held_out"] - fold["held_out_baseline"], abs=2e-4)
+        if not fold["changed"]:
+            assert fold["delta"] == 0.0
+    assert adapted["changed_folds"] == sum(f["changed"] for f in adapted["fold_choices"])
+    assert (adapted["changed_delta"] is None) == (adapted["changed_folds"] == 0)
+    if adapted["changed_queries"] == 0:  # every query kept the default: the aligner's own search
+        assert adapted["ndcg@10_run"] == systems["aligner"]["ndcg@10"]
     assert set(adapted["strategies"]) == {"top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8", "top-p:0.005",
                                           "top-p:0.01", "top-p:0.015", "top-p:0.02"}
     # rescoring the aligner's candidates with its own strategy keeps its ranking
@@ -84,14 +96,6 @@ def test_rescoring_reproduces_the_searcher(harness, scifact_small):
         for docid, score in hits:
             assert math.isclose(score, aligner[qid][docid], abs_tol=1e-5)
     assert full_index(ctx).name == f"aligner-{ctx.fingerprint[:8]}"
-
-
-def test_with_tail_keeps_the_rest_below_the_head():
-    full = {"q": [("a", 0.9), ("b", 0.8), ("c", 0.7), ("d", 0.1)]}
-    head = {"q": [("b", 5.0), ("a", 4.0)]}
-    merged = with_tail(head, full)["q"]
-    assert [d for d, _ in merged] == ["b", "a", "c", "d"]
-    assert merged[2][1] < 4.0 and merged[2][1] > merged[3][1]
 
 
 def test_rrf_fuse_matches_the_formula():
@@ -132,3 +136,48 @@ def test_unknown_system_is_a_clear_error(tmp_path, scifact_small, capsys):
 
     assert main(["--dataset", str(scifact_small), "--output", str(tmp_path), "--systems", "bm42"]) == 2
     assert "bm42" in capsys.readouterr().err
+
+
+def test_adapted_system_searches_with_a_changed_strategy(harness, scifact_small):
+    """With top-k:8 as the default and no test (alpha 1, no minimum gain), folds switch to a better strategy; its
+    run is that strategy's own search of the index and the report says what the switch did."""
+    from eval.beir.harness import results_markdown
+    from eval.beir.systems import Context, aligner_adapted
+    from pyserini_aligner.adapt.select import per_query
+
+    class TopK8(Context):
+        @property
+        def strategy(self) -> str:
+            return "top-k:8"
+
+    base = harness_context(scifact_small, harness[1])
+    ctx = TopK8(dataset=base.dataset, work=base.work, progress=False, alpha=1.0, min_gain=0.0)
+    run = aligner_adapted(ctx)
+    row = ctx.extras["aligner-adapted"]
+    assert row["baseline"] == "top-k:8" and row["changed_folds"] >= 1
+    changed = [f for f in row["fold_choices"] if f["changed"]]
+    assert len(changed) == row["changed_folds"] and all(f["gain"] > 0 for f in changed)
+    assert row["changed_delta"] == pytest.approx(sum(f["delta"] for f in changed) / len(changed), abs=2e-4)
+    # a query of a changed fold's strategy gets that strategy's own search of the index (every document ranked,
+    # as deep as the aligner system), not a rescored head of the top-k:8 run
+    from pyserini_aligner.search import AlignerSearcher
+
+    eight = ctx.runs["aligner"]
+    moved = sorted(q for q in run if run[q] != eight[q])
+    assert moved and row["changed_queries"] >= len(moved)
+    found = {}
+    for spec in {f["strategy"] for f in changed}:
+        searcher = AlignerSearcher(full_index(ctx), encoder=ctx.model, strategy=spec)
+        found[spec] = searcher.batch_search([ctx.queries[q] for q in moved], moved, k=1001)
+    for q in moved:
+        assert len(run[q]) == len(eight[q]) > ctx.candidates  # the whole 300-document corpus, not a head of 100
+        assert any([d for d, _ in run[q][:10]] == [h.docid for h in hits[q] if h.docid != q][:10]
+                   for hits in found.values()), q
+    per_eight = per_query(ctx.qrels, eight)
+    for f in changed:
+        rest = [q for q in per_eight if q not in f["queries"]]
+        assert f["held_out_baseline"] == pytest.approx(sum(per_eight[q] for q in rest) / len(rest), abs=1e-4)
+    md = results_markdown({"dataset": "d", "systems": {"aligner-adapted": {**row, "ndcg@10_run": 0.5, "recall@100":
+                                                                            1.0, "recall@1000": 1.0}}})
+    assert f"changed {row['changed_folds']}/2 folds (held-out Δ {row['changed_delta']:+.4f})" in md
+    assert md.count("| top-k:") >= len(changed)

@@ -9,6 +9,8 @@ import sys
 from eval.cli import configure_logging
 from eval.beir.harness import run_harness
 from eval.beir.systems import SYSTEMS
+from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
+from pyserini_aligner.cli import fraction, non_negative
 from pyserini_aligner.data import DataError
 
 
@@ -21,8 +23,14 @@ def main(argv=None) -> int:
     parser.add_argument("--hits", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner' or a folder")
-    parser.add_argument("--candidates", type=int, default=100, help="aligner hits rescored by aligner-adapted")
+    parser.add_argument("--candidates", type=int, default=100,
+                        help="aligner hits rescored by aligner-adapted to choose a strategy on each fold")
     parser.add_argument("--fold-size", type=int, default=8, help="queries per few-shot adaptation fold")
+    parser.add_argument("--adapt-alpha", type=fraction, default=ALPHA,
+                        help="aligner-adapted: significance level a strategy must reach to replace the default")
+    parser.add_argument("--adapt-min-gain", type=non_negative, default=MIN_GAIN,
+                        help="aligner-adapted: smallest mean nDCG@10 gain over the default on a fold (0.005 = 0.5 "
+                             "point)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the folds and of the hybrid tuning sample")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
@@ -30,7 +38,8 @@ def main(argv=None) -> int:
     try:
         run_harness(args.dataset, args.systems, args.output, args.cache, hits=args.hits, threads=args.threads,
                     progress=not args.quiet, encoder=args.encoder, candidates=args.candidates,
-                    fold_size=args.fold_size, seed=args.seed)
+                    fold_size=args.fold_size, seed=args.seed, alpha=args.adapt_alpha,
+                    min_gain=args.adapt_min_gain)
     except (DataError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

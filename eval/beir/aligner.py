@@ -69,18 +69,20 @@ def drop_query_hits(hits: Hits, k: int) -> Hits:
 
 
 def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = "aligner",
-           hits: int | None = None) -> Hits:
-    """AlignerSearcher over ``index_dir`` (strategy ``ctx.strategy``, β^q = ``query_prune``), top ``hits`` (default
-    ``ctx.hits``) per query; the searcher refines max(its default candidate budget, hits) documents. Cached under
-    ``<work>/runs`` (shared by every caller with the same index and knobs); ``desc`` labels the progress bar."""
+           hits: int | None = None, strategy: str | None = None) -> Hits:
+    """AlignerSearcher over ``index_dir`` (``strategy``, default ``ctx.strategy``; β^q = ``query_prune``), top
+    ``hits`` (default ``ctx.hits``) per query; the searcher refines max(its default candidate budget, hits)
+    documents. Cached under ``<work>/runs`` (shared by every caller with the same index and knobs); ``desc`` labels
+    the progress bar."""
     hits = ctx.hits if hits is None else hits
-    key = {"index": index_key(index_dir), "strategy": ctx.strategy, "query_prune": query_prune,
+    strategy = ctx.strategy if strategy is None else strategy
+    key = {"index": index_key(index_dir), "strategy": strategy, "query_prune": query_prune,
            "k": hits, "queries": queries_hash(ctx.queries)}
 
     def compute() -> Hits:
         from pyserini_aligner.search import AlignerSearcher
 
-        searcher = AlignerSearcher(index_dir, encoder=ctx.model, strategy=ctx.strategy, query_prune=query_prune)
+        searcher = AlignerSearcher(index_dir, encoder=ctx.model, strategy=strategy, query_prune=query_prune)
         qids, found = list(ctx.queries), {}
         step = searcher.batch_size
         with tqdm(total=len(qids), desc=desc, unit="query", disable=not ctx.progress) as bar:
@@ -117,17 +119,3 @@ def rescored_runs(ctx: Context, candidates: Hits, strategies) -> dict[str, Hits]
         runs.update(fresh)
     return {s: runs[s] for s in specs}
 
-
-def with_tail(head: Hits, full: Hits) -> Hits:
-    """``head`` (a reranked prefix of ``full``) followed by the rest of ``full`` in its order, scored below the head,
-    so that recall at depths beyond the head stays that of ``full``."""
-    out = {}
-    for qid, ranked in full.items():
-        top = head.get(qid, [])
-        seen = {d for d, _ in top}
-        tail = [(d, s) for d, s in ranked if d not in seen]
-        if top and tail:
-            shift = min(s for _, s in top) - 1.0 - max(s for _, s in tail)
-            tail = [(d, s + shift) for d, s in tail]
-        out[qid] = top + tail
-    return out

@@ -2,7 +2,9 @@
 
 results.json: {"dataset", "systems": {name: {"ndcg@10", "recall@100", "recall@1000", "run", "seconds", ...extras}},
 "significance": see ``eval.metrics.significance``}. A system that reports its own value of a metric (aligner-adapted:
-nDCG@10 as the mean over folds) keeps its run's value under "<metric>_run".
+nDCG@10 as the mean over folds) keeps its run's value under "<metric>_run". aligner-adapted also reports each
+fold's choice ("fold_choices"), how many folds changed the strategy ("changed_folds") and the mean held-out gain
+over the default strategy on those folds ("changed_delta").
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Sequence
 
 from eval.beir.systems import SYSTEMS, Context, work_dir
 from eval.metrics import METRICS, evaluate, significance
+from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.trec import write_run
 
@@ -25,7 +28,8 @@ BASELINES = ("bm25", "dense")
 
 def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.PathLike, cache: str | os.PathLike,
                 hits: int = 1000, threads: int = 2, progress: bool = True, encoder: str = "aligner",
-                candidates: int = 100, fold_size: int = 8, seed: int = 0) -> dict:
+                candidates: int = 100, fold_size: int = 8, seed: int = 0, alpha: float = ALPHA,
+                min_gain: float = MIN_GAIN) -> dict:
     """Run ``systems`` on the dataset; returns the results dict also written to ``<output>/results.json``."""
     unknown = [name for name in systems if name not in SYSTEMS]
     if unknown:
@@ -34,7 +38,8 @@ def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.Path
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     ctx = Context(dataset=dataset, work=work_dir(dataset, cache), hits=hits, threads=threads, progress=progress,
-                  encoder=encoder, candidates=candidates, fold_size=fold_size, seed=seed)
+                  encoder=encoder, candidates=candidates, fold_size=fold_size, seed=seed,
+                  alpha=alpha, min_gain=min_gain)
     results = {"dataset": dataset.name, "systems": {}}
     for name in systems:
         start = time.perf_counter()
@@ -66,10 +71,35 @@ def _note(name: str, row: dict) -> str:
         return f"β^d={row['doc_prune']:g}, β^q={row['query_prune']:g}"
     if name == "aligner-adapted":
         chosen = ", ".join(f"{s}×{n}" for s, n in sorted(row["chosen"].items(), key=lambda x: -x[1]))
-        return f"{row['folds']} folds of {row['fold_size']}; run nDCG@10 {row['ndcg@10_run']:.4f}; chosen {chosen}"
+        return (f"{row['folds']} folds of {row['fold_size']}; changed {_changed(row)}; "
+                f"run nDCG@10 {row['ndcg@10_run']:.4f}; chosen {chosen}")
     if "strategy" in row:
         return f"strategy {row['strategy']}"
     return ""
+
+
+def _changed(row: dict) -> str:
+    """"k/n folds (held-out Δ ±x)" for aligner-adapted."""
+    delta = row["changed_delta"]
+    return f"{row['changed_folds']}/{row['folds']} folds" + ("" if delta is None else f" (held-out Δ {delta:+.4f})")
+
+
+def adaptation_markdown(row: dict) -> list[str]:
+    """aligner-adapted's choices: the rule, how often a fold changed the strategy and what that did."""
+    lines = ["", f"Few-shot adaptation (aligner-adapted): each fold of {row['fold_size']} queries keeps "
+                 f"{row['baseline']} unless its best strategy (nDCG@10 of the aligner's top {row['candidates']} "
+                 f"rescored) gains ≥ {row['min_gain']:g} with p ≤ {row['alpha']:g} (one-sided paired randomisation "
+                 f"test, max over the candidates); a chosen strategy searches the index itself (top "
+                 f"{row['search_hits']}). Changed: {_changed(row)}; the run ranks {row['changed_queries']} queries "
+                 "with a changed strategy" + ("" if row["changed_queries_delta"] is None else
+                                             f" (Δ nDCG@10 on them {row['changed_queries_delta']:+.4f})") + "."]
+    changed = [(i, f) for i, f in enumerate(row["fold_choices"], 1) if f["changed"]]
+    if changed:
+        lines += ["", f"| fold | strategy | gain on fold | p | held-out nDCG@10 | {row['baseline']} | Δ |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {i} | {f['strategy']} | {f['gain']:+.4f} | {f['p']:.4f} | {f['held_out']:.4f} | "
+                  f"{f['held_out_baseline']:.4f} | {f['delta']:+.4f} |" for i, f in changed]
+    return lines
 
 
 def _p_cell(p: float | None, max_p: float) -> str:
@@ -82,6 +112,8 @@ def results_markdown(results: dict) -> str:
              "|---|" + "---:|" * len(METRICS) + "---|"]
     for name, row in results["systems"].items():
         lines.append(f"| {name} | " + " | ".join(_cell(row, m) for m in METRICS) + f" | {_note(name, row)} |")
+    if "aligner-adapted" in results["systems"]:
+        lines += adaptation_markdown(results["systems"]["aligner-adapted"])
     sig = results.get("significance", {})
     if sig.get("pairs"):
         tests = list(sig["tests"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
 from pyserini_aligner.data import Dataset
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,10 @@ class Context:
     threads: int = 2
     progress: bool = True
     encoder: str = "aligner"  # AligneR checkpoint: "aligner" or a folder
-    candidates: int = 100  # aligner hits rescored per query by aligner-adapted
+    candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a strategy
     fold_size: int = 8
+    alpha: float = ALPHA  # aligner-adapted: significance level a strategy must reach to replace the default
+    min_gain: float = MIN_GAIN  # aligner-adapted: and its smallest mean nDCG@10 gain on the fold
     seed: int = 0
     runs: dict[str, Hits] = field(default_factory=dict)  # systems already run (for fusion)
     extras: dict[str, dict] = field(default_factory=dict)  # per system: numbers for results.json
@@ -142,25 +145,45 @@ def rrf(ctx: Context) -> Hits:
 
 
 def aligner_adapted(ctx: Context) -> Hits:
-    """Few-shot alignment adaptation: folds of ``ctx.fold_size`` test queries each pick a strategy (by nDCG@10 of the
-    aligner's top ``ctx.candidates`` rescored with it), scored on the other queries; nDCG@10 is the mean over folds.
-    The run ranks each query with a strategy chosen on a fold without it (see ``Adaptation.assignment``)."""
-    from eval.beir.aligner import rescored_runs, with_tail
-    from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, few_shot_adaptation, strategy_table
+    """Few-shot alignment adaptation. Folds of ``ctx.fold_size`` test queries each choose a strategy on their own
+    queries only: the checkpoint's default (the aligner system's) unless a candidate, scored by nDCG@10 of the
+    aligner's top ``ctx.candidates`` rescored with it, gains >= ``ctx.min_gain`` with p <= ``ctx.alpha`` (one-sided
+    paired randomisation test, see ``choose_strategy``). A chosen strategy then searches the index itself
+    (AlignerSearcher with that strategy, top ``ctx.hits``: the aligner system's depth, refining the same candidate
+    documents); nDCG@10 is the mean over folds of that search's nDCG@10 on the other queries. The run ranks each
+    query with the search of a strategy chosen on a fold without it (see ``Adaptation.assignment``)."""
+    from eval.beir.aligner import full_index, rescored_runs, search
+    from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, few_shot_adaptation, per_query, strategy_table
+    from pyserini_aligner.alignment import parse_strategy
 
     full = ctx.require("aligner", "aligner-adapted")
-    runs = rescored_runs(ctx, full, CANDIDATE_STRATEGIES)
-    table = strategy_table(ctx.qrels, runs)
+    table = strategy_table(ctx.qrels, rescored_runs(ctx, full, CANDIDATE_STRATEGIES))
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
-    adaptation = few_shot_adaptation({s: {q: v[q] for q in judged} for s, v in table.items()}, ctx.fold_size,
-                                     ctx.seed)
+    adaptation = few_shot_adaptation({s: {q: v[q] for q in judged} for s, v in table.items()},
+                                     str(parse_strategy(ctx.strategy)), ctx.fold_size, ctx.seed, ctx.alpha,
+                                     ctx.min_gain)
+    baseline = adaptation.baseline
+    searched = {s: full if s == baseline else search(ctx, full_index(ctx), desc=f"aligner-adapted {s}", strategy=s)
+                for s in adaptation.strategies()}
+    scores = {s: per_query(ctx.qrels, run) for s, run in searched.items()}
+    adaptation = adaptation.scored(scores)
+    moved = [q for q in judged if adaptation.assignment[q] != baseline]
+    moved_delta = [scores[adaptation.assignment[q]][q] - scores[baseline][q] for q in moved]
     ctx.extras["aligner-adapted"] = {
         "ndcg@10": round(adaptation.mean, 4), "ndcg@10_std": round(adaptation.std, 4),
         "folds": len(adaptation.folds), "fold_size": ctx.fold_size, "candidates": ctx.candidates,
+        "baseline": baseline, "alpha": ctx.alpha, "min_gain": ctx.min_gain, "search_hits": ctx.hits,
         "chosen": adaptation.chosen_counts(),
+        "changed_folds": len(adaptation.changed),
+        "changed_delta": None if adaptation.changed_delta is None else round(adaptation.changed_delta, 4),
+        "changed_queries": len(moved),
+        "changed_queries_delta": round(sum(moved_delta) / len(moved), 4) if moved else None,
+        "fold_choices": [{"strategy": f.strategy, "changed": f.choice.changed, "best": f.choice.best,
+                          "gain": round(f.choice.gain(), 4), "p": round(f.choice.p_values[f.choice.best], 4),
+                          "held_out": round(f.held_out, 4), "held_out_baseline": round(f.held_out_baseline, 4),
+                          "delta": round(f.delta, 4), "queries": f.queries} for f in adaptation.folds],
         "strategies": {s: round(sum(v[q] for q in judged) / len(judged), 4) for s, v in table.items()}}
-    heads = {q: runs[adaptation.assignment.get(q, ctx.strategy)][q] for q in full}
-    return with_tail(heads, full)
+    return {q: searched[adaptation.assignment.get(q, baseline)][q] for q in full}
 
 
 SYSTEMS: dict[str, Callable[[Context], Hits]] = {

@@ -1,8 +1,11 @@
 """``python -m pyserini_aligner.adapt --index <dir> --topics <file | ir_datasets id> --qrels <file | ir_datasets id>``
 
-Few-shot alignment adaptation: retrieve candidates for a handful of labelled queries, rescore them with every
-candidate alignment strategy, print each strategy's nDCG@10 and save the best as the index's default strategy
-(used by AlignerSearcher, ``FaissSearcher(<index>)`` and Pyserini's search CLIs from then on).
+Few-shot alignment adaptation: retrieve candidates for a handful of labelled queries with the checkpoint's default
+strategy (the baseline), rescore them with every candidate alignment strategy and print each strategy's nDCG@10,
+its gain over the baseline and the p-value of that gain (one-sided paired randomisation test over the queries,
+corrected for trying several strategies). The best strategy replaces the baseline only when it gains at least
+--min-gain with p <= --alpha; the result is saved as the index's default strategy (used by AlignerSearcher,
+``FaissSearcher(<index>)`` and Pyserini's search CLIs from then on).
 """
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ import argparse
 import logging
 import sys
 
-from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, METRIC, choose_strategy, rescore, strategy_table
-from pyserini_aligner.cli import HelpFormatter, positive_int
+from pyserini_aligner.adapt.select import (ALPHA, CANDIDATE_STRATEGIES, METRIC, MIN_GAIN, PERMUTATIONS, Choice,
+                                           choose_strategy, rescore, strategy_table)
+from pyserini_aligner.cli import HelpFormatter, fraction, non_negative, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +27,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--qrels", required=True, help="judgements: TREC qrels file (4 columns), BEIR qrels TSV (with "
                                                        "its header), BEIR folder or ir_datasets id")
     parser.add_argument("--candidates", type=positive_int, default=100, help="documents retrieved and rescored per query")
-    parser.add_argument("--strategies", nargs="+", default=list(CANDIDATE_STRATEGIES), help="strategies to try")
+    parser.add_argument("--strategies", nargs="+", default=list(CANDIDATE_STRATEGIES),
+                        help="strategies to try (the baseline is always tried)")
+    parser.add_argument("--alpha", type=fraction, default=ALPHA,
+                        help=f"significance level a strategy's gain over the baseline must reach (default {ALPHA})")
+    parser.add_argument("--min-gain", type=non_negative, default=MIN_GAIN,
+                        help=f"smallest mean {METRIC} gain over the baseline, in {METRIC} units (default {MIN_GAIN}"
+                             " = 0.5 point)")
+    parser.add_argument("--permutations", type=positive_int, default=PERMUTATIONS,
+                        help="random sign flips of the test when exact enumeration would need more")
     parser.add_argument("--sample", type=positive_int, default=None, help="use a random sample of N labelled topics")
-    parser.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --sample and of the test's sign flips")
     parser.add_argument("--encoder", default=None, help="checkpoint folder (default: the model in the manifest)")
     parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--dry-run", action="store_true", help="print the table but leave the index unchanged")
@@ -33,42 +45,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def format_table(means: dict[str, float], best: str, n_queries: int) -> str:
-    lines = [f"{'strategy':<14} {METRIC:>8}   ({n_queries} queries)"]
-    lines += [f"{spec:<14} {value:>8.4f}{'   <- chosen' if spec == best else ''}" for spec, value in means.items()]
+def format_table(choice: Choice) -> str:
+    """One row per strategy: mean metric, gain over the baseline, p-value; the chosen one marked."""
+    lines = [f"{'strategy':<14} {METRIC:>8} {'gain':>8} {'p':>7}   ({choice.queries} queries)"]
+    for spec, value in choice.means.items():
+        gain, p = ("", "") if spec == choice.baseline else (f"{choice.gain(spec):+.4f}", f"{choice.p_values[spec]:.4f}")
+        lines.append(f"{spec:<14} {value:>8.4f} {gain:>8} {p:>7}{'   <- chosen' if spec == choice.strategy else ''}")
     return "\n".join(lines)
+
+
+def verdict(choice: Choice, alpha: float, min_gain: float) -> str:
+    """Why the baseline was kept or replaced, in one line."""
+    best = choice.best
+    if choice.changed:
+        return (f"replacing {choice.baseline}: {choice.strategy} gains {choice.gain(choice.strategy):+.4f} with p = "
+                f"{choice.p_values[choice.strategy]:.4f} (>= {min_gain:g} and p <= {alpha:g})")
+    if best == choice.baseline:
+        return f"keeping {choice.baseline}: no strategy beats it"
+    return (f"keeping {choice.baseline}: the best, {best}, gains {choice.gain():+.4f} with p = "
+            f"{choice.p_values[best]:.4f} (needs >= {min_gain:g} and p <= {alpha:g})")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from pyserini_aligner.adapt.inputs import labelled_topics
-    from pyserini_aligner.index.store import set_default_strategy
-    from pyserini_aligner.search.searcher import AlignerSearcher
+    from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.index.store import read_manifest, set_default_strategy
+    from pyserini_aligner.search.searcher import AlignerSearcher, load_model
     from pyserini_aligner.topics import load_topics, read_qrels
 
     try:
         qrels = read_qrels(args.qrels)
         topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
-        searcher = AlignerSearcher(args.index, encoder=args.encoder)
+        strategies = [str(parse_strategy(s)) for s in args.strategies]
+        model = load_model(args.encoder, read_manifest(args.index), args.index)
+        baseline = str(parse_strategy(model.config.default_strategy))  # the checkpoint's, whatever the index says
+        searcher = AlignerSearcher(args.index, encoder=model, strategy=baseline)
+        strategies = list(dict.fromkeys([baseline, *strategies]))
         qids = list(topics)
         found = searcher.batch_search([topics[q] for q in qids], qids, k=args.candidates, threads=args.threads)
         candidates = {q: [hit.docid for hit in found[q]] for q in qids}
-        runs = rescore(searcher.store, searcher.model, topics, candidates, args.strategies, progress=not args.quiet)
-        best, means = choose_strategy(strategy_table(qrels, runs), qids)
+        runs = rescore(searcher.store, searcher.model, topics, candidates, strategies, progress=not args.quiet)
+        choice = choose_strategy(strategy_table(qrels, runs), qids, baseline, args.alpha, args.min_gain,
+                                 args.permutations, args.seed)
     except (OSError, ValueError) as error:  # DataError, IndexFormatError and bad strategies are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(format_table(means, best, len(qids)))
-    if not any(value > 0 for value in means.values()):
+    print(format_table(choice))
+    print(verdict(choice, args.alpha, args.min_gain))
+    if not any(value > 0 for value in choice.means.values()):
         print(f"error: every strategy scores {METRIC} 0 on these {len(qids)} queries (no relevant document among "
               f"the top {args.candidates} candidates); {args.index} is left unchanged", file=sys.stderr)
         return 1
+    previous = searcher.manifest.default_strategy
     if args.dry_run:
-        print(f"dry run: {args.index} keeps default strategy {searcher.manifest.default_strategy}")
+        print(f"dry run: {args.index} keeps default strategy {previous}")
     else:
-        set_default_strategy(args.index, best)
-        print(f"saved default strategy {best} in {args.index}/manifest.json (was {searcher.manifest.default_strategy})")
+        set_default_strategy(args.index, choice.strategy)
+        print(f"saved default strategy {choice.strategy} in {args.index}/manifest.json (was {previous})")
     return 0
 
 

@@ -1,15 +1,17 @@
 """Few-shot alignment adaptation (AligneR §4.3): pick the alignment strategy from a handful of labelled queries.
 
-Candidates are rescored with every strategy over the stored document vectors (no new search); the strategy with
-the best mean nDCG@10 on the labelled queries wins (ties: the earlier strategy in the candidate list). The same
-functions evaluate adaptation in the harness: folds of ``fold_size`` test queries, each choosing a strategy that is
-then scored on the remaining queries.
+Candidates are rescored with every strategy over the stored document vectors (no new search). The baseline (the
+checkpoint's default strategy) is kept unless a candidate beats it clearly on the labelled queries: a mean nDCG@10
+gain of at least ``min_gain`` and a one-sided paired randomisation test (sign flips of the per-query differences,
+max-T over the candidates so that picking the best of several is accounted for) with p <= ``alpha``. The same
+functions evaluate adaptation in the harness: folds of ``fold_size`` test queries, each choosing a strategy that
+is then scored on the remaining queries.
 """
 from __future__ import annotations
 
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -22,6 +24,9 @@ from pyserini_aligner.alignment import alignment_scores, parse_strategy
 CANDIDATE_STRATEGIES = ("top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8",
                         "top-p:0.005", "top-p:0.01", "top-p:0.015", "top-p:0.02")
 METRIC = "ndcg@10"
+ALPHA = 0.05  # significance level a candidate must reach to replace the baseline
+MIN_GAIN = 0.005  # and its smallest mean gain over the baseline (0.5 point nDCG@10)
+PERMUTATIONS = 10000  # random sign flips when exact enumeration would need more
 
 Hits = dict[str, list[tuple[str, float]]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -90,11 +95,100 @@ def mean_scores(table: PerQuery, qids: Sequence[str]) -> dict[str, float]:
     return {spec: float(np.mean([values[q] for q in qids])) for spec, values in table.items()}
 
 
-def choose_strategy(table: PerQuery, qids: Sequence[str]) -> tuple[str, dict[str, float]]:
-    """(best strategy on ``qids``, mean metric of every strategy); ties go to the earlier strategy in ``table``."""
+def paired_permutation_test(deltas, n_permutations: int = PERMUTATIONS, seed: int = 0) -> np.ndarray:
+    """One-sided paired randomisation test that candidates beat a baseline; p-value per candidate.
+
+    deltas: [n queries, m candidates] per-query differences (candidate − baseline); a 1-d array is one candidate.
+    Under H0 each query's differences are as likely negated. Over sign vectors s ∈ {±1}^n, p_j is the share whose
+    statistic max_i t_i(s) reaches candidate j's observed t_j, where t_i(s) is the paired t-statistic of
+    (s_q · deltas[q, i])_q. For one candidate this is the sign-flip test of the mean difference; for several it is
+    the single-step max-T test, so the best of m candidates is judged against the best that noise gives and a
+    candidate that varies a lot does not drown one that wins by a little on every query. Queries whose
+    differences are all 0 are skipped (their signs change nothing); every one of the remaining 2^n' sign vectors
+    is enumerated when 2^n' <= ``n_permutations``, else ``n_permutations`` random ones (``seed``) with the observed
+    signs counted once: (1 + hits) / (1 + draws). Returns [m] p-values in (0, 1] (all 1 when nothing differs).
+    """
+    d = np.asarray(deltas, dtype=np.float64)
+    d = d[:, None] if d.ndim == 1 else d
+    if d.ndim != 2:
+        raise ValueError(f"deltas must be [queries] or [queries, candidates], got shape {d.shape}")
+    n = len(d)  # the t-statistic counts every query, skipped or not
+    d = d[np.any(d != 0, axis=1)]
+    m = d.shape[1]
+    if len(d) == 0:
+        return np.ones(m)
+    squares = (d ** 2).sum(axis=0)  # Σ_q (s_q d_q)² does not depend on the signs
+
+    def t(sums: np.ndarray) -> np.ndarray:
+        """t-statistic (up to a factor common to all candidates) from the signed sums [..., m]."""
+        spread = np.sqrt(np.maximum(squares - sums ** 2 / n, 1e-12 * squares))
+        return np.divide(sums, spread, out=np.zeros_like(sums), where=squares > 0)
+
+    observed = t(d.sum(axis=0))
+    slack = 1e-9 * np.maximum(1.0, np.abs(observed))  # float noise must not decide a tie
+    if 2 ** len(d) <= n_permutations:
+        signs = 1 - 2 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)  # every vector in {±1}^n'
+        best = t(signs @ d).max(axis=1)
+        return (best[:, None] >= observed - slack).mean(axis=0)
+    rng = np.random.default_rng(seed)
+    hits = np.zeros(m)
+    for start in range(0, n_permutations, 1024):
+        signs = rng.choice((-1.0, 1.0), size=(min(1024, n_permutations - start), len(d)))
+        hits += (t(signs @ d).max(axis=1)[:, None] >= observed - slack).sum(axis=0)
+    return (1 + hits) / (1 + n_permutations)
+
+
+@dataclass
+class Choice:
+    """The strategy chosen on some labelled queries, and why."""
+
+    strategy: str  # the baseline, unless a candidate wins clearly
+    baseline: str
+    means: dict[str, float]  # mean metric of every strategy on the labelled queries
+    p_values: dict[str, float]  # one-sided max-T p-value of each strategy's gain over the baseline (baseline: 1)
+    queries: int  # how many labelled queries
+
+    @property
+    def changed(self) -> bool:
+        return self.strategy != self.baseline
+
+    @property
+    def best(self) -> str:
+        """The strategy with the best mean (ties: the baseline, then the earlier one)."""
+        order = [self.baseline] + [s for s in self.means if s != self.baseline]
+        return max(order, key=lambda s: (self.means[s], -order.index(s)))
+
+    def gain(self, strategy: str | None = None) -> float:
+        """Mean gain of ``strategy`` (default: the best) over the baseline on the labelled queries."""
+        return self.means[strategy or self.best] - self.means[self.baseline]
+
+
+def choose_strategy(table: PerQuery, qids: Sequence[str], baseline: str, alpha: float = ALPHA,
+                    min_gain: float = MIN_GAIN, n_permutations: int = PERMUTATIONS, seed: int = 0) -> Choice:
+    """The strategy to use after seeing ``table`` (``strategy -> qid -> metric``, ``baseline`` one of its keys) on
+    ``qids``.
+
+    A candidate qualifies when its mean gain over ``baseline`` is positive and >= ``min_gain`` (metric units:
+    0.005 = 0.5 point) and its :func:`paired_permutation_test` p-value over the per-query differences is
+    <= ``alpha``; the qualifying candidate with the best mean wins (ties: the earlier one in ``table``), else the
+    baseline is kept.
+    """
+    if baseline not in table:
+        raise ValueError(f"baseline strategy {baseline} is not among the strategies scored: {', '.join(table)}")
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    if min_gain < 0:
+        raise ValueError(f"min_gain must be >= 0, got {min_gain}")
     means = mean_scores(table, qids)
-    best = max(means, key=lambda spec: (means[spec], -list(means).index(spec)))
-    return best, means
+    others = [s for s in table if s != baseline]
+    p_values = {baseline: 1.0}
+    if others:
+        deltas = np.array([[table[s][q] - table[baseline][q] for s in others] for q in qids])
+        p_values.update(zip(others, (float(p) for p in paired_permutation_test(deltas, n_permutations, seed))))
+    winners = [s for s in others if (gain := means[s] - means[baseline]) > 0 and gain >= min_gain - 1e-12
+               and p_values[s] <= alpha]
+    strategy = max(winners, key=lambda s: (means[s], -others.index(s))) if winners else baseline
+    return Choice(strategy, baseline, means, {s: p_values[s] for s in table}, len(qids))
 
 
 def make_folds(qids: Sequence[str], fold_size: int = 8, seed: int = 0) -> list[list[str]]:
@@ -112,18 +206,47 @@ def make_folds(qids: Sequence[str], fold_size: int = 8, seed: int = 0) -> list[l
 
 @dataclass
 class Fold:
-    queries: list[str]
-    strategy: str  # chosen on ``queries``
-    tuning: float  # its mean metric on ``queries``
-    held_out: float  # its mean metric on every other query
+    queries: list[str]  # the labelled queries of the choice
+    choice: Choice
+    held_out: float  # mean metric of the chosen strategy on every other query
+    held_out_baseline: float  # the baseline's on the same queries
+
+    @property
+    def strategy(self) -> str:
+        return self.choice.strategy
+
+    @property
+    def delta(self) -> float:
+        """What the choice did on the held-out queries: held_out − held_out_baseline (0 when the baseline is kept)."""
+        return self.held_out - self.held_out_baseline
 
 
 @dataclass
 class Adaptation:
     folds: list[Fold]
-    mean: float  # mean of held_out over folds
-    std: float  # population standard deviation of held_out over folds
     assignment: dict[str, str]  # qid -> a strategy chosen on a fold without that query
+    baseline: str
+
+    @property
+    def mean(self) -> float:
+        """Mean of held_out over folds."""
+        return float(np.mean([f.held_out for f in self.folds]))
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation of held_out over folds."""
+        return float(np.std([f.held_out for f in self.folds]))
+
+    @property
+    def changed(self) -> list[Fold]:
+        """The folds whose choice is not the baseline."""
+        return [f for f in self.folds if f.choice.changed]
+
+    @property
+    def changed_delta(self) -> float | None:
+        """Mean held-out gain over the baseline on the changed folds (None when no fold changed)."""
+        changed = self.changed
+        return float(np.mean([f.delta for f in changed])) if changed else None
 
     def chosen_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -131,13 +254,35 @@ class Adaptation:
             counts[fold.strategy] = counts.get(fold.strategy, 0) + 1
         return counts
 
+    def strategies(self) -> list[str]:
+        """The baseline and every strategy chosen on a fold or assigned to a query."""
+        return list(dict.fromkeys([self.baseline, *(f.strategy for f in self.folds), *self.assignment.values()]))
 
-def few_shot_adaptation(table: PerQuery, fold_size: int = 8, seed: int = 0) -> Adaptation:
-    """Per fold of :func:`make_folds`: choose the best strategy on the fold, score it on all other queries.
+    def scored(self, scores: PerQuery) -> "Adaptation":
+        """The same choices with held_out recomputed from ``scores`` (``strategy -> qid -> metric`` holding
+        :meth:`strategies` on every query), e.g. the per-query metric of the runs actually served."""
+        qids = sorted(self.assignment)
+        return replace(self, folds=[_held_out(f.queries, f.choice, scores, qids) for f in self.folds])
 
-    ``table``: ``strategy -> qid -> metric`` over the same queries. ``assignment`` gives each query the strategy of
-    the next fold (fold i → fold i+1, remainder queries → fold 0; with a single fold, the choice made on the other
-    queries), so that a run built from it is never tuned on the query it ranks.
+
+def _held_out(fold_qids: list[str], choice: Choice, scores: PerQuery, qids: Sequence[str]) -> Fold:
+    inside = set(fold_qids)
+    rest = [q for q in qids if q not in inside]
+    for spec in (choice.strategy, choice.baseline):
+        missing = [q for q in rest if q not in scores.get(spec, {})]
+        if missing:
+            raise ValueError(f"no {spec} scores for {len(missing)} held-out queries (e.g. {missing[0]!r})")
+    means = mean_scores({s: scores[s] for s in (choice.strategy, choice.baseline)}, rest)
+    return Fold(list(fold_qids), choice, means[choice.strategy], means[choice.baseline])
+
+
+def few_shot_adaptation(table: PerQuery, baseline: str, fold_size: int = 8, seed: int = 0, alpha: float = ALPHA,
+                        min_gain: float = MIN_GAIN, n_permutations: int = PERMUTATIONS) -> Adaptation:
+    """Per fold of :func:`make_folds`: :func:`choose_strategy` on the fold, scored on all other queries.
+
+    ``table``: ``strategy -> qid -> metric`` over the same queries, ``baseline`` among them. ``assignment`` gives
+    each query the strategy of the next fold (fold i → fold i+1, remainder queries → fold 0; with a single fold,
+    the choice made on the other queries), so that a run built from it is never tuned on the query it ranks.
     """
     if not table:
         raise ValueError("no strategies to choose from")
@@ -145,22 +290,18 @@ def few_shot_adaptation(table: PerQuery, fold_size: int = 8, seed: int = 0) -> A
     for spec, values in table.items():
         if sorted(values) != qids:
             raise ValueError(f"strategy {spec!r} is scored on other queries than {next(iter(table))!r}")
+    test = {"baseline": baseline, "alpha": alpha, "min_gain": min_gain, "n_permutations": n_permutations}
     folds_q = make_folds(qids, fold_size, seed)
-    folds = []
-    for fold_qids in folds_q:
-        inside = set(fold_qids)
-        rest = [q for q in qids if q not in inside]
-        best, means = choose_strategy(table, fold_qids)
-        folds.append(Fold(fold_qids, best, means[best], mean_scores({best: table[best]}, rest)[best]))
-    held_out = np.array([f.held_out for f in folds])
+    choices = [choose_strategy(table, fold_qids, seed=seed, **test) for fold_qids in folds_q]
     fold_of = {q: i for i, fold_qids in enumerate(folds_q) for q in fold_qids}
     assignment = {}
     for q in qids:
         i = fold_of.get(q)
         if i is None:
-            assignment[q] = folds[0].strategy
-        elif len(folds) > 1:
-            assignment[q] = folds[(i + 1) % len(folds)].strategy
+            assignment[q] = choices[0].strategy
+        elif len(choices) > 1:
+            assignment[q] = choices[(i + 1) % len(choices)].strategy
         else:
-            assignment[q] = choose_strategy(table, [r for r in qids if r not in fold_of])[0]
-    return Adaptation(folds, float(held_out.mean()), float(held_out.std()), assignment)
+            assignment[q] = choose_strategy(table, [r for r in qids if r not in fold_of], seed=seed, **test).strategy
+    folds = [_held_out(fold_qids, choice, table, qids) for fold_qids, choice in zip(folds_q, choices)]
+    return Adaptation(folds, assignment, choices[0].baseline)
