@@ -54,7 +54,7 @@ class TrainConfig:
     negative_skip: int = 0  # of the non-positive hits (skipping the top ones avoids unjudged relevant docs)
     positive_top: int = 0  # > 0: sample positives only among the positive_top ones the initial model scores highest
     in_batch_negatives: bool = True
-    max_set_queries: int = 0  # > 0: each epoch uses a fresh seeded sample of at most this many queries per train set
+    max_pseudo_queries: int = 0  # > 0: per epoch a fresh seeded sample of at most this many of each label-free set
     temperature: float = 0.02
     strategy_mix: list[str] = field(default_factory=list)  # per batch one of these (seeded); [] = always `strategy`
     # anchor: + anchor_weight * KL(teacher || student) over each query's batch candidates; the teacher is frozen:
@@ -98,7 +98,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
         for name in ("train_layers", "max_steps", "negatives_per_query", "negative_skip", "positive_top", "eval_every",
-                     "checkpoint_every", "max_set_queries"):
+                     "checkpoint_every", "max_pseudo_queries"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
         if self.query_maxlen < 3 or self.doc_maxlen < 3:

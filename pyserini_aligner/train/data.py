@@ -172,24 +172,24 @@ class BatchSampler:
     """Deterministic batches: epoch e's order and each batch's sampled docs depend only on (seed, e, index)."""
 
     def __init__(self, bundle: Bundle, batch_queries: int, negatives_per_query: int, negative_depth: int,
-                 in_batch_negatives: bool, seed: int, negative_skip: int = 0, max_set_queries: int = 0):
+                 in_batch_negatives: bool, seed: int, negative_skip: int = 0, max_pseudo_queries: int = 0):
         self.corpora = bundle.corpora
         self.queries: list[TrainQuery] = [q for name in sorted(bundle.train) for q in bundle.train[name]]
         self.batch_queries, self.n_neg, self.depth = batch_queries, negatives_per_query, negative_depth
         self.in_batch, self.seed, self.skip = in_batch_negatives, seed, negative_skip
-        self.max_set_queries = max_set_queries
+        self.max_pseudo_queries = max_pseudo_queries
 
     def epoch(self, epoch: int) -> list[list[int]]:
-        """Query-index batches for ``epoch``: each train set shuffled (cut to ``max_set_queries`` when > 0, a new
-        sample each epoch) and cut apart (one set, so one corpus, per batch: in-batch negatives come from the same
-        collection), then the batches shuffled together."""
+        """Query-index batches for ``epoch``: each train set shuffled (a label-free set, whose rows carry ``drop``
+        spans, cut to ``max_pseudo_queries`` when > 0: a new sample each epoch) and cut apart (one set, so one
+        corpus, per batch: in-batch negatives come from the same collection), then the batches shuffled together."""
         rng = random.Random(f"{self.seed}:epoch:{epoch}")
         batches = []
         for name in sorted({q.source for q in self.queries}):
             idx = [i for i, q in enumerate(self.queries) if q.source == name]
             rng.shuffle(idx)
-            if self.max_set_queries:
-                idx = idx[:self.max_set_queries]
+            if self.max_pseudo_queries and self.queries[idx[0]].drop is not None:
+                idx = idx[:self.max_pseudo_queries]
             size = min(self.batch_queries, len(idx))
             batches += [idx[s:s + size] for s in range(0, len(idx) - size + 1, size)]
         rng.shuffle(batches)

@@ -121,7 +121,7 @@ class Trainer:
         for side, head in (("q", self.model.q_salience), ("d", self.model.d_salience)):
             head.requires_grad_(cfg.use_salience and side in cfg.train_salience)
         self.sampler = BatchSampler(self.bundle, cfg.batch_queries, cfg.negatives_per_query, cfg.negative_depth,
-                                    cfg.in_batch_negatives, cfg.seed, cfg.negative_skip, cfg.max_set_queries)
+                                    cfg.in_batch_negatives, cfg.seed, cfg.negative_skip, cfg.max_pseudo_queries)
         self._tokenize()
         if cfg.projection_init == "pca" and cfg.init == "untrained":
             self.pca_projection()
