@@ -18,28 +18,16 @@ import logging
 import shutil
 from pathlib import Path
 
-from pyserini_aligner.train.config import load_config
+from pyserini_aligner.train.config import init_model_fields, load_config
 from pyserini_aligner.train.loop import Trainer
 
 UNSUPERVISED_CONFIG = Path(__file__).resolve().parent / "configs" / "unsupervised.yaml"
-# model fields an unsupervised run takes from its --init checkpoint (config field -> checkpoint field)
-_FROM_INIT = {"dim": "dim", "query_maxlen": "query_maxlen", "doc_maxlen": "doc_maxlen",
-              "keep_special": "keep_special", "use_salience": "use_salience",
-              "salience_in_score": "salience_in_score", "salience_mode": "salience_mode", "alpha_q": "alpha_q",
-              "alpha_d": "alpha_d", "eps": "eps", "strategy": "default_strategy", "description": "description"}
 
 
 def unsupervised_overrides(init: str, bundle: Path) -> list[str]:
     """``--set`` items for an unsupervised run: the bundle, the init checkpoint and its model fields."""
-    from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerConfig
-
-    folder = DEFAULT_CHECKPOINT if init == "aligner" else Path(init)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"--init {init}: not an AligneR checkpoint folder (no config.json)")
-    config = AlignerConfig.load(folder / "config.json").to_dict()
-    items = [f"data={json.dumps(str(bundle))}", f"init={json.dumps(init)}"]
-    items += [f"{field}={json.dumps(config[source])}" for field, source in _FROM_INIT.items()]
-    return items
+    items = {"data": str(bundle), "init": init, **init_model_fields(init)}
+    return [f"{field}={json.dumps(value)}" for field, value in items.items()]
 
 
 def finish_unsupervised(work: Path, output: Path) -> None:

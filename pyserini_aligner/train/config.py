@@ -191,6 +191,24 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     return TrainConfig.from_dict(data, source=str(path))
 
 
+# model fields a run adapting a checkpoint takes from it (config field -> checkpoint config field)
+INIT_MODEL_FIELDS = {"dim": "dim", "query_maxlen": "query_maxlen", "doc_maxlen": "doc_maxlen",
+                     "keep_special": "keep_special", "use_salience": "use_salience",
+                     "salience_in_score": "salience_in_score", "salience_mode": "salience_mode", "alpha_q": "alpha_q",
+                     "alpha_d": "alpha_d", "eps": "eps", "strategy": "default_strategy", "description": "description"}
+
+
+def init_model_fields(init: str | os.PathLike) -> dict[str, Any]:
+    """The INIT_MODEL_FIELDS of checkpoint ``init`` ("aligner" = the shipped one), as TrainConfig values."""
+    from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerConfig
+
+    folder = DEFAULT_CHECKPOINT if str(init) == "aligner" else Path(init)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"init {init}: not an AligneR checkpoint folder (no config.json)")
+    config = AlignerConfig.load(folder / "config.json").to_dict()
+    return {field: config[source] for field, source in INIT_MODEL_FIELDS.items()}
+
+
 def _is_type(value: Any, hint: Any) -> bool:
     if get_origin(hint) is list:
         (item,) = get_args(hint)
