@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides[name.strip()] = yaml.safe_load(value)
     try:
         experiment = Experiment(args.bundle, args.output, [r for r in args.recipes.split(",") if r], overrides,
-                                device=args.device, progress=not args.quiet, salience=not args.no_salience)
-        results = experiment.run(export=args.export)
+                                device=args.device, progress=not args.quiet, salience=not args.no_salience,
+                                export=args.export)
+        results = experiment.run()
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -142,7 +142,8 @@ class Experiment:
     """One run of the whole experiment into ``output`` (see module docstring)."""
 
     def __init__(self, bundle_dir: Path, output: Path, recipes: list[str], overrides: dict[str, Any],
-                 device: str | None = None, progress: bool = True, salience: bool = True):
+                 device: str | None = None, progress: bool = True, salience: bool = True,
+                 export: Path | None = None):
         self.data = bundle_dir / "bundle.json.gz"
         self.test_path = bundle_dir / "test.json.gz"
         for path in (self.data, self.test_path):
@@ -154,7 +155,7 @@ class Experiment:
             raise ValueError(f"--recipes: unknown recipe(s) {unknown}; known: {sorted(RECIPES)}")
         self.out, self.recipes, self.overrides = output, recipes, overrides
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.progress, self.salience = progress, salience
+        self.progress, self.salience, self.export = progress, salience, export
         self.bundle = load_bundle(self.data)
         self.evaluator = Evaluator(self.bundle, self.device)
         self.results: dict[str, Any] = {"recipes": {r: RECIPES[r] for r in recipes}, "device": str(self.device),
@@ -168,6 +169,9 @@ class Experiment:
         tmp = self.out / "results.json.tmp"
         tmp.write_text(json.dumps(self.results, indent=2) + "\n", encoding="utf-8")
         tmp.replace(self.out / "results.json")
+        if self.export is not None:  # kept current, so that a run cut short still hands back what it has
+            self.export.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.out / "results.json", self.export / "results.json")
 
     def _stage(self, name: str, started: float) -> None:
         self.results["seconds"][name] = round(time.time() - started, 1)
@@ -309,7 +313,7 @@ class Experiment:
         return folder
 
     # ------------------------------------------------------------------ all
-    def run(self, export: Path | None = None) -> dict:
+    def run(self) -> dict:
         baselines = self.baselines()
         scores = self.single_domain()
         floors = {d: max(self.results["baselines"][b][VALIDATION[d]]["top-k:1"] for b in baselines)
@@ -325,8 +329,8 @@ class Experiment:
         checkpoint = self.salience_heads(final) if self.salience else final
         self.save()
         write_markdown(self.results, self.out / "results.md")
+        export = self.export
         if export is not None:
-            export.mkdir(parents=True, exist_ok=True)
             for name in ("results.json", "results.md"):
                 shutil.copy2(self.out / name, export / name)
             (export / "checkpoint").mkdir(exist_ok=True)
