@@ -10,7 +10,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 PRECISIONS = ("bf16", "fp32")
 SALIENCE_MODES = ("lp", "relu", "hard")
-PROJECTION_INITS = ("random", "pca")
+PROJECTION_INITS = ("random", "pca", "identity")
+ANCHORS = ("backbone", "init")
 SELECT_METRICS = ("ndcg@10", "ndcg@10_pruned")
 OBJECTIVES = ("contrastive", "salience_distill")
 
@@ -39,6 +40,7 @@ class TrainConfig:
     strategy: str = "top-k:1"
     train_layers: int = 2  # top transformer layers fine-tuned (0 = heads only)
     projection_init: str = "random"  # with init "untrained": "random" (seed-0 Gaussian, as make_default) | "pca"
+    # | "identity" (dim = hidden size: raw backbone token states, the untrained MaxSim floor)
     description: str = ""
     # optimisation
     objective: str = "contrastive"  # or "salience_distill" (frozen encoder, salience heads only; see distill.py)
@@ -52,7 +54,16 @@ class TrainConfig:
     negative_skip: int = 0  # of the non-positive hits (skipping the top ones avoids unjudged relevant docs)
     positive_top: int = 0  # > 0: sample positives only among the positive_top ones the initial model scores highest
     in_batch_negatives: bool = True
+    max_pseudo_queries: int = 0  # > 0: per epoch a fresh seeded sample of at most this many of each label-free set
     temperature: float = 0.02
+    strategy_mix: list[str] = field(default_factory=list)  # per batch one of these (seeded); [] = always `strategy`
+    # anchor: + anchor_weight * KL(teacher || student) over each query's batch candidates; the teacher is frozen:
+    # "backbone" = the starting backbone's L2-normalised token states (hidden size), top-k:1 MaxSim;
+    # "init" = the starting model itself (its projection) under the batch's strategy
+    anchor: str = "backbone"
+    anchor_weight: float = 0.0
+    anchor_temperature: float = 0.02  # the teacher's softmax temperature (the student's is `temperature`)
+    l2_init_weight: float = 0.0  # + l2_init_weight * Σ ||θ − θ₀||² over the trained backbone weights (L2-SP)
     lr_backbone: float = 2e-5
     lr_heads: float = 1e-3  # projection
     lr_salience: float = 1e-3  # salience heads
@@ -87,7 +98,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
         for name in ("train_layers", "max_steps", "negatives_per_query", "negative_skip", "positive_top", "eval_every",
-                     "checkpoint_every"):
+                     "checkpoint_every", "max_pseudo_queries"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
         if self.query_maxlen < 3 or self.doc_maxlen < 3:
@@ -95,14 +106,15 @@ class TrainConfig:
         for name in ("alpha_q", "alpha_d", "prune_beta_d", "prune_beta_q"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise bad(name, "must be in (0, 1]")
-        for name in ("eps", "temperature"):
+        for name in ("eps", "temperature", "anchor_temperature"):
             if not getattr(self, name) > 0.0:
                 raise bad(name, "must be > 0")
         if self.negative_skip >= self.negative_depth:
             raise bad("negative_skip", f"must be < negative_depth ({self.negative_depth})")
         if not set(self.train_salience) <= {"q", "d"}:
             raise bad("train_salience", "may only list 'q' and 'd'")
-        for name in ("lr_backbone", "lr_heads", "lr_salience", "weight_decay", "grad_clip"):
+        for name in ("lr_backbone", "lr_heads", "lr_salience", "weight_decay", "grad_clip", "anchor_weight",
+                     "l2_init_weight"):
             if getattr(self, name) < 0.0:
                 raise bad(name, "must be >= 0")
         if not 0.0 <= self.warmup_ratio < 1.0:
@@ -111,6 +123,8 @@ class TrainConfig:
             raise bad("precision", f"must be one of {PRECISIONS}")
         if self.projection_init not in PROJECTION_INITS:
             raise bad("projection_init", f"must be one of {PROJECTION_INITS}")
+        if self.anchor not in ANCHORS:
+            raise bad("anchor", f"must be one of {ANCHORS}")
         if self.salience_mode not in SALIENCE_MODES:
             raise bad("salience_mode", f"must be one of {SALIENCE_MODES}")
         if self.objective not in OBJECTIVES:
@@ -127,10 +141,12 @@ class TrainConfig:
             raise bad("model_negatives_after_epoch", "must be -1 (never) or an epoch count >= 0")
         from pyserini_aligner.alignment import parse_strategy
 
-        try:
-            parse_strategy(self.strategy)
-        except ValueError as err:
-            raise bad("strategy", f"is not an alignment strategy ({err})") from None
+        for name, specs in (("strategy", [self.strategy]), ("strategy_mix", self.strategy_mix)):
+            for spec in specs:
+                try:
+                    parse_strategy(spec)
+                except ValueError as err:
+                    raise bad(name, f"holds {spec!r}, not an alignment strategy ({err})") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,6 +189,24 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
             raise ValueError(f"--set {item!r}: expected field=value")
         data[name.strip()] = yaml.safe_load(value)
     return TrainConfig.from_dict(data, source=str(path))
+
+
+# model fields a run adapting a checkpoint takes from it (config field -> checkpoint config field)
+INIT_MODEL_FIELDS = {"dim": "dim", "query_maxlen": "query_maxlen", "doc_maxlen": "doc_maxlen",
+                     "keep_special": "keep_special", "use_salience": "use_salience",
+                     "salience_in_score": "salience_in_score", "salience_mode": "salience_mode", "alpha_q": "alpha_q",
+                     "alpha_d": "alpha_d", "eps": "eps", "strategy": "default_strategy", "description": "description"}
+
+
+def init_model_fields(init: str | os.PathLike) -> dict[str, Any]:
+    """The INIT_MODEL_FIELDS of checkpoint ``init`` ("aligner" = the shipped one), as TrainConfig values."""
+    from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerConfig
+
+    folder = DEFAULT_CHECKPOINT if str(init) == "aligner" else Path(init)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"init {init}: not an AligneR checkpoint folder (no config.json)")
+    config = AlignerConfig.load(folder / "config.json").to_dict()
+    return {field: config[source] for field, source in INIT_MODEL_FIELDS.items()}
 
 
 def _is_type(value: Any, hint: Any) -> bool:

@@ -5,10 +5,13 @@ Bundle layout (written by ``python -m pyserini_aligner.train.prepare``)::
     {"format": "pyserini-aligner-train-bundle", "version": 1, "meta": {...},
      "corpora":    {name: {"docids": [...], "texts": [...]}},
      "train":      {name: [{"qid", "text", "positives": {docid: rel}, "negatives": [docid, ...]}]},
-     "validation": {name: {"corpus": name, "queries": {qid: text}, "qrels": {qid: {docid: rel}}}}}
+     "validation": {name: {"corpus": name, "queries": {qid: text}, "qrels": {qid: {docid: rel}}}},
+     "train_corpus": {name: corpus}}   # optional: a train set's corpus when it is not the set's own name
 
-``negatives`` are ranked (BM25 best first) and never contain a positive. Only json/gzip/random are used here,
-so this module runs on the GPU box.
+``negatives`` are ranked (BM25 best first) and never contain a positive. A label-free (pseudo-query) row may add
+``"drop": [start, end]``: its one positive is shown in training with the characters [start, end) of its text
+removed (the span the pseudo-query was cut from). Only json/gzip/random are used here, so this module runs on the
+GPU box.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ class TrainQuery:
     positives: dict[str, int]  # docid -> relevance (> 0)
     negatives: list[str]  # ranked, no positives
     sample_from: list[str] | None = None  # positives drawn in training (None: all of them)
+    source: str = ""  # the train set it comes from (default: its corpus)
+    drop: tuple[int, int] | None = None  # characters of the positive's text hidden in training (pseudo-queries)
+
+    def __post_init__(self) -> None:
+        self.source = self.source or self.corpus
 
 
 @dataclass
@@ -101,20 +109,33 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
             raise ValueError(f"{path}: corpora.{name} has {len(docids)} docids but {len(texts)} texts")
         corpora[name] = Corpus(name, [str(d) for d in docids], texts)
     train = {}
+    train_corpus = data.get("train_corpus", {})
+    if not isinstance(train_corpus, dict):
+        raise ValueError(f"{path}: 'train_corpus' must be a dict")
     for name, rows in need(data, "train", dict, "").items():
-        if name not in corpora:
-            raise ValueError(f"{path}: train.{name} has no corpus 'corpora.{name}'")
+        cname = train_corpus.get(name, name)
+        if cname not in corpora:
+            raise ValueError(f"{path}: train.{name} has no corpus 'corpora.{cname}'")
         queries = []
         for i, row in enumerate(rows):
             where = f"train.{name}[{i}]."
             positives = need(row, "positives", dict, where)
             if not positives:
                 raise ValueError(f"{path}: '{where}positives' is empty")
-            unknown = [d for d in list(positives) + need(row, "negatives", list, where) if d not in corpora[name].row]
+            unknown = [d for d in list(positives) + need(row, "negatives", list, where) if d not in corpora[cname].row]
             if unknown:
-                raise ValueError(f"{path}: '{where}' names docids not in corpora.{name}: {unknown[:3]}")
-            queries.append(TrainQuery(name, str(need(row, "qid", str, where)), need(row, "text", str, where),
-                                      {d: int(r) for d, r in positives.items()}, list(row["negatives"])))
+                raise ValueError(f"{path}: '{where}' names docids not in corpora.{cname}: {unknown[:3]}")
+            drop = row.get("drop")
+            if drop is not None:
+                text = corpora[cname].texts[corpora[cname].row[next(iter(positives))]]
+                if (len(positives) != 1 or not isinstance(drop, list) or len(drop) != 2
+                        or not all(isinstance(v, int) for v in drop) or not 0 <= drop[0] < drop[1] <= len(text)):
+                    raise ValueError(f"{path}: '{where}drop' must be [start, end] inside the text of the row's "
+                                     "single positive")
+                drop = (drop[0], drop[1])
+            queries.append(TrainQuery(cname, str(need(row, "qid", str, where)), need(row, "text", str, where),
+                                      {d: int(r) for d, r in positives.items()}, list(row["negatives"]),
+                                      source=name, drop=drop))
         train[name] = queries
     validation = {}
     for name, vset in need(data, "validation", dict, "").items():
@@ -151,20 +172,24 @@ class BatchSampler:
     """Deterministic batches: epoch e's order and each batch's sampled docs depend only on (seed, e, index)."""
 
     def __init__(self, bundle: Bundle, batch_queries: int, negatives_per_query: int, negative_depth: int,
-                 in_batch_negatives: bool, seed: int, negative_skip: int = 0):
+                 in_batch_negatives: bool, seed: int, negative_skip: int = 0, max_pseudo_queries: int = 0):
         self.corpora = bundle.corpora
         self.queries: list[TrainQuery] = [q for name in sorted(bundle.train) for q in bundle.train[name]]
         self.batch_queries, self.n_neg, self.depth = batch_queries, negatives_per_query, negative_depth
         self.in_batch, self.seed, self.skip = in_batch_negatives, seed, negative_skip
+        self.max_pseudo_queries = max_pseudo_queries
 
     def epoch(self, epoch: int) -> list[list[int]]:
-        """Query-index batches for ``epoch``: each corpus shuffled and cut apart (one corpus per batch, so that
-        in-batch negatives come from the same collection), then the batches shuffled together."""
+        """Query-index batches for ``epoch``: each train set shuffled (a label-free set, whose rows carry ``drop``
+        spans, cut to ``max_pseudo_queries`` when > 0: a new sample each epoch) and cut apart (one set, so one
+        corpus, per batch: in-batch negatives come from the same collection), then the batches shuffled together."""
         rng = random.Random(f"{self.seed}:epoch:{epoch}")
         batches = []
-        for name in sorted({q.corpus for q in self.queries}):
-            idx = [i for i, q in enumerate(self.queries) if q.corpus == name]
+        for name in sorted({q.source for q in self.queries}):
+            idx = [i for i, q in enumerate(self.queries) if q.source == name]
             rng.shuffle(idx)
+            if self.max_pseudo_queries and self.queries[idx[0]].drop is not None:
+                idx = idx[:self.max_pseudo_queries]
             size = min(self.batch_queries, len(idx))
             batches += [idx[s:s + size] for s in range(0, len(idx) - size + 1, size)]
         rng.shuffle(batches)

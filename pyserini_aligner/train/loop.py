@@ -8,6 +8,8 @@ and ``config.yaml``. Imports torch/transformers/safetensors/yaml/tqdm only (runs
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import logging
 import math
@@ -88,6 +90,16 @@ def contrastive_loss(scores: torch.Tensor, allowed: torch.Tensor, temperature: f
     return F.cross_entropy(logits, torch.arange(scores.shape[0], device=scores.device))
 
 
+def anchor_loss(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor, temperature: float,
+                teacher_temperature: float) -> torch.Tensor:
+    """Mean over queries of KL(p_teacher || p_student), each a softmax over the query's allowed docs; student and
+    teacher scores [B, D], allowed [B, D] bool. Gradients reach ``student`` only."""
+    log_s = (student / temperature).masked_fill(~allowed, -math.inf).log_softmax(-1).masked_fill(~allowed, 0.0)
+    log_t = (teacher.detach() / teacher_temperature).masked_fill(~allowed, -math.inf).log_softmax(-1)
+    log_t = log_t.masked_fill(~allowed, 0.0)
+    return (log_t.exp() * allowed * (log_t - log_s)).sum(-1).mean()
+
+
 class Trainer:
     """One training run of ``cfg`` into ``output_dir`` (see module docstring)."""
 
@@ -109,10 +121,22 @@ class Trainer:
         for side, head in (("q", self.model.q_salience), ("d", self.model.d_salience)):
             head.requires_grad_(cfg.use_salience and side in cfg.train_salience)
         self.sampler = BatchSampler(self.bundle, cfg.batch_queries, cfg.negatives_per_query, cfg.negative_depth,
-                                    cfg.in_batch_negatives, cfg.seed, cfg.negative_skip)
+                                    cfg.in_batch_negatives, cfg.seed, cfg.negative_skip, cfg.max_pseudo_queries)
         self._tokenize()
         if cfg.projection_init == "pca" and cfg.init == "untrained":
             self.pca_projection()
+        if cfg.projection_init == "identity" and cfg.init == "untrained":
+            if cfg.dim != self.model.config.hidden_size:
+                raise ValueError(f"config field 'projection_init' = 'identity' needs dim = the backbone's hidden size "
+                                 f"({self.model.config.hidden_size}), got dim {cfg.dim}")
+            with torch.no_grad():
+                self.model.projection.weight.copy_(torch.eye(cfg.dim))
+        self.strategies = [parse_strategy(s) for s in cfg.strategy_mix] or [self.strategy]
+        self.teacher = None
+        if cfg.anchor_weight > 0:  # a frozen copy of the starting model
+            self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.init_weights = ({n: p.detach().clone() for n, p in self.model.backbone.named_parameters()
+                              if p.requires_grad} if cfg.l2_init_weight > 0 else {})
         self.pools = self.positive_pools() if cfg.positive_top else None
         self._apply_pools()
         self.per_epoch = len(self.sampler.epoch(0))
@@ -137,6 +161,13 @@ class Trainer:
         self.query_ids = tok([q.text for q in self.sampler.queries], is_query=True)[0]
         self.val_query_ids = {name: tok(list(v.queries.values()), is_query=True)[0]
                               for name, v in self.bundle.validation.items()}
+        dropped = [(i, q) for i, q in enumerate(self.sampler.queries) if q.drop is not None]
+        texts = []
+        for _, q in dropped:
+            text = self.bundle.corpora[q.corpus].texts[self.bundle.corpora[q.corpus].row[next(iter(q.positives))]]
+            texts.append((text[:q.drop[0]] + " " + text[q.drop[1]:]).strip())
+        # pseudo-query rows: their positive with the query's span removed
+        self.positive_ids = dict(zip([i for i, _ in dropped], tok(texts, is_query=False)[0]))
 
     def pca_projection(self, n_docs: int = 2000) -> None:
         """Projection := top-``dim`` eigenvectors of E[h hᵀ] over L2-normalised backbone token states of up to
@@ -215,18 +246,61 @@ class Trainer:
             layer.eval()
 
     # ------------------------------------------------------------------ steps
-    def train_step(self, batch) -> dict[str, float]:
-        """One optimisation step on a Batch; returns loss, accuracy and active salience fractions."""
+    def batch_strategy(self, epoch: int, number: int):
+        """The alignment strategy of batch ``number`` of ``epoch``: seeded draw from strategy_mix (or `strategy`)."""
+        if len(self.strategies) == 1:
+            return self.strategies[0]
+        return random.Random(f"{self.cfg.seed}:strategy:{epoch}:{number}").choice(self.strategies)
+
+    def teacher_scores(self, q_in: tuple, d_in: tuple, strategy) -> torch.Tensor:
+        """The frozen teacher's scores [B, D] of the batch (see TrainConfig.anchor)."""
+        teacher = self.teacher
+        with torch.no_grad():
+            if self.cfg.anchor == "init":
+                q, d = teacher(*q_in, is_query=True), teacher(*d_in, is_query=False)
+                sal = teacher.scores_with_salience
+                return alignment_scores(q.vectors, q.mask, d.vectors, d.mask, strategy,
+                                        q.salience if sal else None, d.salience if sal else None)
+            dtype = teacher.compute_dtype
+            autocast = (torch.autocast(self.device.type, dtype=dtype) if dtype is not None
+                        else contextlib.nullcontext())
+            sides = []
+            for ids, att in (q_in, d_in):
+                with autocast:
+                    hidden = teacher.backbone(input_ids=ids, attention_mask=att).last_hidden_state
+                mask = teacher.token_mask(ids, att)
+                sides.append((F.normalize(hidden.float(), dim=-1) * mask.unsqueeze(-1), mask))
+            return alignment_scores(sides[0][0], sides[0][1], sides[1][0], sides[1][1], "top-k:1")
+
+    def train_step(self, batch, strategy=None) -> dict[str, float]:
+        """One optimisation step on a Batch (alignment ``strategy``, default the config's); returns loss, accuracy
+        and active salience fractions (plus the anchor and L2-to-init terms when they are on)."""
         cfg, model = self.cfg, self.model
+        strategy = strategy or self.strategy
         self._set_train_mode()
         corpus = self.corpus_ids[batch.corpus]
-        q = model(*pad_ids([self.query_ids[i] for i in batch.queries], model.pad_id, self.device), is_query=True)
-        d = model(*pad_ids([corpus[r] for r in batch.doc_rows], model.pad_id, self.device), is_query=False)
+        n = len(batch.queries)
+        docs = [self.positive_ids.get(qi, corpus[batch.doc_rows[j]]) for j, qi in enumerate(batch.queries)]
+        docs += [corpus[r] for r in batch.doc_rows[n:]]
+        q_in = pad_ids([self.query_ids[i] for i in batch.queries], model.pad_id, self.device)
+        d_in = pad_ids(docs, model.pad_id, self.device)
+        q, d = model(*q_in, is_query=True), model(*d_in, is_query=False)
         sal = model.scores_with_salience
-        scores = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, self.strategy,
+        scores = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, strategy,
                                   q.salience if sal else None, d.salience if sal else None)
         allowed = torch.tensor(batch.allowed, device=self.device)
         loss = contrastive_loss(scores, allowed, cfg.temperature)
+        extra = {}
+        if self.teacher is not None:
+            anchor = anchor_loss(scores, self.teacher_scores(q_in, d_in, strategy), allowed, cfg.temperature,
+                                 cfg.anchor_temperature)
+            loss = loss + cfg.anchor_weight * anchor
+            extra["anchor"] = float(anchor.detach())
+        if self.init_weights:
+            params = dict(model.backbone.named_parameters())
+            drift = sum(((params[n] - w0) ** 2).sum() for n, w0 in self.init_weights.items())
+            loss = loss + cfg.l2_init_weight * drift
+            extra["l2_init"] = float(drift.detach())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -238,7 +312,8 @@ class Trainer:
             masked = scores.masked_fill(~allowed, -math.inf)
             acc = (masked.argmax(1) == torch.arange(len(batch.queries), device=self.device)).float().mean()
             active = [((o.salience > 1e-3) & o.mask).sum() / o.mask.sum() for o in (q, d)]
-        return {"loss": float(loss.detach()), "acc": float(acc), "q_active": float(active[0]), "d_active": float(active[1])}
+        return {"loss": float(loss.detach()), "acc": float(acc), "q_active": float(active[0]),
+                "d_active": float(active[1]), **extra}
 
     def validate(self, model: AlignerModel | None = None) -> dict:
         """Validation nDCG@10 per set plus the selection score (mean of select_metric)."""
@@ -351,7 +426,7 @@ class Trainer:
             if self._epoch[0] != epoch:
                 self._epoch = (epoch, self.sampler.epoch(epoch))
             batch = self.sampler.batch(self._epoch[1][number], epoch, number)
-            stats = self.train_step(batch)
+            stats = self.train_step(batch, self.batch_strategy(epoch, number))
             self.step += 1
             running.append(stats["loss"])
             bar.update(1)

@@ -1,8 +1,12 @@
-"""Build the training bundle: ``python -m pyserini_aligner.train.prepare --output <dir>`` (CPU, needs Pyserini).
+"""Build a training bundle (CPU, needs Pyserini).
 
-Train queries: SciFact train (minus a held-out slice) and NFCorpus train, with BM25 hard negatives mined by
-Pyserini (Lucene, k1=0.9, b=0.4, over title + text). Validation: NFCorpus dev and the held-out SciFact train
-queries. No test split is read.
+``python -m pyserini_aligner.train.prepare --output <dir>``: train queries SciFact train (minus a held-out slice)
+and NFCorpus train, with BM25 hard negatives mined by Pyserini (Lucene, k1=0.9, b=0.4, over title + text);
+validation NFCorpus dev and the held-out SciFact train queries. No test split is read. ``--pseudo-per-doc N``
+adds label-free sets ``scifact-pseudo`` / ``nfcorpus-pseudo`` (see pseudo.py) over the same corpora.
+
+``python -m pyserini_aligner.train.prepare --corpus <JsonCollection | BEIR folder | ir_datasets id> --unsupervised
+--output <dir>``: label-free only, set ``corpus-pseudo`` over corpus ``corpus``, no validation set.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ BUNDLE_NAME = "bundle.json.gz"
 TRAIN_SPLITS = {"scifact": "beir/scifact/train", "nfcorpus": "beir/nfcorpus/train"}
 DEV_SPLITS = {"nfcorpus-dev": ("nfcorpus", "beir/nfcorpus/dev")}
 HELDOUT = "scifact-heldout"
+PSEUDO_SUFFIX = "-pseudo"
+CORPUS_NAME = "corpus"  # the corpus of an unsupervised bundle
 
 
 def heldout_qids(qids: list[str], fraction: float, seed: int) -> set[str]:
@@ -39,13 +45,56 @@ def mine_negatives(index_dir: Path, queries: dict[str, str], qrels: dict[str, di
     return {q: [d for d, _ in hits[q] if qrels.get(q, {}).get(d, 0) <= 0][:depth] for q in queries}
 
 
+def pseudo_rows(index_dir: Path, docs: list[tuple[str, str]], per_doc: int, depth: int, seed: int,
+                threads: int) -> list[dict]:
+    """Bundle rows of label-free pairs (pseudo.pseudo_queries) with their top-``depth`` BM25 negatives from
+    ``index_dir`` (the source document excluded), in qid order."""
+    from pyserini_aligner.bm25 import bm25_search
+    from pyserini_aligner.train.pseudo import pseudo_queries
+
+    queries = pseudo_queries(docs, per_doc=per_doc, seed=seed)
+    if not queries:
+        raise ValueError("no pseudo-query could be cut from the corpus (no sentence of 6-40 words in a document of "
+                         "at least 26 words)")
+    hits = bm25_search(index_dir, {q.qid: q.text for q in queries}, k=depth + 1, threads=threads, remove_query=False)
+    return [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1},
+             "negatives": [d for d, _ in hits[q.qid] if d != q.docid][:depth], "drop": list(q.span)}
+            for q in sorted(queries, key=lambda q: q.qid)]
+
+
+def prepare_corpus(corpus: str, output: Path, work: Path, depth: int = 30, per_doc: int = 1, seed: int = 0,
+                   threads: int = 2) -> Path:
+    """Write ``output/bundle.json.gz`` of label-free pairs over ``corpus`` (JsonCollection file/folder, BEIR folder
+    or ir_datasets id); returns its path."""
+    from pyserini_aligner.bm25 import build_lucene_index
+    from pyserini_aligner.data import Doc
+    from pyserini_aligner.index.corpus import read_corpus
+
+    docs = [(docid, text) for docid, text, _ in read_corpus(corpus)]
+    log.info("%s: %d docs; BM25 index, pseudo-queries and negatives", corpus, len(docs))
+    index = build_lucene_index((Doc(d, "", t) for d, t in docs), work / f"{CORPUS_NAME}-lucene", threads=threads)
+    rows = pseudo_rows(index, docs, per_doc, depth, seed, threads)
+    name = CORPUS_NAME + PSEUDO_SUFFIX
+    meta = {"corpus": str(corpus), "stats": {CORPUS_NAME: {"docs": len(docs)}, name: {"train_queries": len(rows)}},
+            "negatives": f"Pyserini BM25 (k1=0.9, b=0.4) top-{depth} docids per pseudo-query (its source excluded)",
+            "seed": seed}
+    path = write_bundle({"meta": meta, "corpora": {CORPUS_NAME: {"docids": [d for d, _ in docs],
+                                                                 "texts": [t for _, t in docs]}},
+                         "train": {name: rows}, "train_corpus": {name: CORPUS_NAME}, "validation": {}},
+                        output / BUNDLE_NAME)
+    load_bundle(path)  # round-trip check
+    log.info("wrote %s (%.1f MB): %d pseudo-queries", path, path.stat().st_size / 1e6, len(rows))
+    return path
+
+
 def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float = 0.1, seed: int = 0,
-            threads: int = 2) -> Path:
-    """Write ``output/bundle.json.gz``; Lucene indexes are built under ``work``. Returns the bundle path."""
+            threads: int = 2, pseudo_per_doc: int = 0, pseudo_depth: int = 30) -> Path:
+    """Write ``output/bundle.json.gz``; Lucene indexes are built under ``work``; with ``pseudo_per_doc`` > 0 also
+    the label-free sets ``<corpus>-pseudo``. Returns the bundle path."""
     from pyserini_aligner.bm25 import build_lucene_index
     from pyserini_aligner.data import Dataset
 
-    corpora, train, validation, stats = {}, {}, {}, {}
+    corpora, train, validation, stats, train_corpus = {}, {}, {}, {}, {}
     for name, spec in TRAIN_SPLITS.items():
         dataset = Dataset(spec)
         docs = list(dataset.docs())
@@ -64,6 +113,12 @@ def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float =
                         "negatives": negatives[q]} for q in sorted(queries)]
         stats[name] = {"docs": len(docs), "train_queries": len(queries),
                        "mean_negatives": sum(len(n) for n in negatives.values()) / max(1, len(negatives))}
+        if pseudo_per_doc:
+            pname = name + PSEUDO_SUFFIX
+            train[pname] = pseudo_rows(index, [(d.docid, d.contents) for d in docs], pseudo_per_doc, pseudo_depth,
+                                       seed, threads)
+            train_corpus[pname] = name
+            stats[pname] = {"train_queries": len(train[pname])}
     for name, (corpus, spec) in DEV_SPLITS.items():
         dataset = Dataset(spec)
         queries, qrels = dataset.queries(), dataset.qrels()
@@ -77,8 +132,8 @@ def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float =
                                                          **{n: s for n, (_, s) in DEV_SPLITS.items()}},
             "negatives": f"Pyserini BM25 (k1=0.9, b=0.4) top-{depth} non-relevant docids per query",
             "seed": seed, "stats": stats}
-    path = write_bundle({"meta": meta, "corpora": corpora, "train": train, "validation": validation},
-                        output / BUNDLE_NAME)
+    path = write_bundle({"meta": meta, "corpora": corpora, "train": train, "validation": validation,
+                         "train_corpus": train_corpus}, output / BUNDLE_NAME)
     load_bundle(path)  # round-trip check
     log.info("wrote %s (%.1f MB): %s", path, path.stat().st_size / 1e6, stats)
     return path
@@ -89,22 +144,42 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help=f"folder for {BUNDLE_NAME}")
     parser.add_argument("--work", type=Path, default=Path(".cache/train_prepare"), help="Lucene index folder")
-    parser.add_argument("--depth", type=int, default=50, help="BM25 negatives kept per query")
+    parser.add_argument("--depth", type=int, default=50, help="BM25 negatives kept per labelled query")
     parser.add_argument("--heldout-fraction", type=float, default=0.1, help="SciFact train queries held out")
+    parser.add_argument("--pseudo-per-doc", type=int, default=0,
+                        help="label-free pseudo-queries per document (0: none; --unsupervised: default 1)")
+    parser.add_argument("--pseudo-depth", type=int, default=30, help="BM25 negatives kept per pseudo-query")
+    parser.add_argument("--corpus", help="with --unsupervised: JsonCollection file/folder, BEIR folder or "
+                                         "ir_datasets id to cut pseudo-queries from")
+    parser.add_argument("--unsupervised", action="store_true", help="label-free bundle of --corpus only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     parser.add_argument("--threads", type=int, default=2, help="Lucene indexing and BM25 search threads")
+    parser.add_argument("--quiet", action="store_true", help="warnings only")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.depth < 1:
-        parser.error("--depth must be >= 1")
+    if args.depth < 1 or args.pseudo_depth < 1:
+        parser.error("--depth and --pseudo-depth must be >= 1")
+    if args.pseudo_per_doc < 0:
+        parser.error("--pseudo-per-doc must be >= 0")
     if not 0.0 < args.heldout_fraction < 1.0:
         parser.error("--heldout-fraction must be in (0, 1)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    prepare(args.output, args.work, args.depth, args.heldout_fraction, args.seed, args.threads)
+    if bool(args.corpus) != args.unsupervised:
+        parser.error("--corpus and --unsupervised go together")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.unsupervised:
+            prepare_corpus(args.corpus, args.output, args.work, args.pseudo_depth, args.pseudo_per_doc or 1,
+                           args.seed, args.threads)
+        else:
+            prepare(args.output, args.work, args.depth, args.heldout_fraction, args.seed, args.threads,
+                    args.pseudo_per_doc, args.pseudo_depth)
+    except (ValueError, FileNotFoundError) as err:
+        parser.exit(2, f"error: {err}\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Cross-domain recipe choice, final training and label-free adaptation (see run.py)."""

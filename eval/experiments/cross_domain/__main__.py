@@ -1,0 +1,55 @@
+"""``python -m eval.experiments.cross_domain --bundle <dir> --output <dir> [--export <dir>]``: train candidate recipes
+on SciFact alone and NFCorpus alone, choose one by cross-domain validation, train it on both, adapt each
+single-domain model to the other corpus without labels, then evaluate on the test sets once (see run.py).
+
+<dir> of --bundle comes from ``python -m eval.experiments.cross_domain.prepare --output <dir>`` (CPU, Pyserini);
+this step needs neither Pyserini nor Java. --export gets results.json, results.md and checkpoint/ (config.json,
+heads.safetensors, backbone_delta.safetensors: the final model in the shipped checkpoint's form)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from eval.cli import configure_logging
+from eval.experiments.cross_domain.run import DEFAULT_RECIPES, RECIPES, Experiment
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.cross_domain", description=__doc__)
+    parser.add_argument("--bundle", type=Path, required=True, help="folder with bundle.json.gz and test.json.gz")
+    parser.add_argument("--output", type=Path, required=True, help="work folder: runs/, results.json, results.md")
+    parser.add_argument("--export", type=Path, help="folder for results.json, results.md and checkpoint/")
+    parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
+                        help=f"comma-separated candidate recipes (known: {', '.join(RECIPES)})")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a training config field in every run (value parsed as YAML); repeatable")
+    parser.add_argument("--no-salience", action="store_true", help="skip training the final model's salience heads")
+    parser.add_argument("--device", help="cuda | cpu (default: cuda when available)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
+    args = parser.parse_args(argv)
+    configure_logging(args.quiet)
+    overrides = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            parser.error(f"--set {item!r}: expected FIELD=VALUE")
+        overrides[name.strip()] = yaml.safe_load(value)
+    try:
+        experiment = Experiment(args.bundle, args.output, [r for r in args.recipes.split(",") if r], overrides,
+                                device=args.device, progress=not args.quiet, salience=not args.no_salience,
+                                export=args.export)
+        results = experiment.run()
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"choice": results["choice"]["recipe"], "test": results["test"],
+                      "targets": {k: v["ok"] for k, v in results["targets"].items()}}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

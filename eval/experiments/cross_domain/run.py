@@ -1,0 +1,407 @@
+"""Cross-domain recipe choice (validation only), final training, label-free adaptation, then one test evaluation.
+
+Stages (each writes results.json so far):
+1. baselines on validation: the untrained backbone's raw 384-d token MaxSim (``raw384``) and 128-d MaxSim under a
+   PCA projection fitted on both corpora (``pca128``);
+2. per recipe, a SciFact-only and an NFCorpus-only run (last checkpoint, fp16 delta reloaded), each validated
+   in-domain and cross-domain (SciFact held-out, NFCorpus dev);
+3. the recipe choice (:func:`choose_recipe`);
+4. the final run of that recipe on both training sets (best checkpoint by the mean of both validation sets);
+5. label-free adaptation of each single-domain model to the other corpus (pseudo-queries of that corpus, anchored to
+   the model it starts from), validated on the other corpus;
+6. only now the test file is opened: nDCG@10 on SciFact / NFCorpus test of every model above, and the top-p response
+   (top-k:1 against top-p values, p chosen on validation) of raw384 and the final model;
+7. salience heads for pruning on the final model (as the shipped checkpoint), exported as ``checkpoint/``.
+All scoring is exhaustive (every query against every document, all tokens, fp32 vectors).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.train.config import TrainConfig, init_model_fields
+from pyserini_aligner.train.data import Bundle, ValidationSet, load_bundle
+from pyserini_aligner.train.loop import Trainer
+from pyserini_aligner.train.validate import Encoded, ndcg_at_k, score_all, top_docids
+
+log = logging.getLogger(__name__)
+CONFIGS = Path(__file__).resolve().parents[3] / "pyserini_aligner" / "train" / "configs"
+BASE_CONFIG = CONFIGS / "aligner_default.yaml"
+ADAPT_CONFIG = CONFIGS / "unsupervised.yaml"
+SALIENCE_CONFIG = CONFIGS / "aligner_salience.yaml"
+TEST_FORMAT = "pyserini-aligner-test-sets"
+DOMAINS = ("scifact", "nfcorpus")
+VALIDATION = {"scifact": "scifact-heldout", "nfcorpus": "nfcorpus-dev"}
+TEST = {"scifact": "scifact-test", "nfcorpus": "nfcorpus-test"}
+TOP_P = (0.005, 0.01, 0.015, 0.02)
+# per-batch strategies of the "mix" recipes: top-k:1 half the time, top-p the rest (the paper trains with several)
+MIX = ["top-k:1", "top-k:1", "top-p:0.01", "top-p:0.02"]
+_ANCHOR = {"anchor": "backbone", "anchor_weight": 1.0, "anchor_temperature": 0.02}
+RECIPES: dict[str, dict[str, Any]] = {
+    "default": {},  # the shipped recipe (aligner_default.yaml)
+    "anchor": {**_ANCHOR},
+    "anchor-mix": {**_ANCHOR, "strategy_mix": MIX},
+    "anchor-mix-l2": {**_ANCHOR, "strategy_mix": MIX, "train_layers": 2, "lr_backbone": 2.0e-5,
+                      "l2_init_weight": 1.0},
+    "anchor-mix-pseudo": {**_ANCHOR, "strategy_mix": MIX, "pseudo": True, "max_pseudo_queries": 256},
+}
+DEFAULT_RECIPES = ("default", "anchor", "anchor-mix")
+IN_DOMAIN_TOLERANCE = 0.005  # a recipe may lose at most this much mean in-domain validation nDCG@10 to "default"
+ADAPT_QUERIES = 2048  # pseudo-queries per adaptation epoch
+# README numbers this experiment is read against: dense MiniLM and the shipped checkpoint on test
+REFERENCE = {"dense": {"scifact": 0.6451, "nfcorpus": 0.3159}, "shipped": {"scifact": 0.7768, "nfcorpus": 0.3741}}
+
+
+def load_test_sets(path: Path) -> dict[str, ValidationSet]:
+    """The test sets of ``prepare.write_test_sets`` (ValueError naming the file when it is not one)."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            data = json.load(lines)
+    except (OSError, json.JSONDecodeError, EOFError) as err:
+        raise ValueError(f"{path}: not a gzip JSON test-set file ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != TEST_FORMAT:
+        raise ValueError(f"{path}: 'format' is not {TEST_FORMAT!r}")
+    return {name: ValidationSet(name, s["corpus"], s["queries"], s["qrels"]) for name, s in data["sets"].items()}
+
+
+def choose_recipe(scores: dict[str, dict[str, dict[str, float]]], floors: dict[str, float],
+                  control: str = "default", tolerance: float = IN_DOMAIN_TOLERANCE) -> tuple[str, str]:
+    """The recipe that wins off-domain without losing in-domain, and why.
+
+    scores: recipe -> training domain -> {"in": nDCG@10 on its own validation set, "off": on the other domain's};
+    floors: domain -> the best untrained baseline on that domain's validation set. A recipe qualifies when each
+    single-domain model's off-domain score reaches that domain's floor and its mean in-domain score is at most
+    ``tolerance`` below ``control``'s (when the control ran); the qualifying recipe with the best mean off-domain
+    score wins. Without a qualifying recipe: the best mean off-domain score among those keeping in-domain.
+    """
+    def mean(recipe: str, key: str) -> float:
+        return sum(scores[recipe][d][key] for d in scores[recipe]) / len(scores[recipe])
+
+    other = {"scifact": "nfcorpus", "nfcorpus": "scifact"}
+    keeps = {r for r in scores if control not in scores or mean(r, "in") >= mean(control, "in") - tolerance}
+    floor_ok = {r for r in scores if all(scores[r][d]["off"] >= floors[other[d]] for d in scores[r])}
+    for pool, why in ((keeps & floor_ok, "best mean off-domain among recipes at the untrained floor off-domain "
+                                         "and within tolerance of the control in-domain"),
+                      (keeps, "no recipe reached the untrained floor off-domain in both directions; best mean "
+                              "off-domain among those within tolerance in-domain"),
+                      (set(scores), "best mean off-domain")):
+        if pool:
+            return max(sorted(pool), key=lambda r: mean(r, "off")), why
+    raise ValueError("no recipe was run")
+
+
+class Evaluator:
+    """Exhaustive nDCG@10 of a model on named query sets over the bundle's corpora (tokenisation cached)."""
+
+    def __init__(self, bundle: Bundle, device: torch.device, batch_size: int = 128):
+        self.bundle, self.device, self.batch_size = bundle, device, batch_size
+        self.sets: dict[str, ValidationSet] = dict(bundle.validation)
+        self._tokens: dict[tuple, list[list[int]]] = {}
+
+    def _ids(self, model: AlignerModel, key: tuple, texts: list[str], is_query: bool) -> list[list[int]]:
+        key = (*key, model.config.query_maxlen if is_query else model.config.doc_maxlen)
+        if key not in self._tokens:
+            self._tokens[key] = model.tokenize(texts, is_query=is_query)[0]
+        return self._tokens[key]
+
+    def _encode(self, model: AlignerModel, ids: list[list[int]], is_query: bool) -> Encoded:
+        return Encoded(*model.encode_token_ids(ids, is_query, self.batch_size, torch.float32))
+
+    def ndcg(self, model: AlignerModel, names: list[str], strategies: tuple[str, ...] = ("top-k:1",)
+             ) -> dict[str, dict[str, float]]:
+        """set name -> strategy -> mean nDCG@10 (each corpus encoded once)."""
+        model.to(self.device).eval()
+        out: dict[str, dict[str, float]] = {}
+        for corpus in sorted({self.sets[n].corpus for n in names}):
+            texts = self.bundle.corpora[corpus].texts
+            docs = self._encode(model, self._ids(model, ("doc", corpus), texts, False), False)
+            for name in [n for n in names if self.sets[n].corpus == corpus]:
+                vset = self.sets[name]
+                queries = self._encode(model, self._ids(model, ("query", name), list(vset.queries.values()), True),
+                                       True)
+                out[name] = {}
+                for strategy in strategies:
+                    scores = score_all(model, queries, docs, strategy)
+                    run = top_docids(scores, list(vset.queries), self.bundle.corpora[corpus].docids)
+                    per_query = ndcg_at_k(run, vset.qrels)
+                    out[name][strategy] = round(sum(per_query.values()) / max(1, len(per_query)), 4)
+            del docs
+        return out
+
+
+class Experiment:
+    """One run of the whole experiment into ``output`` (see module docstring)."""
+
+    def __init__(self, bundle_dir: Path, output: Path, recipes: list[str], overrides: dict[str, Any],
+                 device: str | None = None, progress: bool = True, salience: bool = True,
+                 export: Path | None = None):
+        self.data = bundle_dir / "bundle.json.gz"
+        self.test_path = bundle_dir / "test.json.gz"
+        for path in (self.data, self.test_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} is missing (make it with python -m "
+                                        "eval.experiments.cross_domain.prepare --output <dir>)")
+        unknown = [r for r in recipes if r not in RECIPES]
+        if unknown or not recipes:
+            raise ValueError(f"--recipes: unknown recipe(s) {unknown}; known: {sorted(RECIPES)}")
+        self.out, self.recipes, self.overrides = output, recipes, overrides
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.progress, self.salience, self.export = progress, salience, export
+        self.bundle = load_bundle(self.data)
+        self.evaluator = Evaluator(self.bundle, self.device)
+        self.results: dict[str, Any] = {"recipes": {r: RECIPES[r] for r in recipes}, "device": str(self.device),
+                                        "overrides": overrides, "seconds": {}}
+        self._started = time.time()
+
+    # ------------------------------------------------------------------ helpers
+    def save(self) -> None:
+        self.results["seconds"]["total"] = round(time.time() - self._started, 1)
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / "results.json.tmp"
+        tmp.write_text(json.dumps(self.results, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.out / "results.json")
+        if self.export is not None:  # kept current, so that a run cut short still hands back what it has
+            self.export.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.out / "results.json", self.export / "results.json")
+
+    def _stage(self, name: str, started: float) -> None:
+        self.results["seconds"][name] = round(time.time() - started, 1)
+        log.info("stage %s done in %.1f s", name, time.time() - started)
+        self.save()
+
+    def config(self, base: Path, fields: dict[str, Any]) -> TrainConfig:
+        data = yaml.safe_load(base.read_text(encoding="utf-8"))
+        data.update({"data": str(self.data), "eval_every": 0, "checkpoint_every": 0, **fields, **self.overrides})
+        return TrainConfig.from_dict(data, source=f"{base.name} + experiment fields")
+
+    def train(self, name: str, cfg: TrainConfig) -> dict:
+        trainer = Trainer(cfg, self.out / "runs" / name, device=str(self.device), progress=self.progress)
+        summary = trainer.run()
+        del trainer
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return summary
+
+    def load(self, folder: Path) -> AlignerModel:
+        return AlignerModel.from_pretrained(folder, device=self.device)
+
+    def recipe_fields(self, recipe: str, domains: list[str], validation: list[str]) -> dict[str, Any]:
+        fields = {k: v for k, v in RECIPES[recipe].items() if k != "pseudo"}
+        train_sets = list(domains) + ([f"{d}-pseudo" for d in domains] if RECIPES[recipe].get("pseudo") else [])
+        return {**fields, "train_sets": train_sets, "validation_sets": validation}
+
+    # ------------------------------------------------------------------ stages
+    def baselines(self) -> dict[str, AlignerModel]:
+        started, models = time.time(), {}
+        both = list(DOMAINS)
+        for name, fields in (("raw384", {"projection_init": "identity", "dim": self.hidden_size()}),
+                             ("pca128", {"projection_init": "pca"})):
+            cfg = self.config(BASE_CONFIG, {**fields, "train_sets": both, "validation_sets": [], "positive_top": 0,
+                                            "init": "untrained"})
+            models[name] = Trainer(cfg, self.out / "runs" / name, device=str(self.device), progress=False).model
+            models[name].compute_dtype = None  # evaluated in fp32, as every reloaded checkpoint
+        self.results["baselines"] = {name: self.evaluator.ndcg(m, list(VALIDATION.values()))
+                                     for name, m in models.items()}
+        self._stage("baselines", started)
+        return models
+
+    def hidden_size(self) -> int:
+        from transformers import AutoConfig
+
+        from pyserini_aligner.model import resolve_backbone
+
+        return AutoConfig.from_pretrained(resolve_backbone("minilm")).hidden_size
+
+    def single_domain(self) -> dict[str, dict[str, dict[str, float]]]:
+        started, scores = time.time(), {}
+        self.results["single_domain"] = {}
+        for recipe in self.recipes:
+            scores[recipe] = {}
+            for domain in DOMAINS:
+                name = f"{recipe}.{domain}"
+                cfg = self.config(BASE_CONFIG, {**self.recipe_fields(recipe, [domain], []), "eval_every": 10 ** 9})
+                summary = self.train(name, cfg)
+                val = self.evaluator.ndcg(self.load(self.out / "runs" / name / "last"), list(VALIDATION.values()))
+                other = VALIDATION["nfcorpus" if domain == "scifact" else "scifact"]
+                scores[recipe][domain] = {"in": val[VALIDATION[domain]]["top-k:1"], "off": val[other]["top-k:1"]}
+                self.results["single_domain"][name] = {"validation": val, "steps": summary["steps"]}
+                self.save()
+        self._stage("single_domain", started)
+        return scores
+
+    def final(self, recipe: str) -> Path:
+        started = time.time()
+        cfg = self.config(BASE_CONFIG, self.recipe_fields(recipe, list(DOMAINS), list(VALIDATION.values())))
+        summary = self.train("final", cfg)
+        folder = self.out / "runs" / "final" / "best"
+        self.results["final"] = {"recipe": recipe, "best_step": summary["best_step"], "steps": summary["steps"],
+                                 "validation": self.evaluator.ndcg(self.load(folder), list(VALIDATION.values()))}
+        self._stage("final", started)
+        return folder
+
+    def adapt(self, recipe: str) -> dict[str, Path]:
+        started, folders = time.time(), {}
+        self.results["adaptation"] = {}
+        for source, target in (("scifact", "nfcorpus"), ("nfcorpus", "scifact")):
+            init = self.out / "runs" / f"{recipe}.{source}" / "last"
+            name = f"adapt.{source}-to-{target}"
+            fields = {**init_model_fields(init), "init": str(init), "train_sets": [f"{target}-pseudo"],
+                      "validation_sets": [VALIDATION[target]], "max_pseudo_queries": ADAPT_QUERIES}
+            summary = self.train(name, self.config(ADAPT_CONFIG, fields))
+            folders[name] = self.out / "runs" / name / "last"
+            self.results["adaptation"][name] = {
+                "steps": summary["steps"],
+                "validation": self.evaluator.ndcg(self.load(folders[name]), list(VALIDATION.values()))}
+            self.save()
+        self._stage("adaptation", started)
+        return folders
+
+    def test(self, models: dict[str, AlignerModel | Path], response: dict[str, AlignerModel | Path]) -> None:
+        """Test nDCG@10 (top-k:1) of every model; top-p response of ``response`` (p chosen on validation)."""
+        started = time.time()
+        self.evaluator.sets.update(load_test_sets(self.test_path))
+        tests = list(TEST.values())
+        self.results["test"] = {}
+        for name, model in models.items():
+            model = self.load(model) if isinstance(model, Path) else model
+            self.results["test"][name] = {s: v["top-k:1"] for s, v in self.evaluator.ndcg(model, tests).items()}
+            self.save()
+        strategies = ("top-k:1", *(f"top-p:{p}" for p in TOP_P))
+        self.results["top_p"] = {}
+        for name, model in response.items():
+            model = self.load(model) if isinstance(model, Path) else model
+            val = self.evaluator.ndcg(model, list(VALIDATION.values()), strategies)
+            test = self.evaluator.ndcg(model, tests, strategies)
+            row = {}
+            for domain in DOMAINS:
+                v, t = val[VALIDATION[domain]], test[TEST[domain]]
+                chosen = max(strategies[1:], key=lambda s: v[s])
+                best = max(strategies[1:], key=lambda s: t[s])
+                row[domain] = {"validation": v, "test": t, "p_chosen_on_validation": chosen,
+                               "test_at_chosen_p": t[chosen], "best_test_top_p": best,
+                               "best_top_p_minus_top_k1": round(t[best] - t["top-k:1"], 4)}
+            self.results["top_p"][name] = row
+            self.save()
+        self._stage("test", started)
+
+    def salience_heads(self, final: Path) -> Path:
+        """Salience heads for pruning on the final model (aligner_salience.yaml); returns the exported folder."""
+        started = time.time()
+        data = yaml.safe_load(SALIENCE_CONFIG.read_text(encoding="utf-8"))
+        keep = {k: v for k, v in self.overrides.items() if k in ("epochs", "max_steps", "eval_batch_size",
+                                                                  "prune_k_per_token", "distill_rank")}
+        data.update({"data": str(self.data), "init": str(final), **keep})
+        for field in ("query_maxlen", "doc_maxlen"):
+            data[field] = self.overrides.get(field, data[field])
+        cfg = TrainConfig.from_dict(data, source=f"{SALIENCE_CONFIG.name} + experiment fields")
+        from pyserini_aligner.train.distill import SalienceDistiller
+
+        summary = SalienceDistiller(cfg, output_dir=self.out / "runs" / "salience", device=str(self.device),
+                                    progress=self.progress).run()
+        folder = self.out / "runs" / "salience" / "best"
+        self.results["salience"] = {k: v for k, v in summary.items() if k != "pruning"}
+        self._stage("salience", started)
+        return folder
+
+    # ------------------------------------------------------------------ all
+    def run(self) -> dict:
+        baselines = self.baselines()
+        scores = self.single_domain()
+        floors = {d: max(self.results["baselines"][b][VALIDATION[d]]["top-k:1"] for b in baselines)
+                  for d in DOMAINS}
+        recipe, why = choose_recipe(scores, floors)
+        self.results["choice"] = {"recipe": recipe, "rule": why, "scores": scores, "floors": floors}
+        self.save()
+        final = self.final(recipe)
+        adapted = self.adapt(recipe)
+        single = {f"{recipe}.{d}": self.out / "runs" / f"{recipe}.{d}" / "last" for d in DOMAINS}
+        self.test({**baselines, **single, "final": final, **adapted}, {"raw384": baselines["raw384"], "final": final})
+        self.results["targets"] = targets(self.results, recipe)
+        checkpoint = self.salience_heads(final) if self.salience else final
+        self.save()
+        write_markdown(self.results, self.out / "results.md")
+        export = self.export
+        if export is not None:
+            for name in ("results.json", "results.md"):
+                shutil.copy2(self.out / name, export / name)
+            (export / "checkpoint").mkdir(exist_ok=True)
+            for name in ("config.json", "heads.safetensors"):
+                shutil.copy2(checkpoint / name, export / "checkpoint" / name)
+            shutil.copy2(final / "backbone_delta.safetensors", export / "checkpoint" / "backbone_delta.safetensors")
+        return self.results
+
+
+def targets(results: dict, recipe: str) -> dict[str, dict]:
+    """The checks this experiment is read against (test nDCG@10, top-k:1)."""
+    test = results["test"]
+    other = {"scifact": "nfcorpus", "nfcorpus": "scifact"}
+    out = {}
+    for source in DOMAINS:
+        target = other[source]
+        off = test[f"{recipe}.{source}"][TEST[target]]
+        floor = test["raw384"][TEST[target]]
+        out[f"{source}-only on {target} test"] = {
+            "value": off, "raw384": floor, "dense": REFERENCE["dense"][target],
+            "ok": off >= floor and off > REFERENCE["dense"][target]}
+        in_domain = test[f"{recipe}.{target}"][TEST[target]]
+        adapted = test[f"adapt.{source}-to-{target}"][TEST[target]]
+        gap = in_domain - off
+        out[f"adaptation {source}->{target} closes half the gap"] = {
+            "off_domain": off, "adapted": adapted, "in_domain": in_domain,
+            "closed": round((adapted - off) / gap, 3) if gap > 0 else None, "ok": gap <= 0 or adapted - off >= gap / 2}
+        shipped = REFERENCE["shipped"][source]
+        final = test["final"][TEST[source]]
+        out[f"final on {source} test within 0.005 of the shipped"] = {"value": final, "shipped": shipped,
+                                                                       "ok": final >= shipped - 0.005}
+        top_p = results["top_p"]
+        trained, backbone = (top_p[m][source]["best_top_p_minus_top_k1"] for m in ("final", "raw384"))
+        out[f"top-p response on {source} test"] = {"final": trained, "raw384": backbone, "ok": trained >= backbone}
+    return out
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    """results.md: validation tables, the choice, test tables and the target checks."""
+    val = list(VALIDATION.values())
+    lines = ["# Cross-domain recipe choice, final training and label-free adaptation", "",
+             "All nDCG@10, exhaustive scoring, top-k:1 unless stated.", "", "## Validation", "",
+             "| model | " + " | ".join(val) + " |", "|---|" + "---:|" * len(val)]
+    rows = [(n, r) for n, r in results.get("baselines", {}).items()]
+    rows += [(n, r["validation"]) for n, r in results.get("single_domain", {}).items()]
+    rows += [("final", results["final"]["validation"])] if "final" in results else []
+    rows += [(n, r["validation"]) for n, r in results.get("adaptation", {}).items()]
+    for name, row in rows:
+        lines.append(f"| {name} | " + " | ".join(f"{row[s]['top-k:1']:.4f}" for s in val) + " |")
+    choice = results.get("choice")
+    if choice:
+        lines += ["", f"Chosen recipe: **{choice['recipe']}** ({choice['rule']}); fields: "
+                      f"`{json.dumps(results['recipes'][choice['recipe']])}`."]
+    tests = list(TEST.values())
+    lines += ["", "## Test (opened after the choice)", "", "| model | " + " | ".join(tests) + " |",
+              "|---|" + "---:|" * len(tests)]
+    for name, row in results.get("test", {}).items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[s]:.4f}" for s in tests) + " |")
+    if results.get("top_p"):
+        lines += ["", "### Top-p response (test)", "", "| model | test set | top-k:1 | "
+                  + " | ".join(f"top-p:{p}" for p in TOP_P) + " | p chosen on validation |",
+                  "|---|---|---:|" + "---:|" * len(TOP_P) + "---|"]
+        for name, row in results["top_p"].items():
+            for domain, r in row.items():
+                lines.append(f"| {name} | {TEST[domain]} | {r['test']['top-k:1']:.4f} | "
+                             + " | ".join(f"{r['test'][f'top-p:{p}']:.4f}" for p in TOP_P)
+                             + f" | {r['p_chosen_on_validation']} |")
+    if results.get("targets"):
+        lines += ["", "## Checks", "", "| check | values | ok |", "|---|---|---|"]
+        for name, row in results["targets"].items():
+            values = ", ".join(f"{k} {v}" for k, v in row.items() if k != "ok")
+            lines.append(f"| {name} | {values} | {'yes' if row['ok'] else 'no'} |")
+    lines += ["", "Seconds per stage: " + ", ".join(f"{k} {v}" for k, v in results["seconds"].items()), ""]
+    path.write_text("\n".join(lines), encoding="utf-8")

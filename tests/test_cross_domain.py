@@ -1,0 +1,91 @@
+"""The cross-domain experiment end to end on CPU: tiny bundle cut from the real corpora, a few steps per run."""
+
+import gzip
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from eval.experiments.cross_domain.prepare import TEST_FORMAT
+from eval.experiments.cross_domain.run import RECIPES, choose_recipe
+from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.train.data import write_bundle
+from pyserini_aligner.train.pseudo import pseudo_queries
+
+
+def corpus_docs(name: str, n: int) -> list[tuple[str, str]]:
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / f"{name}.zip") as archive:
+        lines = archive.read(f"{name}/corpus.jsonl").decode().splitlines()[:n]
+    return [(d["_id"], f"{d['title']} {d['text']}".strip()) for d in map(json.loads, lines)]
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory):
+    """Both corpora (30 docs each); sentences of their documents stand in for the labelled queries."""
+    folder = tmp_path_factory.mktemp("cross_domain")
+    corpora, train, validation, tests, train_corpus = {}, {}, {}, {}, {}
+    for name, val_name, test_name in (("scifact", "scifact-heldout", "scifact-test"),
+                                      ("nfcorpus", "nfcorpus-dev", "nfcorpus-test")):
+        docs = corpus_docs(name, 30)
+        docids = [d for d, _ in docs]
+        corpora[name] = {"docids": docids, "texts": [t for _, t in docs]}
+        queries = pseudo_queries(docs, min_rest_words=5)
+        others = lambda q: [d for d in docids if d != q.docid][:5]  # noqa: E731
+        train[name] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q)}
+                       for q in queries[:12]]
+        train[f"{name}-pseudo"] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q),
+                                    "drop": list(q.span)} for q in queries]
+        train_corpus[f"{name}-pseudo"] = name
+        validation[val_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[12:18]},
+                                "qrels": {q.qid: {q.docid: 1} for q in queries[12:18]}}
+        tests[test_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[18:24]},
+                            "qrels": {q.qid: {q.docid: 1} for q in queries[18:24]}}
+    write_bundle({"meta": {}, "corpora": corpora, "train": train, "validation": validation,
+                  "train_corpus": train_corpus}, folder / "bundle.json.gz")
+    with gzip.open(folder / "test.json.gz", "wt") as out:
+        json.dump({"format": TEST_FORMAT, "sets": tests}, out)
+    return folder
+
+
+def test_choose_recipe_rule():
+    floors = {"scifact": 0.70, "nfcorpus": 0.33}
+    scores = {"default": {"scifact": {"in": 0.80, "off": 0.32}, "nfcorpus": {"in": 0.35, "off": 0.72}},
+              "anchor": {"scifact": {"in": 0.80, "off": 0.34}, "nfcorpus": {"in": 0.35, "off": 0.71}},
+              "greedy": {"scifact": {"in": 0.70, "off": 0.36}, "nfcorpus": {"in": 0.30, "off": 0.75}}}
+    assert choose_recipe(scores, floors)[0] == "anchor"  # greedy wins off-domain but loses in-domain
+    del scores["anchor"]
+    recipe, why = choose_recipe(scores, floors)
+    assert recipe == "default" and "no recipe reached" in why
+
+
+def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
+    from eval.experiments.cross_domain.__main__ import main
+
+    tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 24, "doc_maxlen": 48,
+            "eval_batch_size": 16, "precision": "fp32", "prune_k_per_token": 4, "negatives_per_query": 1,
+            "negative_depth": 3, "negative_skip": 0, "train_layers": 1, "distill_rank": 20}
+    sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
+    export = tmp_path / "export"
+    code = main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "work"), "--export", str(export),
+                 "--recipes", "anchor-mix-pseudo", "--no-salience", "--device", "cpu", "--quiet", *sets])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    results = json.loads((export / "results.json").read_text())
+    recipe = results["choice"]["recipe"]
+    assert recipe == "anchor-mix-pseudo" and printed["choice"] == recipe
+    assert set(results["single_domain"]) == {f"{recipe}.{d}" for d in ("scifact", "nfcorpus")}
+    assert set(results["test"]) == {"raw384", "pca128", f"{recipe}.scifact", f"{recipe}.nfcorpus", "final",
+                                    "adapt.scifact-to-nfcorpus", "adapt.nfcorpus-to-scifact"}
+    for row in results["test"].values():
+        assert set(row) == {"scifact-test", "nfcorpus-test"} and all(0.0 <= v <= 1.0 for v in row.values())
+    assert set(results["top_p"]) == {"raw384", "final"} and len(results["targets"]) == 8
+    assert results["final"]["recipe"] == recipe and "Chosen recipe" in (export / "results.md").read_text()
+    model = AlignerModel.from_pretrained(export / "checkpoint")  # the salience stage is tested in test_train
+    assert model.config.dim == 128 and model.config.doc_maxlen == 48
+    assert RECIPES["anchor-mix-pseudo"]["pseudo"]
+    log = (tmp_path / "work" / "runs" / "anchor-mix-pseudo.scifact" / "config.yaml").read_text()
+    assert "scifact-pseudo" in log and "anchor_weight: 1.0" in log
+    assert main(["--bundle", str(tmp_path), "--output", str(tmp_path / "w2"), "--quiet"]) == 2
+    assert "bundle.json.gz is missing" in capsys.readouterr().err
