@@ -76,7 +76,7 @@ def read_docs(spec: str, max_docs: int | None = None) -> list[tuple[str, str]]:
 
 def read_topics(spec: str, limit: int | None) -> list[str]:
     """Query texts from a topics file (qid<TAB>text), a BEIR folder or a dataset id with its split."""
-    from pyserini_aligner.topics import load_topics
+    from pyserini_aligner.data import load_topics
 
     texts = list(load_topics(spec).values())
     if not texts:

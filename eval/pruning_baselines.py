@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from eval.beir.aligner import drop_query_hits, full_index, pruned_index
-from eval.beir.systems import Context, work_dir
+from eval.beir.context import Context, work_dir
 from eval.metrics import evaluate
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 

@@ -5,15 +5,12 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from eval.beir.cache import Hits, cache_path, cached_hits, load_hits, queries_hash, save_hits
+from eval.beir.context import Context
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
-
-if TYPE_CHECKING:
-    from eval.beir.systems import Context
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from eval.beir.systems import SYSTEMS, Context, work_dir
+from eval.beir.context import Context, work_dir
+from eval.beir.systems import SYSTEMS, require
 from eval.metrics import METRICS, evaluate, significance
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.trec import write_run
@@ -38,7 +39,7 @@ def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.Path
     results = {"dataset": dataset.name, "systems": {}}
     for name in systems:
         start = time.perf_counter()
-        ctx.require(name)
+        require(ctx, name)
         seconds = time.perf_counter() - start
         run_path = write_run(ctx.runs[name], output / f"run.{name}.trec", tag=name)
         scores = evaluate(ctx.qrels, {q: dict(h) for q, h in ctx.runs[name].items()})

@@ -9,16 +9,13 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from eval.beir.aligner import drop_query_hits
+from eval.beir.context import Context
 from eval.metrics import evaluate
 from pyserini_aligner.data import Dataset
-
-if TYPE_CHECKING:
-    from eval.beir.systems import Context
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,8 @@ def _measure_searcher(name: str, searcher, queries: dict[str, str], qrels: dict,
 def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.PathLike, encoder: str = "aligner",
               threads: int = 2, timed_queries: int = 100, build_only: bool = False) -> dict:
     """Run every measurement; writes ``bench.json`` and ``bench.md`` in ``output`` and returns the dict."""
-    from eval.beir.systems import Context, dense_searcher, lucene_index, work_dir
+    from eval.beir.context import Context, work_dir
+    from eval.beir.systems import dense_searcher, lucene_index
     from pyserini.search.lucene import LuceneSearcher
     from pyserini_aligner.search import AlignerSearcher, ExhaustiveScorer
 

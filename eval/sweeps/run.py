@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.beir.aligner import full_index, pruned_index, rescored_runs, search
-from eval.beir.systems import Context
+from eval.beir.context import Context
 from eval.metrics import evaluate
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES
 from pyserini_aligner.index import store

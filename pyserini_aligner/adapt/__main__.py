@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyserini_aligner.adapt.inputs import labelled_topics
     from pyserini_aligner.index.store import set_default_strategy
     from pyserini_aligner.search.searcher import AlignerSearcher
-    from pyserini_aligner.topics import load_topics, read_qrels
+    from pyserini_aligner.data import load_topics, read_qrels
 
     try:
         qrels = read_qrels(args.qrels)

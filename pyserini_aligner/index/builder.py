@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 from pyserini_aligner.index import faults, store
 from pyserini_aligner.index.codec import (AUTO, CodecSpec, ResidualCodec, parse_codec, resolve_codec)
 from pyserini_aligner.index.corpus import Location
-from pyserini_aligner.index.segment import SegmentWriter, check_factory_string, faiss_factory_string, write_codec
+from pyserini_aligner.index.segment import SegmentWriter, write_codec
+from pyserini_aligner.index.store import check_factory_string, faiss_factory_string
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)
@@ -205,12 +206,6 @@ def _check_redundancy(threshold) -> None:
         raise ValueError(f"prune_redundancy must be None or a cosine threshold in (0, 1], got {threshold!r}")
 
 
-def _is_index(path: Path) -> bool:
-    from pyserini_aligner.integration.hooks import is_aligner_index
-
-    return is_aligner_index(path)
-
-
 def check_target(target: Path, overwrite: bool, corpus_path: str | os.PathLike | None = None) -> None:
     """Refuse a target that would lose a user's data: an existing non-empty folder that is not an index of this
     package (even with ``overwrite``), an index without ``overwrite``, a path under a file, or a folder that holds,
@@ -230,7 +225,7 @@ def check_target(target: Path, overwrite: bool, corpus_path: str | os.PathLike |
         raise FileExistsError(f"index target {target} is a file")
     if not any(target.iterdir()):
         return
-    if not _is_index(target):
+    if not store.is_index(target):
         raise FileExistsError(f"index target {target} exists and is not a pyserini-aligner index; it is never "
                               "replaced (choose a new folder)")
     if not overwrite:

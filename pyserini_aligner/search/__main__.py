@@ -15,7 +15,7 @@ from tqdm import tqdm
 from pyserini_aligner.search.searcher import DEFAULT_QUERY_PRUNE
 from pyserini_aligner.cli import flag_value, fraction, positive_int, run_main
 from pyserini_aligner.textio import check_output_path, discard_output
-from pyserini_aligner.topics import load_topics
+from pyserini_aligner.data import load_topics
 from pyserini_aligner.trec import write_run
 
 log = logging.getLogger("pyserini_aligner.search")
