@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.resolve import load_model
 from pyserini_aligner.train.data import load_bundle
 from pyserini_aligner.train.validate import evaluate
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder:
             parser.error(f"--checkpoint {spec!r}: expected NAME=FOLDER")
-        model = AlignerModel.from_pretrained(folder, device=args.device)
+        model = load_model(folder, args.device, dtype=None)
         result["models"][name] = measure(model, bundle, tuple(args.betas), args.query_prune, args.strategy,
                                          args.batch_size, redundancy)
     args.output.parent.mkdir(parents=True, exist_ok=True)

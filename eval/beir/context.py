@@ -42,9 +42,9 @@ class Context:
     @property
     def model(self):
         """The AligneR model (loaded once)."""
-        from pyserini_aligner.model import AlignerModel
+        from pyserini_aligner.resolve import load_model
 
-        return self._lazy("_model", lambda: AlignerModel.from_pretrained(self.encoder))
+        return self._lazy("_model", lambda: load_model(self.encoder))
 
     @property
     def fingerprint(self) -> str:
