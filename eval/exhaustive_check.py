@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.metrics import evaluate
+from pyserini_aligner.metrics import evaluate
 
 METRICS = ("ndcg@10", "recall@10")
 

@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from eval.beir.aligner import drop_query_hits, full_index, pruned_index
+from eval.beir.aligner import full_index, pruned_index
 from eval.beir.context import Context, work_dir
-from eval.metrics import evaluate
+from pyserini_aligner.hits import drop_query_hits
+from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)

@@ -49,8 +49,8 @@ def dense_searcher(ctx: Context):
 
 def dense(ctx: Context) -> Hits:
     """Pyserini FaissSearcher over all-MiniLM-L6-v2 mean-pooled vectors (the single-vector baseline)."""
-    from eval.beir.aligner import drop_query_hits
     from eval.beir.dense import dense_search
+    from pyserini_aligner.hits import drop_query_hits
 
     return drop_query_hits(dense_search(dense_searcher(ctx), ctx.queries, k=ctx.hits + 1, threads=ctx.threads),
                            ctx.hits)
@@ -86,7 +86,7 @@ def hybrid(ctx: Context) -> Hits:
 
 def rrf(ctx: Context) -> Hits:
     """Reciprocal rank fusion (ranx ``fuse``, k=60) of bm25 and aligner."""
-    from eval.metrics import rrf_fuse
+    from eval.beir.fusion import rrf_fuse
 
     return rrf_fuse([require(ctx, "bm25", "rrf"), require(ctx, "aligner", "rrf")], k=ctx.hits)
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from eval.bench import measure
-from eval.metrics import evaluate
+from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.index.store import read_manifest
 

@@ -8,7 +8,7 @@ Bundle layout (written by ``python -m pyserini_aligner.train.prepare``)::
      "validation": {name: {"corpus": name, "queries": {qid: text}, "qrels": {qid: {docid: rel}}}}}
 
 ``negatives`` are ranked (BM25 best first) and never contain a positive. Only json/gzip/random are used here,
-so this module runs on the GPU box.
+so this module needs no Pyserini or FAISS.
 """
 
 from __future__ import annotations
