@@ -1,6 +1,6 @@
 """Whether [CLS]/[SEP] take part in alignment: validation nDCG@10 with ``keep_special`` on and off.
 
-    python -m eval.keep_special --bundle .device_carry/train_data/bundle.json.gz --output ks.json [--device cuda]
+    python -m eval.experiments.keep_special --bundle runs/train_data/bundle.json.gz --output ks.json [--device cuda]
 
 For the shipped ``aligner`` checkpoint and the untrained initialisation (``make_default``'s weights), each loaded once and with ``model.config.keep_special`` set to True and to False, it scores every
 validation set of the training bundle exhaustively (every query against every doc, full alignment score,
