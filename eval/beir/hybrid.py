@@ -1,6 +1,7 @@
 """Hybrid AligneR + BM25 through Pyserini's ``HybridSearcher``, its weight chosen on train/dev queries (never test).
 
-Pyserini fuses ``alpha · sparse + dense``. AligneR scores lie in [-1, 1] while BM25 scores are in the tens, so both
+Pyserini's ``HybridSearcher`` supplies both hit lists; they are fused with its arithmetic, ``alpha · sparse + dense``,
+by :func:`eval.beir.fusion.hybrid_fuse`. AligneR scores lie in [-1, 1] while BM25 scores are in the tens, so both
 are min-max centred per query first (HybridSearcher's ``normalization=True``); alpha is then BM25's weight
 relative to AligneR's.
 """
@@ -14,9 +15,9 @@ from tqdm.auto import tqdm
 
 from eval.beir.context import Context
 from eval.beir.fusion import hybrid_fuse
-from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.hits import drop_query_hits
+from pyserini_aligner.metrics import evaluate
 
 log = logging.getLogger(__name__)
 

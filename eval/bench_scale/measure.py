@@ -6,7 +6,7 @@ import math
 import os
 import stat
 import threading
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import Manifest, StoredIndex, Workspace
+from pyserini_aligner.index.store import StoredIndex, Workspace
 from pyserini_aligner.model import EncodedText
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
