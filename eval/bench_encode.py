@@ -106,10 +106,10 @@ def main() -> None:
     if args.backbone:
         os.environ["PYSERINI_ALIGNER_BACKBONE"] = args.backbone
 
-    from pyserini_aligner.model import AlignerModel
+    from pyserini_aligner.resolve import load_model
 
     device = torch.device(args.device)
-    model = AlignerModel.from_pretrained(args.checkpoint, device=device, dtype=args.dtype)
+    model = load_model(args.checkpoint, device, args.dtype)
     model.config.use_salience = args.use_salience
     maxlen = model.config.doc_maxlen
     report = {

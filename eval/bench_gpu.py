@@ -134,7 +134,7 @@ def measure(beir_zip: Path, output: Path, device: str, encoder: str, codec: str 
 
 def score(output: Path, dataset: str) -> dict:
     """Add nDCG@10 of each configuration's run (ranx) and write bench_gpu.md."""
-    from eval.metrics import evaluate
+    from pyserini_aligner.metrics import evaluate
     from pyserini_aligner.data import Dataset
     from pyserini_aligner.trec import read_run
 

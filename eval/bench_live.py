@@ -76,7 +76,7 @@ def read_docs(spec: str, max_docs: int | None = None) -> list[tuple[str, str]]:
 
 def read_topics(spec: str, limit: int | None) -> list[str]:
     """Query texts from a topics file (qid<TAB>text), a BEIR folder or a dataset id with its split."""
-    from pyserini_aligner.topics import load_topics
+    from pyserini_aligner.data import load_topics
 
     texts = list(load_topics(spec).values())
     if not texts:
@@ -227,7 +227,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.quiet)
-    from pyserini_aligner.model import AlignerModel
+    from pyserini_aligner.resolve import load_model
 
     args.output.mkdir(parents=True, exist_ok=True)
     device = args.device
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
               else cpu_name(),
               "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "hits": args.hits}
     try:
-        model, load_s = timed(lambda: AlignerModel.from_pretrained(args.encoder, device=device), device)
+        model, load_s = timed(lambda: load_model(args.encoder, device, dtype=None), device)
         report["model_load_s"] = round(load_s, 3)
         (corpus_mode if args.corpus else index_mode)(args, model, report)
     except (ValueError, OSError, RuntimeError) as err:

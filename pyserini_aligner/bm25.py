@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from pyserini_aligner.data import Doc, DataError, write_json_collection
+from pyserini_aligner.hits import drop_query_hits
 
 K1, B = 0.9, 0.4  # Pyserini's BEIR "flat" regression settings
 
@@ -44,8 +45,5 @@ def bm25_search(index_dir: str | os.PathLike, queries: Mapping[str, str], k: int
     qids = list(queries)
     extra = 1 if remove_query else 0
     results = searcher.batch_search([queries[q] for q in qids], qids, k=k + extra, threads=threads)
-    hits = {}
-    for qid in qids:
-        kept = [(hit.docid, float(hit.score)) for hit in results.get(qid, []) if not (remove_query and hit.docid == qid)]
-        hits[qid] = kept[:k]
-    return hits
+    hits = {qid: [(hit.docid, float(hit.score)) for hit in results.get(qid, [])] for qid in qids}
+    return drop_query_hits(hits, k) if remove_query else hits

@@ -1,5 +1,11 @@
 """Corpora, queries and qrels: ir_datasets IDs (``beir/scifact/test``) or a local BEIR folder.
 
+:func:`load_topics` and :func:`read_qrels` are the one entry point from a spec to queries and judgements for every
+command (search, adapt, the evaluation harness). A spec is tried as, in order: an existing file (parsed by
+:mod:`pyserini_aligner.topics`); an existing BEIR folder (``corpus.jsonl``, ``queries.jsonl``,
+``qrels/<split>.tsv``); a missing file (a name with a file suffix, or an absolute/``./`` path: "does not exist");
+an ir_datasets id (``beir/scifact/test``); for topics, finally a Pyserini topics name (``msmarco-passage-dev``).
+
 With ``PYSERINI_ALIGNER_BEIR_DIR`` set to a folder of ``<name>.zip`` BEIR files, those files are linked
 into ir_datasets' cache layout (``$IR_DATASETS_HOME/beir/<name>/source.zip``) before loading, so that
 nothing is downloaded. Without it, ir_datasets' own download path is used unchanged.
@@ -13,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pyserini_aligner.textio import text_lines
+from pyserini_aligner.textio import InputError, json_records, text_lines
+from pyserini_aligner.topics import FILE_SUFFIXES, Qrels, Topics, read_qrels_file, read_topics_file
 
 BEIR_DIR_ENV = "PYSERINI_ALIGNER_BEIR_DIR"
 log = logging.getLogger(__name__)
@@ -103,16 +110,7 @@ def is_beir_folder(path: str | os.PathLike) -> bool:
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     if not path.is_file():
         raise DataError(f"data file missing: {path}")
-    for number, line in text_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}, line {number}: expected a JSON object")
-        yield number, record
+    return json_records(text_lines(path), path, error=DataError)
 
 
 def _field(record: dict, name: str, path: Path, number: int) -> str:
@@ -178,8 +176,6 @@ class Dataset:
         """Query id → {docid: relevance}."""
         qrels: dict[str, dict[str, int]] = {}
         if self.folder:
-            from pyserini_aligner.topics import read_qrels_file
-
             path = self.folder / "qrels" / f"{self.split}.tsv"
             if not path.is_file():
                 raise DataError(f"data file missing: {path}")
@@ -207,3 +203,51 @@ def write_json_collection(docs: Iterator[Doc], folder: str | os.PathLike) -> int
             out.write(json.dumps({"id": doc.docid, "contents": doc.contents}, ensure_ascii=False) + "\n")
             count += 1
     return count
+
+
+def looks_like_path(spec: str) -> bool:
+    """True for a spec meant as a file: a file suffix, an absolute path or one starting with . or ~."""
+    path = Path(spec)
+    return path.suffix.lower() in FILE_SUFFIXES or path.is_absolute() or spec.startswith((".", "~"))
+
+
+def load_topics(spec: str | os.PathLike, split: str = "test") -> Topics:
+    """qid → text from a topics file, a BEIR folder (its ``split``'s judged queries), an ir_datasets id or a
+    Pyserini topics name. A missing file raises FileNotFoundError ("topics file ... does not exist")."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return read_topics_file(path)
+    if path.is_dir():
+        if not is_beir_folder(path):
+            raise InputError(f"topics {spec} is a folder but not a BEIR folder (corpus.jsonl, queries.jsonl, "
+                             "qrels/<split>.tsv); pass a topics file, a BEIR folder or a dataset id")
+        return Dataset(str(path), split=split).queries()
+    if looks_like_path(spec):
+        raise FileNotFoundError(f"topics file {spec} does not exist")
+    if "/" in spec:
+        return Dataset(spec).queries()
+    from pyserini.query_iterator import TopicsFormat, get_query_iterator
+
+    try:
+        iterator = get_query_iterator(spec, TopicsFormat.DEFAULT)
+    except (ValueError, FileNotFoundError):
+        raise InputError(f"topics {spec!r}: no such file, and not an ir_datasets id (e.g. beir/scifact/test) "
+                         "or a Pyserini topics name") from None
+    return {str(qid): text for qid, text in iterator}
+
+
+def read_qrels(spec: str | os.PathLike, split: str = "test") -> Qrels:
+    """qid → {docid: relevance} from a qrels file (TREC or BEIR TSV), a BEIR folder (``qrels/<split>.tsv``) or an
+    ir_datasets id (``beir/scifact/train``). A missing file raises FileNotFoundError."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return read_qrels_file(path)
+    if path.is_dir():
+        if not is_beir_folder(path):
+            raise InputError(f"qrels {spec} is a folder but not a BEIR folder (qrels/<split>.tsv)")
+        return Dataset(str(path), split=split).qrels()
+    if looks_like_path(spec) or "/" not in spec:
+        raise FileNotFoundError(f"qrels file {spec} does not exist")
+    return Dataset(spec).qrels()

@@ -5,18 +5,16 @@ from __future__ import annotations
 import torch
 from pyserini.encode import DocumentEncoder, QueryEncoder
 
-from pyserini_aligner.model import AlignerModel, EncodedText, resolve_dtype
+from pyserini_aligner.model import AlignerModel, EncodedText
+from pyserini_aligner.resolve import AUTO, load_model
 
 
 def _load(model: str | AlignerModel, device: str, dtype: str | torch.dtype | None, fp16: bool) -> AlignerModel:
-    """Checkpoint name/folder or a ready model → AlignerModel on ``device``; fp16=True means dtype "fp16"."""
-    dtype = resolve_dtype(dtype if dtype is not None else ("fp16" if fp16 else None))
-    if isinstance(model, AlignerModel):
-        model = model.to(device)
-        if dtype is not None:
-            model.compute_dtype = dtype
-        return model
-    return AlignerModel.from_pretrained(model, device=device, dtype=dtype)
+    """Checkpoint name/folder or a ready model → AlignerModel on ``device``; fp16=True means dtype "fp16".
+    Without either, a loaded checkpoint computes in fp32 (Pyserini's encoders are fp32 unless --fp16)."""
+    if dtype is None:
+        dtype = "fp16" if fp16 else (AUTO if isinstance(model, AlignerModel) else "fp32")
+    return load_model(model, device, dtype)
 
 
 class AlignerQueryEncoder(QueryEncoder):

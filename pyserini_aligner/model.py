@@ -1,7 +1,7 @@
 """AligneR model: transformer backbone + 128-d token projection + query/doc unary-salience heads.
 
-Only torch, transformers, safetensors, numpy and tqdm are imported here (no pyserini/faiss), so this module also
-runs on a bare GPU box.
+Only torch, transformers, safetensors, numpy and tqdm are imported here (no Pyserini, no FAISS), so this module also
+runs where those are not installed.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ written to a temporary file next to the target, renamed into place when complete
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 
 class InputError(ValueError):
@@ -19,15 +20,36 @@ def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     A byte sequence that is not UTF-8 raises InputError naming the file, line and byte offset within the line.
     """
     with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise InputError(f"{path}, line {number}: not UTF-8 (byte 0x{raw[error.start]:02x} at column "
-                                 f"{error.start + 1})") from None
-            if number == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            yield number, line.rstrip("\r\n")
+        yield from decoded_lines(handle, path)
+
+
+def decoded_lines(handle: Iterable[bytes], source: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """:func:`text_lines` over an open binary stream (a file, a zip member); errors name ``source``."""
+    for number, raw in enumerate(handle, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(f"{source}, line {number}: not UTF-8 (byte 0x{raw[error.start]:02x} at column "
+                             f"{error.start + 1})") from None
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        yield number, line.rstrip("\r\n")
+
+
+def json_records(lines: Iterable[tuple[int, str]], source: str | os.PathLike,
+                 error: type[ValueError] = InputError) -> Iterator[tuple[int, dict]]:
+    """``(line number, JSON object)`` for every non-blank line of a JSONL stream (from :func:`text_lines` or
+    :func:`decoded_lines`); a line that is not a JSON object raises ``error`` naming ``source`` and the line."""
+    for number, line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise error(f"{source}, line {number}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise error(f"{source}, line {number}: expected a JSON object")
+        yield number, record
 
 
 class OutputPathError(ValueError):

@@ -1,18 +1,17 @@
-"""Topics (qid → query text) and qrels (qid → {docid: relevance}) from files, BEIR folders or dataset ids.
+"""Topics (qid → query text) and qrels (qid → {docid: relevance}) files: the one parser of their formats.
 
-The one reader of queries and judgements for every command (search, adapt, the evaluation harness). A spec is
-tried as, in order: an existing file; an existing BEIR folder (``corpus.jsonl``, ``queries.jsonl``,
-``qrels/<split>.tsv``); a missing file (a name with a file suffix, or an absolute/``./`` path: "does not exist");
-an ir_datasets id (``beir/scifact/test``); for topics, finally a Pyserini topics name (``msmarco-passage-dev``).
-Every error names the file and line.
+Topics: TSV ``qid<TAB>text`` or JSONL (other suffixes through Pyserini). Qrels: TREC (``qid iteration docid
+relevance``) or BEIR TSV (``query-id<TAB>corpus-id<TAB>score``). Every error names the file and line. Resolving a
+spec that may also be a BEIR folder, an ir_datasets id or a Pyserini topics name is
+:func:`pyserini_aligner.data.load_topics` / :func:`pyserini_aligner.data.read_qrels`, built on these.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Iterable
 
-from pyserini_aligner.textio import InputError, text_lines
+from pyserini_aligner.textio import InputError, json_records, text_lines
 
 Topics = dict[str, str]
 Qrels = dict[str, dict[str, int]]
@@ -22,11 +21,6 @@ FILE_SUFFIXES = TSV_SUFFIXES + JSONL_SUFFIXES + (".json", ".trec", ".gz", ".qrel
 QID_FIELDS = ("qid", "_id", "id")
 TEXT_FIELDS = ("query", "text", "title")
 BEIR_QRELS_HEADER = ["query-id", "corpus-id", "score"]
-
-
-def _looks_like_path(spec: str) -> bool:
-    path = Path(spec)
-    return path.suffix.lower() in FILE_SUFFIXES or path.is_absolute() or spec.startswith((".", "~"))
 
 
 def _add(topics: Topics, lines: dict[str, int], qid: str, text: str, path, number: int) -> None:
@@ -57,15 +51,9 @@ def read_topics_file(path: str | os.PathLike) -> Topics:
                 raise InputError(f"{path}, line {number}: expected 'qid<TAB>query text'")
             _add(topics, seen, fields[0].strip(), fields[1].strip(), path, number)
     elif suffix in JSONL_SUFFIXES:
-        for number, line in text_lines(path):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise InputError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
-            qid = next((record[f] for f in QID_FIELDS if isinstance(record, dict) and f in record), None)
-            text = next((record[f] for f in TEXT_FIELDS if isinstance(record, dict) and f in record), None)
+        for number, record in json_records(text_lines(path), path):
+            qid = next((record[f] for f in QID_FIELDS if f in record), None)
+            text = next((record[f] for f in TEXT_FIELDS if f in record), None)
             if qid is None or not isinstance(text, str):
                 raise InputError(f"{path}, line {number}: expected a JSON object with a query id "
                                  f"({'/'.join(QID_FIELDS)}) and a text ({'/'.join(TEXT_FIELDS)})")
@@ -79,34 +67,6 @@ def read_topics_file(path: str | os.PathLike) -> Topics:
     return topics
 
 
-def load_topics(spec: str | os.PathLike, split: str = "test") -> Topics:
-    """qid → text from a topics file, a BEIR folder (its ``split``'s judged queries), an ir_datasets id or a
-    Pyserini topics name. A missing file raises FileNotFoundError ("topics file ... does not exist")."""
-    from pyserini_aligner.data import Dataset, is_beir_folder
-
-    spec = str(spec)
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return read_topics_file(path)
-    if path.is_dir():
-        if not is_beir_folder(path):
-            raise InputError(f"topics {spec} is a folder but not a BEIR folder (corpus.jsonl, queries.jsonl, "
-                             "qrels/<split>.tsv); pass a topics file, a BEIR folder or a dataset id")
-        return Dataset(str(path), split=split).queries()
-    if _looks_like_path(spec):
-        raise FileNotFoundError(f"topics file {spec} does not exist")
-    if "/" in spec:
-        return Dataset(spec).queries()
-    from pyserini.query_iterator import TopicsFormat, get_query_iterator
-
-    try:
-        iterator = get_query_iterator(spec, TopicsFormat.DEFAULT)
-    except (ValueError, FileNotFoundError):
-        raise InputError(f"topics {spec!r}: no such file, and not an ir_datasets id (e.g. beir/scifact/test) "
-                         "or a Pyserini topics name") from None
-    return {str(qid): text for qid, text in iterator}
-
-
 def read_qrels_file(path: str | os.PathLike, beir: bool | None = None) -> Qrels:
     """qid → {docid: relevance} from a TREC qrels file (exactly 4 columns ``qid iteration docid relevance``) or a
     BEIR qrels TSV (``query-id<TAB>corpus-id<TAB>score``, told by its header line, or ``beir=True``).
@@ -114,9 +74,16 @@ def read_qrels_file(path: str | os.PathLike, beir: bool | None = None) -> Qrels:
     A line with the wrong number of columns, a relevance that is not an integer, a repeated (qid, docid) pair or
     a byte that is not UTF-8 raises InputError naming the file and line; so does a file without judgements.
     """
+    return parse_qrels(text_lines(path), path, beir)
+
+
+def parse_qrels(lines: Iterable[tuple[int, str]], source: str | os.PathLike, beir: bool | None = None) -> Qrels:
+    """:func:`read_qrels_file` over ``(line number, line)`` pairs (e.g. :func:`~pyserini_aligner.textio.decoded_lines`
+    of a zip member); errors name ``source``."""
+    path = source
     qrels: Qrels = {}
     seen: dict[tuple[str, str], int] = {}
-    for number, line in text_lines(path):
+    for number, line in lines:
         if beir is None:
             beir = line.split("\t") == BEIR_QRELS_HEADER
         if not line.strip() or (beir and number == 1 and line.split("\t") == BEIR_QRELS_HEADER):
@@ -143,21 +110,3 @@ def read_qrels_file(path: str | os.PathLike, beir: bool | None = None) -> Qrels:
     if not qrels:
         raise InputError(f"{path}: no judgements")
     return qrels
-
-
-def read_qrels(spec: str | os.PathLike, split: str = "test") -> Qrels:
-    """qid → {docid: relevance} from a qrels file (TREC or BEIR TSV), a BEIR folder (``qrels/<split>.tsv``) or an
-    ir_datasets id (``beir/scifact/train``). A missing file raises FileNotFoundError."""
-    from pyserini_aligner.data import Dataset, is_beir_folder
-
-    spec = str(spec)
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return read_qrels_file(path)
-    if path.is_dir():
-        if not is_beir_folder(path):
-            raise InputError(f"qrels {spec} is a folder but not a BEIR folder (qrels/<split>.tsv)")
-        return Dataset(str(path), split=split).qrels()
-    if _looks_like_path(spec) or "/" not in spec:
-        raise FileNotFoundError(f"qrels file {spec} does not exist")
-    return Dataset(spec).qrels()

@@ -9,7 +9,7 @@ from harness_support import harness_context, harness_run
 
 from pyserini_aligner.adapt.__main__ import main
 from pyserini_aligner.adapt.inputs import labelled_topics
-from pyserini_aligner.topics import read_qrels
+from pyserini_aligner.data import read_qrels
 from pyserini_aligner.adapt.select import (choose_strategy, few_shot_adaptation, make_folds,
                                            paired_permutation_test, per_query, rescore, strategy_table)
 from pyserini_aligner.data import Dataset

@@ -167,7 +167,7 @@ def test_output_path_checked_before_the_search(index, topics, tmp_path, capsys, 
 
 def test_qrels_need_four_columns(tmp_path):
     from pyserini_aligner.textio import InputError
-    from pyserini_aligner.topics import read_qrels
+    from pyserini_aligner.data import read_qrels
 
     path = tmp_path / "qrels.txt"
     path.write_text("1 0 d1 1\n2 d3 1\n")
@@ -248,7 +248,7 @@ def test_ctrl_c_while_indexing(beir, tmp_path):
 
 
 def test_missing_topics_file_is_named(tmp_path):
-    from pyserini_aligner.topics import load_topics
+    from pyserini_aligner.data import load_topics
 
     for spec in (str(tmp_path / "topics.tsv"), "runs/topics.tsv", "./topics"):
         with pytest.raises(FileNotFoundError, match=f"topics file {spec} does not exist"):
@@ -258,7 +258,7 @@ def test_missing_topics_file_is_named(tmp_path):
 def test_non_utf8_bytes_name_file_and_line(tmp_path):
     from pyserini_aligner.index.corpus import read_corpus
     from pyserini_aligner.textio import InputError
-    from pyserini_aligner.topics import load_topics, read_qrels
+    from pyserini_aligner.data import load_topics, read_qrels
 
     (tmp_path / "topics.tsv").write_bytes(b"1\tfine\n2\tcaf\xe9\n")
     (tmp_path / "qrels.txt").write_bytes(b"1 0 d1 1\n1 0 d\xff 1\n")
@@ -276,7 +276,7 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
 
 def test_topics_file_lines(tmp_path):
     from pyserini_aligner.textio import InputError
-    from pyserini_aligner.topics import load_topics
+    from pyserini_aligner.data import load_topics
 
     path = tmp_path / "topics.tsv"
     path.write_text("1\tfirst\n2\tsecond\n\n1\tagain\n")

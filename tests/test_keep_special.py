@@ -1,8 +1,8 @@
-"""eval.keep_special on CPU over a tiny bundle: both models × keep_special, JSON + Markdown table."""
+"""eval.experiments.keep_special on CPU over a tiny bundle: both models × keep_special, JSON + Markdown table."""
 
 import json
 
-from eval.keep_special import main
+from eval.experiments.keep_special import main
 from pyserini_aligner.train.data import write_bundle
 
 DOCS = {

@@ -1,4 +1,4 @@
-"""eval.pruning_baselines on the 300-doc SciFact folder: every method × β^d derived, searched and tabulated."""
+"""eval.experiments.pruning_baselines on the 300-doc SciFact folder: every method × β^d derived, searched and tabulated."""
 import json
 
 import numpy as np
@@ -8,7 +8,7 @@ from pyserini_aligner.index.store import SALIENCE, VECTORS, StoredIndex
 
 
 def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
-    from eval.pruning_baselines import main
+    from eval.experiments.pruning_baselines import main
 
     # the index cache of tests/harness_support.py: the full and learned-pruned indexes are shared with the harness
     out, cache = tmp_path / "out", tmp_path_factory.getbasetemp() / "harness-cache"

@@ -5,15 +5,13 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from eval.beir.cache import Hits, cache_path, cached_hits, load_hits, queries_hash, save_hits
+from eval.beir.context import Context
+from pyserini_aligner.hits import drop_query_hits
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
-
-if TYPE_CHECKING:
-    from eval.beir.systems import Context
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +59,6 @@ def pruned_index(ctx: Context, doc_prune: float, redundancy: float | None = DEFA
         derive_pruned_index(full, target, doc_prune, progress=ctx.progress, overwrite=True,
                             prune_redundancy=redundancy)
     return target
-
-
-def drop_query_hits(hits: Hits, k: int) -> Hits:
-    """Remove a hit whose docid is its query id (as the BM25 system does), cut at k."""
-    return {qid: [(d, s) for d, s in ranked if d != qid][:k] for qid, ranked in hits.items()}
 
 
 def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = "aligner",

@@ -1,10 +1,10 @@
 """Run systems on one dataset, write their TREC runs, ``results.json`` and ``results.md``.
 
 results.json: {"dataset", "systems": {name: {"ndcg@10", "recall@100", "recall@1000", "run", "seconds", ...extras}},
-"significance": see ``eval.metrics.significance``}. A system that reports its own value of a metric (aligner-adapted:
-nDCG@10 as the mean over folds) keeps its run's value under "<metric>_run". aligner-adapted also reports each
-fold's choice ("fold_choices"), how many folds changed the strategy ("changed_folds") and the mean held-out gain
-over the default strategy on those folds ("changed_delta").
+"significance": see ``pyserini_aligner.metrics.significance``}. A system that reports its own value of a metric
+(aligner-adapted: nDCG@10 as the mean over folds) keeps its run's value under "<metric>_run". aligner-adapted also
+reports each fold's choice ("fold_choices"), how many folds changed the strategy ("changed_folds") and the mean
+held-out gain over the default strategy on those folds ("changed_delta").
 """
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from eval.beir.systems import SYSTEMS, Context, work_dir
-from eval.metrics import METRICS, evaluate, significance
+from eval.beir.context import Context, work_dir
+from eval.beir.systems import SYSTEMS, require
 from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
+from pyserini_aligner.metrics import METRICS, evaluate, significance
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.trec import write_run
 
@@ -43,17 +44,16 @@ def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.Path
     results = {"dataset": dataset.name, "systems": {}}
     for name in systems:
         start = time.perf_counter()
-        ctx.require(name)
+        require(ctx, name)
         seconds = time.perf_counter() - start
         run_path = write_run(ctx.runs[name], output / f"run.{name}.trec", tag=name)
-        scores = evaluate(ctx.qrels, {q: dict(h) for q, h in ctx.runs[name].items()})
+        scores = evaluate(ctx.qrels, ctx.runs[name])
         row = {m: round(scores[m], 4) for m in METRICS}
         extras = ctx.extras.get(name, {})
         row.update({f"{m}_run": row[m] for m in METRICS if m in extras})
         row.update({"run": str(run_path), "seconds": round(seconds, 1), **extras})
         results["systems"][name] = row
-    results["significance"] = significance(ctx.qrels, {n: {q: dict(h) for q, h in ctx.runs[n].items()}
-                                                       for n in systems}, BASELINES)
+    results["significance"] = significance(ctx.qrels, {n: ctx.runs[n] for n in systems}, BASELINES)
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (output / "results.md").write_text(results_markdown(results), encoding="utf-8")
     return results

@@ -1,6 +1,7 @@
 """Hybrid AligneR + BM25 through Pyserini's ``HybridSearcher``, its weight chosen on train/dev queries (never test).
 
-Pyserini fuses ``alpha · sparse + dense``. AligneR scores lie in [-1, 1] while BM25 scores are in the tens, so both
+Pyserini's ``HybridSearcher`` supplies both hit lists; they are fused with its arithmetic, ``alpha · sparse + dense``,
+by :func:`eval.beir.fusion.hybrid_fuse`. AligneR scores lie in [-1, 1] while BM25 scores are in the tens, so both
 are min-max centred per query first (HybridSearcher's ``normalization=True``); alpha is then BM25's weight
 relative to AligneR's.
 """
@@ -9,16 +10,14 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from eval.beir.aligner import drop_query_hits
-from eval.metrics import evaluate
+from eval.beir.context import Context
+from eval.beir.fusion import hybrid_fuse
 from pyserini_aligner.data import Dataset
-
-if TYPE_CHECKING:
-    from eval.beir.systems import Context
+from pyserini_aligner.hits import drop_query_hits
+from pyserini_aligner.metrics import evaluate
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ def choose_alpha(ctx: Context, hybrid) -> dict:
     grid = {}
     for alpha in ALPHAS:
         fused = fuse(dense, sparse, alpha, ctx.hits)
-        grid[alpha] = round(evaluate(qrels, {q: dict(h) for q, h in fused.items()}, ("ndcg@10",))["ndcg@10"], 4)
+        grid[alpha] = round(evaluate(qrels, fused, ("ndcg@10",))["ndcg@10"], 4)
     best = max(ALPHAS, key=lambda a: (grid[a], -ALPHAS.index(a)))
     log.info("hybrid: alpha %g chosen on %d queries of %s", best, len(queries), split.name)
     return {"alpha": best, "alpha_source": f"{split.name}, {len(queries)} queries",
@@ -105,18 +104,13 @@ def component_hits(ctx: Context, hybrid, queries: dict[str, str], label: str) ->
 
 
 def fuse(dense: dict, sparse: dict, alpha: float, k: int) -> dict[str, list[tuple[str, float]]]:
-    """``HybridSearcher._hybrid_results`` per query (what ``HybridSearcher.batch_search`` does), top k without the
-    query id. A query whose hit list has a single distinct score cannot be min-max normalised: it is fused
-    unnormalised."""
-    from pyserini.search.hybrid import HybridSearcher
-
+    """:func:`~eval.beir.fusion.hybrid_fuse` of every query's dense and sparse hits (what
+    ``HybridSearcher.batch_search`` computes), top k without the query id."""
     out = {}
     for qid in dense:
-        try:
-            hits = HybridSearcher._hybrid_results(dense[qid], sparse.get(qid, []), alpha, k + 1, NORMALIZATION)
-        except ZeroDivisionError:
-            hits = HybridSearcher._hybrid_results(dense[qid], sparse.get(qid, []), alpha, k + 1, False)
-        out[qid] = [(h.docid, float(h.score)) for h in hits]
+        pairs = [(h.docid, float(h.score)) for h in dense[qid]]
+        out[qid] = hybrid_fuse(pairs, [(h.docid, float(h.score)) for h in sparse.get(qid, [])], alpha, k + 1,
+                               NORMALIZATION)
     return drop_query_hits(out, k)
 
 

@@ -3,72 +3,19 @@ numbers to report besides the run's metrics (chosen alpha, fold std, ...) go to 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
-from pyserini_aligner.data import Dataset
+from eval.beir.context import Context, Hits
 
 log = logging.getLogger(__name__)
 
-Hits = dict[str, list[tuple[str, float]]]
 
-
-@dataclass
-class Context:
-    """What every system sees: the dataset, where to keep indexes, and shared knobs."""
-
-    dataset: Dataset
-    work: Path  # indexes and caches for this dataset
-    hits: int = 1000
-    threads: int = 2
-    progress: bool = True
-    encoder: str = "aligner"  # AligneR checkpoint: "aligner" or a folder
-    candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a strategy
-    fold_size: int = 8
-    alpha: float = ALPHA  # aligner-adapted: significance level a strategy must reach to replace the default
-    min_gain: float = MIN_GAIN  # aligner-adapted: and its smallest mean nDCG@10 gain on the fold
-    seed: int = 0
-    runs: dict[str, Hits] = field(default_factory=dict)  # systems already run (for fusion)
-    extras: dict[str, dict] = field(default_factory=dict)  # per system: numbers for results.json
-
-    def _lazy(self, name: str, make: Callable):
-        if name not in self.__dict__:
-            self.__dict__[name] = make()
-        return self.__dict__[name]
-
-    @property
-    def queries(self) -> dict[str, str]:
-        return self._lazy("_queries", self.dataset.queries)
-
-    @property
-    def qrels(self) -> dict[str, dict[str, int]]:
-        return self._lazy("_qrels", self.dataset.qrels)
-
-    @property
-    def model(self):
-        """The AligneR model (loaded once)."""
-        from pyserini_aligner.model import AlignerModel
-
-        return self._lazy("_model", lambda: AlignerModel.from_pretrained(self.encoder))
-
-    @property
-    def fingerprint(self) -> str:
-        return self._lazy("_fingerprint", self.model.fingerprint)
-
-    @property
-    def strategy(self) -> str:
-        """The checkpoint's default strategy: explicit, so that adapting a cached index cannot change the runs."""
-        return self.model.config.default_strategy
-
-    def require(self, name: str, needed_by: str | None = None) -> Hits:
-        """The run of system ``name``, running it first if it has not run yet."""
-        if name not in self.runs:
-            log.info("running %s%s on %s", name, f" (needed by {needed_by})" if needed_by else "", self.dataset.name)
-            self.runs[name] = SYSTEMS[name](self)
-        return self.runs[name]
+def require(ctx: Context, name: str, needed_by: str | None = None) -> Hits:
+    """The run of system ``name``, running it first if it has not run yet."""
+    if name not in ctx.runs:
+        log.info("running %s%s on %s", name, f" (needed by {needed_by})" if needed_by else "", ctx.dataset.name)
+        ctx.runs[name] = SYSTEMS[name](ctx)
+    return ctx.runs[name]
 
 
 def lucene_index(ctx: Context) -> Path:
@@ -102,8 +49,8 @@ def dense_searcher(ctx: Context):
 
 def dense(ctx: Context) -> Hits:
     """Pyserini FaissSearcher over all-MiniLM-L6-v2 mean-pooled vectors (the single-vector baseline)."""
-    from eval.beir.aligner import drop_query_hits
     from eval.beir.dense import dense_search
+    from pyserini_aligner.hits import drop_query_hits
 
     return drop_query_hits(dense_search(dense_searcher(ctx), ctx.queries, k=ctx.hits + 1, threads=ctx.threads),
                            ctx.hits)
@@ -139,9 +86,9 @@ def hybrid(ctx: Context) -> Hits:
 
 def rrf(ctx: Context) -> Hits:
     """Reciprocal rank fusion (ranx ``fuse``, k=60) of bm25 and aligner."""
-    from eval.metrics import rrf_fuse
+    from eval.beir.fusion import rrf_fuse
 
-    return rrf_fuse([ctx.require("bm25", "rrf"), ctx.require("aligner", "rrf")], k=ctx.hits)
+    return rrf_fuse([require(ctx, "bm25", "rrf"), require(ctx, "aligner", "rrf")], k=ctx.hits)
 
 
 def aligner_adapted(ctx: Context) -> Hits:
@@ -156,7 +103,7 @@ def aligner_adapted(ctx: Context) -> Hits:
     from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, few_shot_adaptation, per_query, strategy_table
     from pyserini_aligner.alignment import parse_strategy
 
-    full = ctx.require("aligner", "aligner-adapted")
+    full = require(ctx, "aligner", "aligner-adapted")
     table = strategy_table(ctx.qrels, rescored_runs(ctx, full, CANDIDATE_STRATEGIES))
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
     adaptation = few_shot_adaptation({s: {q: v[q] for q in judged} for s, v in table.items()},
@@ -189,9 +136,3 @@ def aligner_adapted(ctx: Context) -> Hits:
 SYSTEMS: dict[str, Callable[[Context], Hits]] = {
     "bm25": bm25, "dense": dense, "aligner": aligner, "aligner-pruned": aligner_pruned, "hybrid": hybrid,
     "rrf": rrf, "aligner-adapted": aligner_adapted}
-
-
-def work_dir(dataset: Dataset, root: str | os.PathLike) -> Path:
-    """``<root>/<dataset name with / as _>``: one folder of indexes per corpus."""
-    corpus = dataset.name.rsplit("/", 1)[0] if not dataset.folder else dataset.folder.resolve().as_posix()
-    return Path(root) / corpus.strip("/").replace("/", "_")

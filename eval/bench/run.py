@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from eval.bench import measure
-from eval.metrics import evaluate
+from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.index.store import read_manifest
 
@@ -63,7 +63,8 @@ def _measure_searcher(name: str, searcher, queries: dict[str, str], qrels: dict,
 def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.PathLike, encoder: str = "aligner",
               threads: int = 2, timed_queries: int = 100, build_only: bool = False) -> dict:
     """Run every measurement; writes ``bench.json`` and ``bench.md`` in ``output`` and returns the dict."""
-    from eval.beir.systems import Context, dense_searcher, lucene_index, work_dir
+    from eval.beir.context import Context, work_dir
+    from eval.beir.systems import dense_searcher, lucene_index
     from pyserini.search.lucene import LuceneSearcher
     from pyserini_aligner.search import AlignerSearcher, ExhaustiveScorer
 

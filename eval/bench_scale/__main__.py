@@ -10,8 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from eval.bench_scale.corpus import CorpusError, parse_size
+from eval.bench_scale.corpus import parse_size
 from eval.cli import configure_logging
+from pyserini_aligner.textio import InputError
 
 
 def _sizes(text: str) -> list[int]:
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                   max_queries=args.max_queries, cpu_threads=args.cpu_threads, tile_to=args.tile_to, work=args.work,
                   exhaustive_max_docs=args.exhaustive_max_docs, add_fraction=args.add_fraction, encoder=args.encoder, seed=args.seed,
                   quiet=args.quiet)
-    except (CorpusError, FileExistsError) as err:
+    except (InputError, FileExistsError) as err:  # CorpusError is an InputError
         print(f"error: {err}", file=sys.stderr)
         return 1
     print((args.output / "bench_scale.md").read_text(encoding="utf-8"), end="")

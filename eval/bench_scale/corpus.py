@@ -15,7 +15,6 @@ Only the source's sentences are kept in memory (a few MB for SciFact); passages 
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import zipfile
@@ -26,12 +25,15 @@ from typing import Iterator
 
 import numpy as np
 
+from pyserini_aligner.textio import InputError, decoded_lines, json_records
+from pyserini_aligner.topics import parse_qrels
+
 SPAN_WEIGHTS = {1: 0.35, 2: 0.40, 3: 0.17, 4: 0.08}  # share of passages made of L consecutive sentences
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\[])")
 _JOIN_BLOCK = 4096  # joined passages drawn per block of random numbers (the sequence does not depend on N)
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A BEIR zip that cannot be read; the message names the member and line."""
 
 
@@ -49,17 +51,12 @@ def _member(archive: zipfile.ZipFile, path: Path, suffix: str) -> str:
 
 
 def _jsonl(archive: zipfile.ZipFile, path: Path, name: str, fields: tuple[str, ...]) -> Iterator[dict]:
+    source = f"{path}:{name}"
     with archive.open(name) as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{path}:{name} line {number}: not valid JSON ({err.msg})") from None
+        for number, row in json_records(decoded_lines(lines, source), source, error=CorpusError):
             missing = [f for f in fields if not isinstance(row.get(f), str)]
             if missing:
-                raise CorpusError(f"{path}:{name} line {number}: missing string field(s) {missing}")
+                raise CorpusError(f"{source}, line {number}: missing string field(s) {missing}")
             yield row
 
 
@@ -91,14 +88,8 @@ def read_beir_zip(path: str | Path, split: str = "test") -> BeirSource:
         texts = {row["_id"]: row["text"]
                  for row in _jsonl(archive, path, _member(archive, path, "queries.jsonl"), ("_id", "text"))}
         name = _member(archive, path, f"qrels/{split}.tsv")
-        qrels: dict[str, dict[str, int]] = {}
-        for number, line in enumerate(archive.read(name).decode("utf-8").splitlines(), 1):
-            cells = line.split("\t")
-            if number == 1 and cells[0] == "query-id" or not line.strip():
-                continue
-            if len(cells) != 3 or not cells[2].strip().lstrip("-").isdigit():
-                raise CorpusError(f"{path}:{name} line {number}: expected query-id<TAB>corpus-id<TAB>score")
-            qrels.setdefault(cells[0], {})[cells[1]] = int(cells[2])
+        with archive.open(name) as lines:
+            qrels = parse_qrels(decoded_lines(lines, f"{path}:{name}"), f"{path}:{name}", beir=True)
     missing = [qid for qid in qrels if qid not in texts]
     if missing:
         raise CorpusError(f"{path}: {len(missing)} judged queries of {split} have no text in queries.jsonl, "

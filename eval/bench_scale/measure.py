@@ -6,7 +6,7 @@ import math
 import os
 import stat
 import threading
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -123,18 +123,6 @@ def run_dict(qids: Sequence[str], ranked: Ranking) -> dict[str, dict[str, float]
             docs.setdefault(docid, float(score))
         out[qid] = docs
     return out
-
-
-def ndcg_at_10(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]) -> float:
-    """Mean nDCG@10 over the queries of ``qrels``, as ranx's "ndcg@10" (per query: the training validator's
-    ``ndcg_at_k``, linear gain, log2 discount, ties by docid as ranx); a query missing from ``run`` or with no
-    relevant document scores 0."""
-    from pyserini_aligner.train.validate import ndcg_at_k
-
-    if not qrels:
-        raise ValueError("ndcg_at_10: no judged queries")
-    per_query = ndcg_at_k({qid: dict(docs) for qid, docs in run.items()}, {qid: dict(j) for qid, j in qrels.items()})
-    return sum(per_query.values()) / len(qrels)
 
 
 def overlap_at_k(a: Ranking, b: Ranking, k: int = 10) -> float:

@@ -22,8 +22,9 @@ from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.bench_scale import report as reporting
 from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip, size_label
 from eval.bench_scale.measure import (Peaks, folder_bytes, gib, gpu_peak_bytes, machine_info,
-                                      ndcg_at_10, overlap_at_k, reset_gpu_peak, run_dict, sync)
+                                      overlap_at_k, reset_gpu_peak, run_dict, sync)
 from eval.bench_scale.tiling import tile_index
+from pyserini_aligner.metrics import evaluate
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, e
                 times.append(time.perf_counter() - start)
             row[f"qps_b{batch}"] = round(len(texts) / statistics.median(times), 1)
     row["peak_gpu_search_gib"], row["peak_rss_search_gib"] = gib(gpu_peak_bytes(device)), gib(peaks.peak_rss)
-    row["ndcg@10"] = round(ndcg_at_10(run_dict(qids, ranked), judged), 4)
+    row["ndcg@10"] = round(evaluate(judged, run_dict(qids, ranked), ("ndcg@10",))["ndcg@10"], 4)
     del searcher
     _release(device)
     if exhaustive:
@@ -111,7 +112,7 @@ def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, e
         best = scorer.rank(texts, k=10)
         row["exhaustive_s"] = round(time.perf_counter() - start, 2)
         row["overlap@10"] = round(overlap_at_k(ranked, best, 10), 4)
-        row["ndcg@10_exhaustive"] = round(ndcg_at_10(run_dict(qids, best), judged), 4)
+        row["ndcg@10_exhaustive"] = round(evaluate(judged, run_dict(qids, best), ("ndcg@10",))["ndcg@10"], 4)
         del scorer
         _release(device)
     return row

@@ -17,9 +17,10 @@ import torch
 
 from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip, size_label
-from eval.bench_scale.measure import machine_info, ndcg_at_10, overlap_at_k, run_dict
+from eval.bench_scale.measure import machine_info, overlap_at_k, run_dict
 from eval.bench_scale.run import build, judged_queries
 from eval.cli import configure_logging
+from pyserini_aligner.metrics import evaluate
 
 
 def parse_settings(text: str) -> list[tuple[int, int, int, int]]:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     best = ExhaustiveScorer(index_dir, device=args.device).rank(texts, k=10)
     report = {"machine": machine_info(args.device), "size": args.size, "queries": len(texts), "build": built,
               "exhaustive_s": round(time.perf_counter() - start, 2),
-              "ndcg@10_exhaustive": round(ndcg_at_10(run_dict(qids, best), judged), 4), "rows": []}
+              "ndcg@10_exhaustive": round(evaluate(judged, run_dict(qids, best), ("ndcg@10",))["ndcg@10"], 4), "rows": []}
     for k, nprobe, limit, wide in args.settings:
         searcher = AlignerSearcher(index_dir, device=args.device, k_per_token=k, nprobe=nprobe,
                                    max_candidates=limit, interaction_candidates=wide, batch_size=300)
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         row["single_vs_batch@10"] = round(overlap_at_k(single, ranked[:100], 10), 4)
         if args.device.startswith("cuda"):
             row["search_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        row["ndcg@10"] = round(ndcg_at_10(run_dict(qids, ranked), judged), 4)
+        row["ndcg@10"] = round(evaluate(judged, run_dict(qids, ranked), ("ndcg@10",))["ndcg@10"], 4)
         report["rows"].append(row)
         print(row, flush=True)
         del searcher

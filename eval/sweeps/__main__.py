@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from eval.cli import configure_logging
-from eval.beir.systems import Context, work_dir
+from eval.beir.context import Context, work_dir
 from eval.sweeps.plot import plot_pruning
 from eval.sweeps.run import DOC_PRUNES, PRUNING_HITS, QUERY_PRUNES, alignment_sweep, pruning_sweep, sweeps_markdown
 from pyserini_aligner.data import DataError, Dataset

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.beir.aligner import full_index, pruned_index, rescored_runs, search
-from eval.beir.systems import Context
-from eval.metrics import evaluate
+from eval.beir.context import Context
+from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES
 from pyserini_aligner.index import store
 
@@ -18,7 +18,7 @@ META_FILES = (store.MANIFEST, store.LOCK)  # commit metadata: its length varies 
 
 
 def ndcg10(ctx: Context, hits) -> float:
-    return round(evaluate(ctx.qrels, {q: dict(h) for q, h in hits.items()}, ("ndcg@10",))["ndcg@10"], 4)
+    return round(evaluate(ctx.qrels, hits, ("ndcg@10",))["ndcg@10"], 4)
 
 
 def alignment_sweep(ctx: Context, strategies=CANDIDATE_STRATEGIES) -> dict[str, float]:
@@ -49,7 +49,7 @@ def pruning_sweep(ctx: Context, doc_prunes=DOC_PRUNES, query_prunes=QUERY_PRUNES
         sizes = index_bytes(index_dir)
         for query_prune in query_prunes:
             run = search(ctx, index_dir, query_prune, f"aligner β^d={doc_prune:g} β^q={query_prune:g}", hits)
-            scores = evaluate(ctx.qrels, {q: dict(h) for q, h in run.items()}, ("ndcg@10", "recall@100"))
+            scores = evaluate(ctx.qrels, run, ("ndcg@10", "recall@100"))
             rows.append({"doc_prune": doc_prune, "query_prune": query_prune,
                          "ndcg@10": round(scores["ndcg@10"], 4), "recall@100": round(scores["recall@100"], 4),
                          "num_kept": manifest.num_kept, "num_tokens": manifest.num_tokens,

@@ -71,15 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from pyserini_aligner.adapt.inputs import labelled_topics
     from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.data import load_topics, read_qrels
     from pyserini_aligner.index.store import read_manifest, set_default_strategy
-    from pyserini_aligner.search.searcher import AlignerSearcher, load_model
-    from pyserini_aligner.topics import load_topics, read_qrels
+    from pyserini_aligner.resolve import model_for_index
+    from pyserini_aligner.search.searcher import AlignerSearcher
 
     try:
         qrels = read_qrels(args.qrels)
         topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
         strategies = [str(parse_strategy(s)) for s in args.strategies]
-        model = load_model(args.encoder, read_manifest(args.index), args.index)
+        model = model_for_index(args.encoder, read_manifest(args.index), args.index)
         baseline = str(parse_strategy(model.config.default_strategy))  # the checkpoint's, whatever the index says
         searcher = AlignerSearcher(args.index, encoder=model, strategy=baseline)
         strategies = list(dict.fromkeys([baseline, *strategies]))

@@ -10,7 +10,6 @@ is then scored on the remaining queries.
 from __future__ import annotations
 
 import random
-import warnings
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
@@ -19,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.metrics import per_query
 
 # the paper's grid: top-k k ∈ {1, 2, 4, 6, 8} and top-p p ∈ {0.5, 1, 1.5, 2}%
 CANDIDATE_STRATEGIES = ("top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8",
@@ -69,18 +69,6 @@ def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, S
             order = np.lexsort((rows, -scores))
             runs[spec][qid] = [(store.docids[rows[i]], float(scores[i])) for i in order]
     return runs
-
-
-def per_query(qrels: Qrels, run: Mapping[str, Sequence[tuple[str, float]]], metric: str = METRIC) -> dict[str, float]:
-    """``metric`` of every query in ``qrels`` (a query without hits scores 0), computed by ranx."""
-    from ranx import Qrels as RQrels, Run as RRun, evaluate
-
-    rq = RQrels({q: dict(d) for q, d in qrels.items()})
-    rr = RRun({q: dict(h) for q, h in run.items() if h})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        values = evaluate(rq, rr, metric, return_mean=False, make_comparable=True)
-    return dict(zip(rq.keys(), (float(v) for v in values)))
 
 
 def strategy_table(qrels: Qrels, runs: Mapping[str, Hits], metric: str = METRIC) -> dict[str, dict[str, float]]:

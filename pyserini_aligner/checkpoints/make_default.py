@@ -29,10 +29,16 @@ def default_config() -> AlignerConfig:
                          eps=0.002, default_strategy="top-k:1", description=DESCRIPTION)
 
 
-def make_default(output: Path) -> str:
-    """Write the checkpoint into ``output``; returns its fingerprint."""
+def untrained_model() -> AlignerModel:
+    """The untrained initialisation, built in memory on the CPU (``load_model("untrained")`` returns it)."""
     model = AlignerModel(default_config())
     model.reset_heads(seed=SEED)
+    return model
+
+
+def make_default(output: Path) -> str:
+    """Write the checkpoint into ``output``; returns its fingerprint."""
+    model = untrained_model()
     model.save_pretrained(output)
     return model.fingerprint()
 

@@ -149,12 +149,12 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
                          "ir_datasets id>)")
     strategy = parse_strategy(strategy if strategy is not None else store.manifest.default_strategy)
     if docids:
-        from pyserini_aligner.search.searcher import load_model
+        from pyserini_aligner.resolve import model_for_index
 
         missing = [d for d in docids if store.row_of(d) is None]
         if missing:
             raise ValueError(f"index {index_dir} has no document with id {', '.join(map(repr, missing[:5]))}")
-        model = load_model(encoder, store.manifest, index_dir)
+        model = model_for_index(encoder, store.manifest, index_dir)
         ranked = [(d, None) for d in docids]
     else:
         from pyserini_aligner.search import AlignerSearcher

@@ -26,7 +26,9 @@ from tqdm.auto import tqdm
 from pyserini_aligner.index import faults, store
 from pyserini_aligner.index.codec import (AUTO, CodecSpec, ResidualCodec, parse_codec, resolve_codec)
 from pyserini_aligner.index.corpus import Location
-from pyserini_aligner.index.segment import SegmentWriter, check_factory_string, faiss_factory_string, write_codec
+from pyserini_aligner.index.segment import SegmentWriter, write_codec
+from pyserini_aligner.index.store import check_factory_string, faiss_factory_string
+from pyserini_aligner.resolve import load_model
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)
@@ -39,19 +41,6 @@ CPU_POINTS_PER_CENTROID = 8  # on a CPU, where k-means costs minutes, fewer
 _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
              "docids.txt", "token_centroids.u16", "token_residuals.u8", "kept.bits", "codec_centroids.i8",
              "codec_scales.f32", "codec_codebooks.f32")
-
-
-def load_model(encoder, device: str | None):
-    """The AlignerModel behind ``encoder`` ("aligner", a checkpoint folder, an AlignerModel or a Pyserini-style
-    wrapper holding one in ``.model``), on ``device`` when given (a checkpoint loaded onto a GPU computes in fp16)."""
-    from pyserini_aligner.model import AlignerModel
-
-    if isinstance(encoder, AlignerModel):
-        return encoder.to(device) if device else encoder
-    if hasattr(encoder, "model") and isinstance(encoder.model, AlignerModel):
-        return encoder.model.to(device) if device else encoder.model
-    cuda = str(device or "cpu").startswith("cuda")
-    return AlignerModel.from_pretrained(str(encoder), device=device or "cpu", dtype="fp16" if cuda else None)
 
 
 def model_name_of(encoder) -> str:
@@ -205,12 +194,6 @@ def _check_redundancy(threshold) -> None:
         raise ValueError(f"prune_redundancy must be None or a cosine threshold in (0, 1], got {threshold!r}")
 
 
-def _is_index(path: Path) -> bool:
-    from pyserini_aligner.integration.hooks import is_aligner_index
-
-    return is_aligner_index(path)
-
-
 def check_target(target: Path, overwrite: bool, corpus_path: str | os.PathLike | None = None) -> None:
     """Refuse a target that would lose a user's data: an existing non-empty folder that is not an index of this
     package (even with ``overwrite``), an index without ``overwrite``, a path under a file, or a folder that holds,
@@ -230,7 +213,7 @@ def check_target(target: Path, overwrite: bool, corpus_path: str | os.PathLike |
         raise FileExistsError(f"index target {target} is a file")
     if not any(target.iterdir()):
         return
-    if not _is_index(target):
+    if not store.is_index(target):
         raise FileExistsError(f"index target {target} exists and is not a pyserini-aligner index; it is never "
                               "replaced (choose a new folder)")
     if not overwrite:

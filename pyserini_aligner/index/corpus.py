@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from pyserini_aligner.textio import text_lines
+from pyserini_aligner.textio import json_records, text_lines
 
 
 class Location(NamedTuple):
@@ -74,14 +74,8 @@ def _read_file(path: Path) -> Iterator[CorpusItem]:
             where = Location(source, position, "document")
             yield (*_doc_from_record(record, where), where)
         return
-    for number, line in text_lines(path):
-        if not line.strip():
-            continue
+    for number, record in json_records(text_lines(path), source, error=CorpusError):
         where = Location(source, number)
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{where}: not valid JSON ({err.msg})") from None
         yield (*_doc_from_record(record, where), where)
 
 

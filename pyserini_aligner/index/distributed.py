@@ -31,11 +31,13 @@ from tqdm.auto import tqdm
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, DocidRegistry,
                                             checked_items, codec_source, copy_codec, encode_chunks,
-                                            load_model, new_manifest, sample_for_codec, train_codec, write_index,
+                                            new_manifest, sample_for_codec, train_codec, write_index,
                                             write_segment)
 from pyserini_aligner.index.codec import CodecSpec, parse_codec
-from pyserini_aligner.index.segment import check_factory_string, write_codec
+from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
+from pyserini_aligner.index.store import check_factory_string
+from pyserini_aligner.resolve import load_model
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.builder import (DocidRegistry, checked_items, encode_chunks, load_model, train_codec,
-                                            EncodedChunk)
+from pyserini_aligner.index.builder import DocidRegistry, EncodedChunk, checked_items, encode_chunks, train_codec
 from pyserini_aligner.index.segment import SegmentWriter, write_codec, write_files
+from pyserini_aligner.resolve import check_index_model, load_model
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,7 @@ class AlignerIndex:
             encoder = self.encoder if self.encoder is not None else manifest.model_name
             if not encoder:
                 raise ValueError(f"index {self.index_dir} records no model name; pass the encoder")
-            model = load_model(encoder, self.device)
-            if model.fingerprint() != manifest.model_fingerprint:
-                raise ValueError(f"model fingerprint mismatch: index {self.index_dir} was built with "
-                                 f"{manifest.model_name or '<in-memory>'}; adding with a different model would mix "
-                                 "two vector spaces")
-            self._model = model
+            self._model = check_index_model(load_model(encoder, self.device), manifest, self.index_dir)
         return self._model
 
     def _begin(self) -> tuple[store.Manifest, store.StoredIndex]:

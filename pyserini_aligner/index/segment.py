@@ -16,35 +16,10 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.index import faults, store
+from pyserini_aligner.index.store import new_faiss_index
 from pyserini_aligner.index.codec import PQ_CENTROIDS, ResidualCodec, quantize_centroids
 
-_FLAT_ALIASES = {"indexflatip": "Flat", "flatip": "Flat", "flat": "Flat"}
 _ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
-
-
-def faiss_factory_string(index_type: str) -> str:
-    """FAISS factory string for ``index_type``; "IndexFlatIP"/"FlatIP" mean exact inner product ("Flat")."""
-    if not isinstance(index_type, str) or not index_type.strip():
-        raise ValueError(f"index_type must be a FAISS factory string such as 'Flat' or 'IVF256,Flat', "
-                         f"got {index_type!r}")
-    return _FLAT_ALIASES.get(index_type.strip().lower(), index_type.strip())
-
-
-def new_faiss_index(dim: int, index_type: str):
-    """An empty inner-product FAISS index; ValueError naming ``index_type`` when FAISS rejects it."""
-    import faiss
-
-    spec = faiss_factory_string(index_type)
-    try:
-        return faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as err:
-        raise ValueError(f"index_type {index_type!r}: FAISS cannot build it ({store.faiss_error_message(err)}); "
-                         "examples: 'Flat', 'IVF256,Flat', 'IVF256,PQ16x8', 'HNSW32'") from None
-
-
-def check_factory_string(dim: int, index_type: str) -> None:
-    """ValueError when FAISS cannot build ``index_type`` for ``dim``-d vectors."""
-    new_faiss_index(dim, index_type)
 
 
 class _Sink:

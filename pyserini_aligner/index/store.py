@@ -175,6 +175,15 @@ def _check_number(path: Path, name: str, value, low: float, high: float, integer
                                f"got {value!r}")
 
 
+def is_index(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a folder holding a manifest of this package's format (it is not validated)."""
+    manifest = Path(path) / MANIFEST
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT_NAME
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def read_manifest(index_dir: str | os.PathLike) -> Manifest:
     """Parse and check ``<index_dir>/manifest.json``; FileNotFoundError / IndexFormatError name the file."""
     from pyserini_aligner.index.codec import parse_codec
@@ -226,8 +235,6 @@ def read_manifest(index_dir: str | os.PathLike) -> Manifest:
     if spec.compressed and manifest.index_type != str(spec):
         raise IndexFormatError(f"{path}: field 'index_type' {manifest.index_type!r} must equal the codec {spec}")
     if not spec.compressed:
-        from pyserini_aligner.index.segment import check_factory_string
-
         try:
             check_factory_string(manifest.dim, manifest.index_type)
         except ValueError as err:
@@ -653,3 +660,30 @@ class Workspace:
             self._buffer = torch.empty(size)
         return self._buffer[:size].view(*shape)
 
+
+_FLAT_ALIASES = {"indexflatip": "Flat", "flatip": "Flat", "flat": "Flat"}
+
+
+def faiss_factory_string(index_type: str) -> str:
+    """FAISS factory string for ``index_type``; "IndexFlatIP"/"FlatIP" mean exact inner product ("Flat")."""
+    if not isinstance(index_type, str) or not index_type.strip():
+        raise ValueError(f"index_type must be a FAISS factory string such as 'Flat' or 'IVF256,Flat', "
+                         f"got {index_type!r}")
+    return _FLAT_ALIASES.get(index_type.strip().lower(), index_type.strip())
+
+
+def new_faiss_index(dim: int, index_type: str):
+    """An empty inner-product FAISS index; ValueError naming ``index_type`` when FAISS rejects it."""
+    import faiss
+
+    spec = faiss_factory_string(index_type)
+    try:
+        return faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise ValueError(f"index_type {index_type!r}: FAISS cannot build it ({faiss_error_message(err)}); "
+                         "examples: 'Flat', 'IVF256,Flat', 'IVF256,PQ16x8', 'HNSW32'") from None
+
+
+def check_factory_string(dim: int, index_type: str) -> None:
+    """ValueError when FAISS cannot build ``index_type`` for ``dim``-d vectors."""
+    new_faiss_index(dim, index_type)

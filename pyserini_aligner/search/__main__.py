@@ -15,7 +15,8 @@ from tqdm import tqdm
 from pyserini_aligner.search.searcher import DEFAULT_QUERY_PRUNE
 from pyserini_aligner.cli import HelpFormatter, flag_value, fraction, positive_int, run_main
 from pyserini_aligner.textio import check_output_path, discard_output
-from pyserini_aligner.topics import load_topics
+from pyserini_aligner.data import load_topics
+from pyserini_aligner.hits import drop_query_hits
 from pyserini_aligner.trec import OUTPUT_FORMATS, write_run
 
 log = logging.getLogger("pyserini_aligner.search")
@@ -125,9 +126,10 @@ def run_distributed(args: argparse.Namespace) -> int:
             for start in range(0, len(qids), args.batch_size):
                 batch = qids[start:start + args.batch_size]
                 ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
-                for qid, found in zip(batch, ranked):
-                    hits[qid] = [(d, s) for d, s in found if not (args.remove_query and d == qid)][:args.hits]
+                hits.update(zip(batch, ranked))
                 bar.update(len(batch))
+        if args.remove_query:
+            hits = drop_query_hits(hits, args.hits)
         if ctx.rank == 0:
             write_hits(hits, args)
             log.info("wrote %d queries to %s (%d ranks)", len(hits), args.output, ctx.world_size)
@@ -174,10 +176,10 @@ def _search(argv: list[str]) -> int:
                 batch = qids[start:start + args.batch_size]
                 results = searcher.batch_search([topics[q] for q in batch], batch, k=args.hits + extra,
                                                 threads=args.threads)
-                for qid in batch:
-                    kept = [(h.docid, h.score) for h in results[qid] if not (args.remove_query and h.docid == qid)]
-                    hits[qid] = kept[:args.hits]
+                hits.update((qid, [(h.docid, h.score) for h in results[qid]]) for qid in batch)
                 bar.update(len(batch))
+        if args.remove_query:
+            hits = drop_query_hits(hits, args.hits)
         write_hits(hits, args)
     except (OSError, ValueError) as error:  # IndexFormatError, DataError and bad knobs are ValueErrors
         print(f"error: {error}", file=sys.stderr)

@@ -12,7 +12,8 @@ from tqdm.auto import tqdm
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
 from pyserini_aligner.index.store import StoredIndex, Workspace
 from pyserini_aligner.search.engine import CodeShard
-from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, is_blank, load_model
+from pyserini_aligner.resolve import model_for_index
+from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, is_blank
 
 _BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (query tokens × document tokens)
 
@@ -28,7 +29,7 @@ class ExhaustiveScorer:
         self.store = StoredIndex(self.index_dir)
         self.manifest = self.store.manifest
         self.device = torch.device(device)
-        self.model = load_model(encoder, self.manifest, self.index_dir, str(device))
+        self.model = model_for_index(encoder, self.manifest, self.index_dir, str(device))
         self.strategy = parse_strategy(strategy if strategy is not None else self.manifest.default_strategy)
         self.use_salience = self.model.scores_with_salience
         self.batch_size, self.doc_batch, self.progress = batch_size, doc_batch, progress

@@ -11,7 +11,8 @@ import numpy as np
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
 from pyserini_aligner.index.store import MANIFEST, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
-from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, load_model, pad_encoded
+from pyserini_aligner.resolve import load_model, model_for_index
+from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, pad_encoded
 
 
 def _text_of_raw(raw: str) -> str | None:
@@ -70,12 +71,12 @@ class AlignmentReranker:
         self.store = None
         if isinstance(source, (str, os.PathLike)) and (Path(source) / MANIFEST).is_file():
             self.store = StoredIndex(source)
-            self.model = load_model(encoder, self.store.manifest, source, device)
+            self.model = model_for_index(encoder, self.store.manifest, source, device)
             default = self.store.manifest.default_strategy
         else:
             if encoder is not None:
                 raise ValueError("pass either an index folder with encoder=..., or a model as source; not both")
-            self.model = load_model_plain(source, device)
+            self.model = load_model(source, device if isinstance(source, (str, os.PathLike)) else None)
             default = self.model.config.default_strategy
         self.strategy = parse_strategy(strategy if strategy is not None else default)
         self.use_salience = self.model.scores_with_salience
@@ -132,15 +133,3 @@ class AlignmentReranker:
         sal = self.use_salience
         return alignment_scores(q, q_mask, d, d_mask, self.strategy, q_sal if sal else None,
                                 d_sal if sal else None)[0].numpy()
-
-
-def load_model_plain(source, device: str) -> AlignerModel:
-    """A model from "aligner", a checkpoint folder, an AlignerModel or an encoder wrapping one in ``.model``."""
-    if isinstance(source, AlignerModel):
-        return source
-    if isinstance(getattr(source, "model", None), AlignerModel):
-        return source.model
-    if isinstance(source, (str, os.PathLike)):
-        return AlignerModel.from_pretrained(str(source), device=device)
-    raise TypeError("source must be an index folder, a checkpoint name/folder or an AlignerModel, "
-                    f"got {type(source).__name__}")

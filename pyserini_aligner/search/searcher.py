@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import Manifest, StoredIndex, Workspace
-from pyserini_aligner.model import AlignerModel, EncodedText
+from pyserini_aligner.index.store import StoredIndex, Workspace
+from pyserini_aligner.model import EncodedText
+from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
 from pyserini_aligner.search.engine import CodeShard, merge_probes, narrow, select_candidates, top_hits
 
@@ -74,37 +75,6 @@ def dense_result_classes():
     from pyserini.search.faiss._searcher import DenseSearchResult
 
     return DenseSearchResult, PrfDenseSearchResult
-
-
-def load_model(encoder, manifest: Manifest, index_dir: str | os.PathLike, device: str = "cpu") -> AlignerModel:
-    """The AlignerModel to query ``index_dir`` with: ``encoder`` (a checkpoint name/folder, an AlignerModel or an
-    encoder wrapping one in ``.model``) or, when None, the model named in the manifest. Its dim and fingerprint
-    must match the manifest (ValueError otherwise)."""
-    if encoder is None:
-        if not manifest.model_name:
-            raise ValueError(f"index {index_dir} was built with an in-memory model and records no model name; "
-                             "pass the encoder (checkpoint folder or AlignerModel) explicitly")
-        encoder = manifest.model_name
-    if isinstance(encoder, AlignerModel):
-        model = encoder
-    elif isinstance(getattr(encoder, "model", None), AlignerModel):
-        model = encoder.model
-    elif isinstance(encoder, (str, os.PathLike)):
-        model = AlignerModel.from_pretrained(str(encoder), device=device,
-                                             dtype="fp16" if str(device).startswith("cuda") else None)
-    else:
-        raise TypeError("encoder must be an AligneR checkpoint name/folder or an AlignerModel, "
-                        f"got {type(encoder).__name__}")
-    if model.config.dim != manifest.dim:
-        raise ValueError(f"encoder produces {model.config.dim}-d vectors but index {index_dir} holds "
-                         f"{manifest.dim}-d vectors")
-    fingerprint = model.fingerprint()
-    if fingerprint != manifest.model_fingerprint:
-        raise ValueError(f"model fingerprint mismatch: index {index_dir} was built with model "
-                         f"{manifest.model_name or '<in-memory>'} (fingerprint {manifest.model_fingerprint[:12]}…), "
-                         f"the encoder given has fingerprint {fingerprint[:12]}…; use the index's model or rebuild "
-                         "the index")
-    return model
 
 
 def pad_encoded(encoded: Sequence[EncodedText], dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -220,9 +190,9 @@ class AlignerSearcher:
         self.store = store
         self.manifest = store.manifest
         if encoder is not None or not hasattr(self, "model"):
-            self.model = load_model(encoder, self.manifest, self.index_dir, self.device)
+            self.model = model_for_index(encoder, self.manifest, self.index_dir, self.device)
         elif self.model.fingerprint() != self.manifest.model_fingerprint:
-            self.model = load_model(None, self.manifest, self.index_dir, self.device)
+            self.model = model_for_index(None, self.manifest, self.index_dir, self.device)
         positions = getattr(self.model.backbone.config, "max_position_embeddings", None)
         if self.query_max_length is not None and positions is not None and self.query_max_length > positions:
             raise ValueError(f"query_max_length {self.query_max_length} exceeds the model's {positions} positions")

@@ -21,7 +21,7 @@ class TrainConfig:
     """Everything one training run needs; YAML keys are these field names."""
 
     # data: a bundle written by ``python -m pyserini_aligner.train.prepare``
-    data: str = ".device_carry/train_data/bundle.json.gz"
+    data: str = "runs/train_data/bundle.json.gz"
     train_sets: list[str] = field(default_factory=lambda: ["scifact", "nfcorpus"])
     validation_sets: list[str] = field(default_factory=lambda: ["nfcorpus-dev", "scifact-heldout"])
     output_dir: str = "runs/train"

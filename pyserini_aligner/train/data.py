@@ -10,8 +10,8 @@ Bundle layout (written by ``python -m pyserini_aligner.train.prepare``)::
 
 ``negatives`` are ranked (BM25 best first) and never contain a positive. A label-free (pseudo-query) row may add
 ``"drop": [start, end]``: its one positive is shown in training with the characters [start, end) of its text
-removed (the span the pseudo-query was cut from). Only json/gzip/random are used here, so this module runs on the
-GPU box.
+removed (the span the pseudo-query was cut from). Only json/gzip/random are used here, so this module needs no
+Pyserini or FAISS.
 """
 
 from __future__ import annotations

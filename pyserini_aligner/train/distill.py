@@ -18,7 +18,7 @@ The loss is shift-invariant, so afterwards each head's bias is set to make s = R
 
 Validation (validate.evaluate, β^d/β^q pruned search) of the result, plus doc-side pruning baselines at the same
 β^d — first tokens, random scores (seeded), wordpiece IDF over the corpus — is written to ``pruning.json``.
-Imports torch/transformers/safetensors/yaml/tqdm only (runs on the GPU box).
+Needs torch, transformers, safetensors, yaml, tqdm and ranx only (no Pyserini, no FAISS).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from pyserini_aligner.model import CONFIG_FILE, DEFAULT_CHECKPOINT, DELTA_FILE, FORMAT_VERSION, HEADS_FILE
 from pyserini_aligner.train.loop import LOG_FILE, Trainer
-from pyserini_aligner.train.validate import (Encoded, encode_ids, ndcg_at_k, pad_ids, pruned_candidates, score_all,
+from pyserini_aligner.train.validate import (Encoded, encode_ids, mean_ndcg10, pad_ids, pruned_candidates, score_all,
                                              top_docids)
 
 log = logging.getLogger(__name__)
@@ -173,13 +173,13 @@ class SalienceDistiller(Trainer):
                        "random": torch.rand(docs.mask.shape, generator=gen).to(self.device),
                        "idf": idf_scores(ids, docs.mask.shape[1], self.device)}
             qids = list(vset.queries)
-            row = {"full": _mean(ndcg_at_k(top_docids(full, qids, docids), vset.qrels))}
+            row = {"full": mean_ndcg10(top_docids(full, qids, docids), vset.qrels)}
             for beta_q in sorted({1.0, cfg.prune_beta_q}, reverse=True):
                 for method, scores in methods.items():
                     variant = Encoded(docs.vectors, docs.mask, scores * docs.mask)
                     cand = pruned_candidates(queries, variant, beta_q, cfg.prune_beta_d, cfg.prune_k_per_token)
                     run = top_docids(torch.where(cand, full, torch.full_like(full, -math.inf)), qids, docids)
-                    row[f"beta_q={beta_q:g}/{method}"] = _mean(ndcg_at_k(run, vset.qrels))
+                    row[f"beta_q={beta_q:g}/{method}"] = mean_ndcg10(run, vset.qrels)
             table[name] = row
             del docs, queries, full
         return table
@@ -247,7 +247,3 @@ def _cat(rows: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Ten
     pad = [(F.pad(h, (0, 0, 0, width - h.shape[1])), F.pad(m, (0, width - m.shape[1])),
             F.pad(t, (0, width - t.shape[1]))) for h, m, t in rows]
     return tuple(torch.cat([p[k] for p in pad]) for k in range(3))
-
-
-def _mean(per_query: dict[str, float]) -> float:
-    return sum(per_query.values()) / max(1, len(per_query))

@@ -1,9 +1,9 @@
 """Contrastive training of AligneR: in-batch + hard negatives, alignment scores / temperature, cross-entropy.
 
 Output folder: ``log.jsonl`` (loss, learning rates, validation nDCG@10), ``state.pt`` (resume state),
-``best/`` and ``last/`` (checkpoint folders loadable with AlignerModel.from_pretrained: config.json,
+``best/`` and ``last/`` (checkpoint folders loadable with ``pyserini_aligner.resolve.load_model``: config.json,
 heads.safetensors, backbone_delta.safetensors holding only the fine-tuned layers, in fp16), ``summary.json``
-and ``config.yaml``. Imports torch/transformers/safetensors/yaml/tqdm only (runs on the GPU box).
+and ``config.yaml``. Needs torch, transformers, safetensors, yaml and tqdm only (no Pyserini, no FAISS).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.checkpoints.make_default import SEED
 from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel
+from pyserini_aligner.resolve import UNTRAINED, load_model
 from pyserini_aligner.train.config import TrainConfig
 from pyserini_aligner.train.data import BatchSampler, load_bundle, select
 from pyserini_aligner.train.validate import encode_ids, evaluate, pad_ids, score_all
@@ -44,11 +46,11 @@ def build_model(cfg: TrainConfig) -> AlignerModel:
                   salience_in_score=cfg.salience_in_score, salience_mode=cfg.salience_mode,
                   alpha_q=cfg.alpha_q, alpha_d=cfg.alpha_d, eps=cfg.eps, default_strategy=cfg.strategy,
                   description=cfg.description)
-    if cfg.init == "untrained":
+    if cfg.init == UNTRAINED:
         model = AlignerModel(AlignerConfig(**fields))
-        model.reset_heads(seed=0)
+        model.reset_heads(seed=SEED)
         return model
-    model = AlignerModel.from_pretrained(cfg.init)
+    model = load_model(cfg.init)
     if model.config.dim != cfg.dim:
         raise ValueError(f"config field 'dim' = {cfg.dim} but checkpoint {cfg.init} has dim {model.config.dim}")
     for name, value in fields.items():
@@ -123,7 +125,7 @@ class Trainer:
         self.sampler = BatchSampler(self.bundle, cfg.batch_queries, cfg.negatives_per_query, cfg.negative_depth,
                                     cfg.in_batch_negatives, cfg.seed, cfg.negative_skip, cfg.max_pseudo_queries)
         self._tokenize()
-        if cfg.projection_init == "pca" and cfg.init == "untrained":
+        if cfg.projection_init == "pca" and cfg.init == UNTRAINED:
             self.pca_projection()
         if cfg.projection_init == "identity" and cfg.init == "untrained":
             if cfg.dim != self.model.config.hidden_size:
@@ -448,8 +450,7 @@ class Trainer:
         summary = {"finished": True, "steps": self.total, "best_step": self.best_step, "best_score": self.best,
                    "select_metric": cfg.select_metric}
         if (self.out / "best").is_dir():  # the shipped form (fp16 delta) re-validated
-            reloaded = AlignerModel.from_pretrained(self.out / "best", device=self.device,
-                                                    dtype=self.model.compute_dtype)
+            reloaded = load_model(self.out / "best", self.device, self.model.compute_dtype)
             summary["best_reloaded"] = self.validate(reloaded)
             del reloaded
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

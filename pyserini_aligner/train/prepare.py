@@ -1,4 +1,5 @@
-"""Build a training bundle (CPU, needs Pyserini).
+"""Build a training bundle: ``python -m pyserini_aligner.train.prepare [--output runs/train_data]`` (CPU, needs
+Pyserini).
 
 ``python -m pyserini_aligner.train.prepare --output <dir>``: train queries SciFact train (minus a held-out slice)
 and NFCorpus train, with BM25 hard negatives mined by Pyserini (Lucene, k1=0.9, b=0.4, over title + text);
@@ -21,6 +22,7 @@ from pyserini_aligner.train.data import load_bundle, write_bundle
 
 log = logging.getLogger(__name__)
 BUNDLE_NAME = "bundle.json.gz"
+DEFAULT_OUTPUT = Path("runs/train_data")  # the training configs read runs/train_data/bundle.json.gz
 TRAIN_SPLITS = {"scifact": "beir/scifact/train", "nfcorpus": "beir/nfcorpus/train"}
 DEV_SPLITS = {"nfcorpus-dev": ("nfcorpus", "beir/nfcorpus/dev")}
 HELDOUT = "scifact-heldout"
@@ -142,7 +144,7 @@ def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float =
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pyserini_aligner.train.prepare",
                                      description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--output", type=Path, required=True, help=f"folder for {BUNDLE_NAME}")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"folder for {BUNDLE_NAME}")
     parser.add_argument("--work", type=Path, default=Path(".cache/train_prepare"), help="Lucene index folder")
     parser.add_argument("--depth", type=int, default=50, help="BM25 negatives kept per labelled query")
     parser.add_argument("--heldout-fraction", type=float, default=0.1, help="SciFact train queries held out")

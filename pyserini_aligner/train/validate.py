@@ -3,7 +3,8 @@
 Besides exhaustive (full-token) retrieval it estimates pruned search: per query, the β^q most salient query
 tokens each take their ``k_per_token`` nearest kept doc tokens (the β^d most salient of each doc, pruned
 redundancy-aware as the index builder does; exact MIPS), the docs hit become candidates and are ranked by their
-full alignment score (AlignerSearcher without the FAISS approximation and without its max_candidates cap). Imports torch only (runs on the GPU box).
+full alignment score (AlignerSearcher without the FAISS approximation and without its max_candidates cap). Needs torch
+and ranx only (no Pyserini, no FAISS).
 """
 
 from __future__ import annotations
@@ -15,25 +16,15 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.metrics import evaluate as evaluate_run
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, prune_mask
 
 
-def ndcg_at_k(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], k: int = 10) -> dict[str, float]:
-    """nDCG@k per query of ``qrels`` (linear gain = relevance, log2 discount, as trec_eval and ranx's "ndcg").
-
-    run: qid -> {docid: score}; ties are broken by docid, descending (as ranx). A query missing from
-    ``run`` scores 0; a query with no relevant doc is skipped.
-    """
-    out = {}
-    for qid, judged in qrels.items():
-        ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:k]
-        if not ideal:
-            continue
-        idcg = sum(r / math.log2(i + 2) for i, r in enumerate(ideal))
-        ranked = sorted(run.get(qid, {}).items(), key=lambda item: (item[1], item[0]), reverse=True)[:k]
-        dcg = sum(max(judged.get(docid, 0), 0) / math.log2(i + 2) for i, (docid, _) in enumerate(ranked))
-        out[qid] = dcg / idcg
-    return out
+def mean_ndcg10(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> float:
+    """Mean nDCG@10 (:mod:`pyserini_aligner.metrics`) over the queries with a relevant document (0.0 when none
+    has one); run: qid -> {docid: score}."""
+    judged = {qid: docs for qid, docs in qrels.items() if any(r > 0 for r in docs.values())}
+    return evaluate_run(judged, run, ("ndcg@10",))["ndcg@10"] if judged else 0.0
 
 
 def pad_ids(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -126,8 +117,7 @@ def evaluate(model, sets: dict, corpus_ids: dict[str, list[list[int]]], corpus_d
         pruned = torch.where(cand, full, torch.full_like(full, -math.inf))
         row = {}
         for metric, scores in (("ndcg@10", full), ("ndcg@10_pruned", pruned)):
-            per_query = ndcg_at_k(top_docids(scores, qids, docids), vset.qrels)
-            row[metric] = sum(per_query.values()) / max(1, len(per_query))
+            row[metric] = mean_ndcg10(top_docids(scores, qids, docids), vset.qrels)
         row["queries"] = len(qids)
         results[name] = row
     return results

@@ -28,10 +28,11 @@ import torch
 import yaml
 
 from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.resolve import load_model
 from pyserini_aligner.train.config import TrainConfig, init_model_fields
 from pyserini_aligner.train.data import Bundle, ValidationSet, load_bundle
 from pyserini_aligner.train.loop import Trainer
-from pyserini_aligner.train.validate import Encoded, ndcg_at_k, score_all, top_docids
+from pyserini_aligner.train.validate import Encoded, mean_ndcg10, score_all, top_docids
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[3] / "pyserini_aligner" / "train" / "configs"
@@ -132,8 +133,7 @@ class Evaluator:
                 for strategy in strategies:
                     scores = score_all(model, queries, docs, strategy)
                     run = top_docids(scores, list(vset.queries), self.bundle.corpora[corpus].docids)
-                    per_query = ndcg_at_k(run, vset.qrels)
-                    out[name][strategy] = round(sum(per_query.values()) / max(1, len(per_query)), 4)
+                    out[name][strategy] = round(mean_ndcg10(run, vset.qrels), 4)
             del docs
         return out
 
@@ -192,7 +192,7 @@ class Experiment:
         return summary
 
     def load(self, folder: Path) -> AlignerModel:
-        return AlignerModel.from_pretrained(folder, device=self.device)
+        return load_model(folder, device=self.device, dtype=None)
 
     def recipe_fields(self, recipe: str, domains: list[str], validation: list[str]) -> dict[str, Any]:
         fields = {k: v for k, v in RECIPES[recipe].items() if k != "pseudo"}

@@ -1,27 +1,52 @@
-"""Evaluation over plain data with ranx: qrels and runs are ``qid -> {docid: value}`` dicts."""
+"""Retrieval metrics, computed by ranx, over plain dicts: qrels ``qid -> {docid: relevance}``, runs
+``qid -> {docid: score}`` or ``qid -> [(docid, score), ...]`` (hit lists, best first).
+
+Every metric is averaged over the queries of the qrels: a query missing from the run, or without hits, scores 0,
+and so does a judged query without a relevant document (ranx's rule). Metric names are ranx's (``ndcg@10``,
+``recall@100``, ``mrr@10``, ...): linear gain and log2 discount for nDCG, as trec_eval.
+"""
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 METRICS = ("ndcg@10", "recall@100", "recall@1000")
 
 Qrels = Mapping[str, Mapping[str, int]]
-RunDict = Mapping[str, Mapping[str, float]]
+Run = Mapping[str, Mapping[str, float] | Iterable]
 
 
-def _ranx(qrels: Qrels, run: RunDict, name: str = "run"):
+def as_run(run: Run) -> dict[str, dict[str, float]]:
+    """``qid -> {docid: score}`` from a run of score dicts or of hit lists (``(docid, score)`` pairs or Pyserini
+    hits with ``.docid``/``.score``); a docid listed twice keeps its first (best) score."""
+    out = {}
+    for qid, hits in run.items():
+        if isinstance(hits, Mapping):
+            out[qid] = {str(d): float(s) for d, s in hits.items()}
+            continue
+        docs: dict[str, float] = {}
+        for hit in hits:
+            docid, score = (hit.docid, hit.score) if hasattr(hit, "docid") else hit
+            docs.setdefault(str(docid), float(score))
+        out[qid] = docs
+    return out
+
+
+def _ranx(qrels: Qrels, run: Run, name: str = "run"):
     from ranx import Qrels as RQrels, Run as RRun
 
     # ranx rejects empty result lists; a query with no hits scores 0 through make_comparable
-    return RQrels({q: dict(d) for q, d in qrels.items()}), RRun({q: dict(d) for q, d in run.items() if d}, name=name)
+    return (RQrels({q: dict(d) for q, d in qrels.items()}),
+            RRun({q: d for q, d in as_run(run).items() if d}, name=name))
 
 
-def evaluate(qrels: Qrels, run: RunDict, metrics: tuple[str, ...] = METRICS) -> dict[str, float]:
-    """Mean of each metric over the qrels' queries (missing queries score 0)."""
+def evaluate(qrels: Qrels, run: Run, metrics: Sequence[str] = METRICS) -> dict[str, float]:
+    """Mean of each metric over the qrels' queries."""
     from ranx import evaluate as ranx_evaluate
 
+    if not qrels:
+        raise ValueError("no judged queries to evaluate")
     rq, rr = _ranx(qrels, run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numba's uint64 cast notice inside ranx
@@ -31,12 +56,25 @@ def evaluate(qrels: Qrels, run: RunDict, metrics: tuple[str, ...] = METRICS) -> 
     return {name: float(value) for name, value in scores.items()}
 
 
+def per_query(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
+    """``metric`` of every query of the qrels."""
+    from ranx import evaluate as ranx_evaluate
+
+    if not qrels:
+        return {}
+    rq, rr = _ranx(qrels, run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        values = ranx_evaluate(rq, rr, metric, return_mean=False, make_comparable=True)
+    return dict(zip(rq.keys(), (float(v) for v in values)))
+
+
 
 SIGNIFICANCE_METRICS = ("ndcg@10", "recall@100")
 TESTS = {"student": "two-sided paired Student's t-test", "fisher": "Fisher's randomization test (two-sided)"}
 
 
-def significance(qrels: Qrels, runs: Mapping[str, RunDict], baselines: Sequence[str],
+def significance(qrels: Qrels, runs: Mapping[str, Run], baselines: Sequence[str],
                  metrics: Sequence[str] = SIGNIFICANCE_METRICS, n_permutations: int = 10000, max_p: float = 0.05,
                  seed: int = 42) -> dict:
     """Every run against each of ``baselines`` with ranx ``compare`` (make_comparable=True), both tests of TESTS.
@@ -85,28 +123,3 @@ def _p_value(value) -> float | None:
     """Rounded p-value; None where the test is undefined (a t-test over identical per-query scores)."""
     value = float(value)
     return None if math.isnan(value) else round(value, 4)
-
-
-def rrf_fuse(runs: Sequence[Mapping[str, Sequence[tuple[str, float]]]], k: int = 1000,
-             rrf_k: int = 60) -> dict[str, list[tuple[str, float]]]:
-    """Reciprocal rank fusion with ranx ``fuse(method="rrf")``: Σ 1/(rrf_k + rank); ``qid -> [(docid, score)]``
-    top ``k``. A query with hits in only some runs is fused over those."""
-    from ranx import Run as RRun, fuse
-
-    qids = list(dict.fromkeys(q for run in runs for q in run))
-    full = [q for q in qids if all(run.get(q) for run in runs)]
-    fused: dict[str, dict[str, float]] = {}
-    if full:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = fuse([RRun({q: dict(run[q]) for q in full}) for run in runs], norm=None, method="rrf",
-                          params={"k": rrf_k})
-        fused = {q: dict(result[q]) for q in full}
-    for q in qids:
-        if q not in fused:
-            scores: dict[str, float] = {}
-            for run in runs:
-                for rank, (docid, _) in enumerate(sorted(run.get(q, []), key=lambda h: -h[1]), 1):
-                    scores[docid] = scores.get(docid, 0.0) + 1.0 / (rrf_k + rank)
-            fused[q] = scores
-    return {q: sorted(((d, float(s)) for d, s in fused[q].items()), key=lambda h: (-h[1], h[0]))[:k] for q in qids}

@@ -1,9 +1,8 @@
 """Whether [CLS]/[SEP] take part in alignment: validation nDCG@10 with ``keep_special`` on and off.
 
-    python -m eval.keep_special --bundle .device_carry/train_data/bundle.json.gz --output ks.json [--device cuda]
+    python -m eval.experiments.keep_special --bundle runs/train_data/bundle.json.gz --output ks.json [--device cuda]
 
-For the shipped ``aligner`` checkpoint and the untrained initialisation (``make_default``, written to a temporary
-folder), each loaded once and with ``model.config.keep_special`` set to True and to False, it scores every
+For the shipped ``aligner`` checkpoint and the untrained initialisation (``make_default``'s weights), each loaded once and with ``model.config.keep_special`` set to True and to False, it scores every
 validation set of the training bundle exhaustively (every query against every doc, full alignment score,
 ``train/validate.evaluate``) and reports nDCG@10, plus validate's pruned-search estimate. The bundle holds only
 dev / held-out train queries, never test qrels. Writes a JSON file and prints a Markdown table. Imports only
@@ -16,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from pyserini_aligner.checkpoints.make_default import make_default
 from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.resolve import UNTRAINED, load_model
 from pyserini_aligner.train.data import Bundle, load_bundle
 from pyserini_aligner.train.validate import evaluate
 
@@ -85,13 +83,11 @@ def main(argv: list[str] | None = None) -> dict:
     if not bundle.validation:
         raise ValueError(f"{args.bundle}: 'validation' is empty")
     rows, fingerprints = [], {}
-    with tempfile.TemporaryDirectory() as tmp:
-        make_default(Path(tmp))
-        for name, folder in (("aligner", args.checkpoint), ("untrained", tmp)):
-            model = AlignerModel.from_pretrained(folder, device=args.device)
-            fingerprints[name] = model.fingerprint()
-            rows += [{"model": name, **row} for row in measure(model, bundle, args.strategy, args.batch_size)]
-            del model
+    for name, source in (("aligner", args.checkpoint), ("untrained", UNTRAINED)):
+        model = load_model(source, args.device, dtype=None)
+        fingerprints[name] = model.fingerprint()
+        rows += [{"model": name, **row} for row in measure(model, bundle, args.strategy, args.batch_size)]
+        del model
     set_names = sorted(bundle.validation)
     result = {
         "strategy": args.strategy, "device": torch.cuda.get_device_name() if args.device.startswith("cuda")

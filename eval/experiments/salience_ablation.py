@@ -1,6 +1,6 @@
 """Salience modes at several β^d: validation nDCG@10 of pruned search for checkpoints trained with each mode.
 
-    python -m eval.salience_ablation --bundle .device_carry/train_data/bundle.json.gz \
+    python -m eval.experiments.salience_ablation --bundle runs/train_data/bundle.json.gz \
         --checkpoint lp=<folder> --checkpoint relu=<folder> --checkpoint hard=<folder> --output ablation.json
 
 For each checkpoint (e.g. the ``ablation_salience_{lp,relu,hard}.yaml`` runs) and each β^d it scores every
@@ -8,7 +8,7 @@ validation set of the training bundle (NFCorpus dev, held-out SciFact train quer
 ``train/validate.evaluate``: nDCG@10 of exhaustive full-token scoring, and of the pruned search in which the β^q most
 salient query tokens search the β^d most salient tokens of each document (``--redundancy``: salience alone, "off",
 the default, which isolates the salience mode; or redundancy-aware at a cosine threshold, as the index builder
-prunes). Runs on the GPU box (torch only).
+prunes). Needs torch and ranx only (no Pyserini, no FAISS).
 Results of several calls (one checkpoint each) are merged into the same ``--output`` file.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.resolve import load_model
 from pyserini_aligner.train.data import load_bundle
 from pyserini_aligner.train.validate import evaluate
 
@@ -59,7 +60,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m eval.salience_ablation", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.salience_ablation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", type=Path, required=True, help="training bundle (its validation sets are used)")
     parser.add_argument("--checkpoint", action="append", required=True, metavar="NAME=FOLDER",
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder:
             parser.error(f"--checkpoint {spec!r}: expected NAME=FOLDER")
-        model = AlignerModel.from_pretrained(folder, device=args.device)
+        model = load_model(folder, args.device, dtype=None)
         result["models"][name] = measure(model, bundle, tuple(args.betas), args.query_prune, args.strategy,
                                          args.batch_size, redundancy)
     args.output.parent.mkdir(parents=True, exist_ok=True)

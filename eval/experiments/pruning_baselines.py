@@ -1,6 +1,6 @@
 """Document-pruning baselines at the same β^d: which tokens of each document go into FAISS.
 
-``python -m eval.pruning_baselines --dataset beir/scifact/test --output <dir> [--betas 0.4 0.2 0.1]``
+``python -m eval.experiments.pruning_baselines --dataset beir/scifact/test --output <dir> [--betas 0.4 0.2 0.1]``
 
 From the harness's full AligneR index (eval.beir.aligner.full_index: the same cached index under ``--cache``), each
 β^d keeps the ceil(β^d·len) top-scored tokens of each document, scored by
@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from eval.beir.aligner import drop_query_hits, full_index, pruned_index
-from eval.beir.systems import Context, work_dir
-from eval.metrics import evaluate
+from eval.beir.aligner import full_index, pruned_index
+from eval.beir.context import Context, work_dir
+from pyserini_aligner.hits import drop_query_hits
+from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ def redundancy_arg(text: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.pruning_baselines", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.pruning_baselines", description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", required=True, help="ir_datasets name (beir/scifact/test) or a BEIR folder")
     parser.add_argument("--output", required=True, help="folder for pruning_baselines.json / .md")
     parser.add_argument("--cache", default=".cache/indexes", help="index cache shared with python -m eval.beir")

@@ -1,6 +1,6 @@
 """Does the FAISS + refinement searcher keep the quality of exhaustive AligneR scoring?
 
-    python -m eval.exhaustive_check --dataset beir/scifact/test --index <dir> --output <json>
+    python -m eval.experiments.exhaustive_check --dataset beir/scifact/test --index <dir> --output <json>
 
 Runs AlignerSearcher and ExhaustiveScorer (same model, same strategy) over the dataset's queries, evaluates both
 with ranx (make_comparable=True) and reports nDCG@10, the ratio searcher / exhaustive, top-10 overlap and the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.metrics import evaluate
+from pyserini_aligner.metrics import evaluate
 
 METRICS = ("ndcg@10", "recall@10")
 
@@ -28,7 +28,7 @@ def _run(hits: dict[str, list]) -> dict[str, dict[str, float]]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m eval.exhaustive_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.exhaustive_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True,
                         help="ir_datasets id with queries and qrels, e.g. beir/scifact/test")
     parser.add_argument("--index", required=True, help="index folder built by python -m pyserini_aligner.index")

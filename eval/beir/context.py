@@ -1,0 +1,65 @@
+"""What every system of the harness sees: the dataset, where to keep indexes and shared knobs (``Context``)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from eval.beir.cache import Hits
+from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
+from pyserini_aligner.data import Dataset
+
+
+@dataclass
+class Context:
+    """What every system sees: the dataset, where to keep indexes, and shared knobs."""
+
+    dataset: Dataset
+    work: Path  # indexes and caches for this dataset
+    hits: int = 1000
+    threads: int = 2
+    progress: bool = True
+    encoder: str = "aligner"  # AligneR checkpoint: "aligner" or a folder
+    candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a strategy
+    fold_size: int = 8
+    alpha: float = ALPHA  # aligner-adapted: significance level a strategy must reach to replace the default
+    min_gain: float = MIN_GAIN  # aligner-adapted: and its smallest mean nDCG@10 gain on the fold
+    seed: int = 0
+    runs: dict[str, Hits] = field(default_factory=dict)  # systems already run (for fusion)
+    extras: dict[str, dict] = field(default_factory=dict)  # per system: numbers for results.json
+
+    def _lazy(self, name: str, make: Callable):
+        if name not in self.__dict__:
+            self.__dict__[name] = make()
+        return self.__dict__[name]
+
+    @property
+    def queries(self) -> dict[str, str]:
+        return self._lazy("_queries", self.dataset.queries)
+
+    @property
+    def qrels(self) -> dict[str, dict[str, int]]:
+        return self._lazy("_qrels", self.dataset.qrels)
+
+    @property
+    def model(self):
+        """The AligneR model (loaded once)."""
+        from pyserini_aligner.resolve import load_model
+
+        return self._lazy("_model", lambda: load_model(self.encoder))
+
+    @property
+    def fingerprint(self) -> str:
+        return self._lazy("_fingerprint", self.model.fingerprint)
+
+    @property
+    def strategy(self) -> str:
+        """The checkpoint's default strategy: explicit, so that adapting a cached index cannot change the runs."""
+        return self.model.config.default_strategy
+
+
+def work_dir(dataset: Dataset, root: str | os.PathLike) -> Path:
+    """``<root>/<dataset name with / as _>``: one folder of indexes per corpus."""
+    corpus = dataset.name.rsplit("/", 1)[0] if not dataset.folder else dataset.folder.resolve().as_posix()
+    return Path(root) / corpus.strip("/").replace("/", "_")

@@ -1,0 +1,123 @@
+"""The import graph of the project's own modules (``pyserini_aligner`` and ``eval``) has no cycle, and no module
+other than a ``__main__`` imports a ``__main__`` module (command-line front ends depend on the library, never the
+reverse). Every import counts: top level, inside functions and under ``TYPE_CHECKING``, absolute and relative."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("pyserini_aligner", "eval")
+
+
+def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> source file, for every ``.py`` under each package of ``root``."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _absolute(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of ``from <level dots><name> import ...`` written in ``module``."""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``from a import b`` counts as ``a.b`` when that is a module,
+    else ``a``; importing ``a.b.c`` also imports its packages ``a`` and ``a.b``)."""
+    modules = module_files(root, packages)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                target = _absolute(module, is_package, node.level, node.module) if node.level else node.module
+                for alias in node.names:
+                    names.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target)
+        found = set()
+        for name in names:
+            parts = name.split(".")
+            found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p in modules)
+        found.discard(module)
+        # a package's own modules are loaded through it; an import of the package from inside it is no cycle
+        graph[module] = {m for m in found if not module.startswith(m + ".")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [])):
+            return cycle
+    return None
+
+
+def main_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every non-``__main__`` module importing a ``__main__`` module."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if not m.endswith("__main__")
+                  for t in targets if t.endswith("__main__"))
+
+
+def test_project_has_no_import_cycle():
+    graph = import_graph(REPO, PACKAGES)
+    assert len(graph) > 50 and "pyserini_aligner.model" in graph["pyserini_aligner.encoders"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_library_modules_do_not_import_command_line_modules():
+    assert main_imports(import_graph(REPO, PACKAGES)) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+@pytest.mark.parametrize("files, cycle", [
+    ({"pkg/a.py": "from pkg import b\n", "pkg/b.py": "import pkg.a\n"}, ["pkg.a", "pkg.b", "pkg.a"]),
+    ({"pkg/a.py": "def f():\n    from .sub.c import g\n", "pkg/sub/__init__.py": "",
+      "pkg/sub/c.py": "from ..a import f\n"}, ["pkg.a", "pkg.sub.c", "pkg.a"]),
+    ({"pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import X\n",
+      "pkg/b.py": "from . import a\n"}, ["pkg.a", "pkg.b", "pkg.a"]),
+])
+def test_a_cycle_is_found(tmp_path, files, cycle):
+    _write(tmp_path, {"pkg/__init__.py": "", **files})
+    assert find_cycle(import_graph(tmp_path, ("pkg",))) == cycle
+
+
+def test_acyclic_package_and_main_imports(tmp_path):
+    _write(tmp_path, {"pkg/__init__.py": "from pkg.a import f\n", "pkg/a.py": "import os\nfrom pkg import b\n",
+                      "pkg/b.py": "X = 1\n", "pkg/cli/__init__.py": "", "pkg/cli/__main__.py": "from pkg.a import f\n",
+                      "pkg/c.py": "from pkg.cli.__main__ import main\n"})
+    graph = import_graph(tmp_path, ("pkg",))
+    assert find_cycle(graph) is None
+    assert graph["pkg.a"] == {"pkg.b"}
+    assert main_imports(graph) == ["pkg.c -> pkg.cli.__main__"]

@@ -1,0 +1,65 @@
+"""pyserini_aligner.metrics (ranx) against slow, obvious definitions of the metrics."""
+import math
+import random
+
+import pytest
+
+from pyserini_aligner.metrics import as_run, evaluate, per_query
+
+
+def ranked(docs: dict[str, float]) -> list[str]:
+    """Best first (the runs below have no equal scores: ranx's order among ties is its own)."""
+    return sorted(docs, key=docs.get, reverse=True)
+
+
+def slow_ndcg(run: dict, qrels: dict, k: int) -> dict[str, float]:
+    out = {}
+    for qid, judged in qrels.items():
+        gains = [max(judged.get(d, 0), 0) for d in ranked(run.get(qid, {}))[:k]]
+        dcg = sum(g / math.log2(rank + 2) for rank, g in enumerate(gains))
+        ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:k]
+        idcg = sum(g / math.log2(rank + 2) for rank, g in enumerate(ideal))
+        out[qid] = dcg / idcg if idcg else 0.0
+    return out
+
+
+def slow_recall(run: dict, qrels: dict, k: int) -> dict[str, float]:
+    out = {}
+    for qid, judged in qrels.items():
+        relevant = {d for d, r in judged.items() if r > 0}
+        found = set(ranked(run.get(qid, {}))[:k]) & relevant
+        out[qid] = len(found) / len(relevant) if relevant else 0.0
+    return out
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = random.Random(7)
+    docs = [f"d{i}" for i in range(120)]
+    qrels = {f"q{q}": {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randint(1, 15))}
+             for q in range(40)}
+    qrels["q0"] = {"d1": 0, "d2": 0}  # judged, nothing relevant
+    run = {qid: {d: rng.random() + 0.3 * qrels[qid].get(d, 0) for d in rng.sample(docs, rng.randint(1, 110))}
+           for qid in list(qrels)[:36]}  # relevant documents tend to rank higher  # four judged queries have no run
+    run["q5"] = {}
+    return qrels, run
+
+
+@pytest.mark.parametrize("metric, slow, k", [("ndcg@10", slow_ndcg, 10), ("ndcg@3", slow_ndcg, 3),
+                                             ("recall@100", slow_recall, 100), ("recall@5", slow_recall, 5)])
+def test_metrics_equal_their_definitions(data, metric, slow, k):
+    qrels, run = data
+    reference = slow(run, qrels, k)
+    assert per_query(qrels, run, metric) == pytest.approx(reference, abs=1e-12)
+    mean = sum(reference.values()) / len(qrels)
+    assert 0.05 < mean < 0.95
+    assert evaluate(qrels, run, (metric,)) == {metric: pytest.approx(mean, abs=1e-12)}
+
+
+def test_hit_lists_are_runs(data):
+    qrels, run = data
+    hits = {q: sorted(docs.items(), key=lambda h: -h[1]) for q, docs in run.items()}
+    assert evaluate(qrels, hits) == evaluate(qrels, run)
+    assert as_run({"q": [("a", 2.0), ("b", 1.0), ("a", 0.5)]}) == {"q": {"a": 2.0, "b": 1.0}}  # first score wins
+    with pytest.raises(ValueError, match="no judged queries"):
+        evaluate({}, run)
