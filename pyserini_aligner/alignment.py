@@ -215,6 +215,17 @@ def alignment_scores_paired(
     return _score(sim, q_w, d_mask, d_w, strategy)
 
 
+def scores_from_similarity(sim: Tensor, q_mask: Tensor, d_mask: Tensor, strategy: Strategy | str,
+                           q_sal: Tensor | None = None) -> Tensor:
+    """Scores [B, C] of query i against each of its own C docs from their similarities sim [B, C, n, m] (rows of
+    padded query tokens may hold anything), q_mask [B, n] bool, d_mask [B, C, m] bool, q_sal [B, n] or None."""
+    strategy = parse_strategy(strategy)
+    q_mask = q_mask.to(device=sim.device, dtype=torch.bool)
+    zero = torch.zeros((), dtype=sim.dtype, device=sim.device)
+    q_w = q_mask.to(sim.dtype) if q_sal is None else torch.where(q_mask, q_sal.to(sim.dtype), zero)
+    return _score(sim, q_w.unsqueeze(1), d_mask.to(device=sim.device, dtype=torch.bool), None, strategy)
+
+
 def alignment_scores_grouped(
     q: Tensor,
     q_mask: Tensor,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
+from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, scores_from_similarity
 from pyserini_aligner.index.store import StoredIndex
 from pyserini_aligner.search import kernels
 
@@ -232,11 +232,31 @@ class CodeShard:
             mask = span < lengths[part].unsqueeze(-1)
             if self.kept is not None:
                 mask &= self.kept[positions]
-            d = self.decode(positions)
-            scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n], d, mask, strategy,
-                                              None if q_sal is None else q_sal[part, :n], None)
+            sal = None if q_sal is None else q_sal[part, :n]
+            if self.device.type == "cpu":
+                scores = scores_from_similarity(self.similarity(q[part, :n], positions), q_mask[part, :n], mask,
+                                                strategy, sal)
+            else:
+                scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n],
+                                                  self.decode(positions), mask, strategy, sal, None)
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
+
+    def similarity(self, q: Tensor, positions: Tensor) -> Tensor:
+        """q·d [B, C, n, L] (float32) of queries q [B, n, d] with the tokens at shard ``positions`` [B, C, L], read
+        from their codes without decoding: q·c from a query-centroid table plus Σ_m q_m·r_m from per-sub-quantiser
+        look-up tables (asymmetric distance computation; the CPU's refinement, a few times cheaper than decoding
+        and multiplying)."""
+        b, n = q.shape[:2]
+        q = q.float()
+        table = torch.einsum("bnd,kd->bkn", q, self.centroids).reshape(-1, n)  # [b·nlist, n]
+        luts = torch.einsum("bnms,mks->bmkn", q.view(b, n, self.m, -1), self.books).reshape(-1, n)  # [b·M·256, n]
+        owner = torch.arange(b, device=self.device).view(b, 1, 1)
+        sim = table[owner * self.nlist + (self.token_ids[positions].long() & 0xFFFF)]  # [b, C, L, n]
+        codes = self.token_codes[positions].long()  # [b, C, L, M]
+        for m in range(self.m):
+            sim += luts[(owner * self.m + m) * 256 + codes[..., m]]
+        return sim.transpose(-1, -2)
 
     def decode(self, positions: Tensor) -> Tensor:
         """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]."""
