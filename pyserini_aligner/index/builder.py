@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -126,18 +127,30 @@ class EncodedChunk:
 
 def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxlen: int | None,
                   chunk_docs: int | None = None) -> Iterator[EncodedChunk]:
-    """Encode (docid, text) items chunk by chunk (length-sorted batches inside a chunk; fp16 vectors on a GPU)."""
+    """Encode (docid, text) items chunk by chunk (length-sorted batches inside a chunk; fp16 vectors on a GPU).
+    The next chunk is read and tokenised in a background thread while the model encodes the current one."""
     dtype = torch.float16 if model.device.type == "cuda" else torch.float32
-    for chunk in _chunks(items, chunk_docs or batch_size * 16):
-        begin = time.perf_counter()
+    chunks = _chunks(items, chunk_docs or batch_size * 16)
+
+    def read_next():
+        chunk = next(chunks, None)
+        if chunk is None:
+            return None
         texts = [text for _, text in chunk]
-        ids, truncated = model.tokenize(texts, is_query=False, maxlen=maxlen)
-        model._report_truncation("doc", sum(truncated), len(ids), maxlen)
-        out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)
-        yield EncodedChunk([docid for docid, _ in chunk], out.vectors, out.mask, out.salience, sum(truncated),
-                           sum(not text.strip() for text in texts), time.perf_counter() - begin)
+        return chunk, texts, *model.tokenize(texts, is_query=False, maxlen=maxlen)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="aligner-tokenize") as pool:
+        pending = pool.submit(read_next)
+        while (ready := pending.result()) is not None:
+            pending = pool.submit(read_next)
+            begin = time.perf_counter()
+            chunk, texts, ids, truncated = ready
+            model._report_truncation("doc", sum(truncated), len(ids), maxlen)
+            out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            yield EncodedChunk([docid for docid, _ in chunk], out.vectors, out.mask, out.salience, sum(truncated),
+                               sum(not text.strip() for text in texts), time.perf_counter() - begin)
 
 
 def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, seed: int) -> ResidualCodec:
