@@ -1,4 +1,5 @@
-"""Retrieval metrics, computed by ranx, over plain dicts: qrels ``qid -> {docid: relevance}``, runs
+"""Retrieval metrics, computed by ranx (or, where ranx is not installed, by a plain implementation of the same
+ndcg/recall rules that the tests hold equal to ranx), over plain dicts: qrels ``qid -> {docid: relevance}``, runs
 ``qid -> {docid: score}`` or ``qid -> [(docid, score), ...]`` (hit lists, best first).
 
 Every metric is averaged over the queries of the qrels: a query missing from the run, or without hits, scores 0,
@@ -41,12 +42,43 @@ def _ranx(qrels: Qrels, run: Run, name: str = "run"):
             RRun({q: d for q, d in as_run(run).items() if d}, name=name))
 
 
+def _plain(qrels: Qrels, run: Run, metric: str) -> dict[str, float]:
+    """``metric`` (ndcg@k or recall@k) of every query of the qrels, by the same rules as ranx: the engine
+    where ranx is not installed (a torch-only GPU worker running the training or the benchmarks)."""
+    name, _, cut = metric.partition("@")
+    if name not in ("ndcg", "recall") or not cut.isdigit():
+        raise ValueError(f"metric {metric!r}: without ranx only ndcg@k and recall@k are available")
+    k, ranked, out = int(cut), as_run(run), {}
+    for qid, judged in qrels.items():
+        hits = sorted(ranked.get(qid, {}).items(), key=lambda item: -item[1])[:k]
+        gains = [judged.get(docid, 0) for docid, _ in hits]
+        relevant = sorted((r for r in judged.values() if r > 0), reverse=True)
+        if not relevant:
+            out[qid] = 0.0
+        elif name == "recall":
+            out[qid] = sum(g > 0 for g in gains) / len(relevant)
+        else:
+            dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains) if g > 0)
+            out[qid] = dcg / sum(g / math.log2(i + 2) for i, g in enumerate(relevant[:k]))
+    return out
+
+
+def _has_ranx() -> bool:
+    try:
+        import ranx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def evaluate(qrels: Qrels, run: Run, metrics: Sequence[str] = METRICS) -> dict[str, float]:
     """Mean of each metric over the qrels' queries."""
-    from ranx import evaluate as ranx_evaluate
-
     if not qrels:
         raise ValueError("no judged queries to evaluate")
+    if not _has_ranx():
+        return {m: sum(values.values()) / len(values) for m in metrics for values in [_plain(qrels, run, m)]}
+    from ranx import evaluate as ranx_evaluate
+
     rq, rr = _ranx(qrels, run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numba's uint64 cast notice inside ranx
@@ -58,10 +90,12 @@ def evaluate(qrels: Qrels, run: Run, metrics: Sequence[str] = METRICS) -> dict[s
 
 def per_query(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
     """``metric`` of every query of the qrels."""
-    from ranx import evaluate as ranx_evaluate
-
     if not qrels:
         return {}
+    if not _has_ranx():
+        return _plain(qrels, run, metric)
+    from ranx import evaluate as ranx_evaluate
+
     rq, rr = _ranx(qrels, run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -45,9 +45,15 @@ def data():
     return qrels, run
 
 
+@pytest.mark.parametrize("engine", ["ranx", "plain"])
 @pytest.mark.parametrize("metric, slow, k", [("ndcg@10", slow_ndcg, 10), ("ndcg@3", slow_ndcg, 3),
                                              ("recall@100", slow_recall, 100), ("recall@5", slow_recall, 5)])
-def test_metrics_equal_their_definitions(data, metric, slow, k):
+def test_metrics_equal_their_definitions(data, metric, slow, k, engine, monkeypatch):
+    """Both engines (ranx, and the plain rules used where ranx is not installed) equal the definitions."""
+    import pyserini_aligner.metrics as metrics
+
+    if engine == "plain":
+        monkeypatch.setattr(metrics, "_has_ranx", lambda: False)
     qrels, run = data
     reference = slow(run, qrels, k)
     assert per_query(qrels, run, metric) == pytest.approx(reference, abs=1e-12)
