@@ -1,0 +1,112 @@
+"""The README runs as written.
+
+Which blocks run:
+- the ```bash block under the README's ``## Quick start`` heading, verbatim, with ``bash -e`` in a temporary copy of
+  the repository's ``examples/quickstart/`` (the block starts with ``cd examples/quickstart``), with this
+  interpreter's folder first on ``PATH`` (as an activated virtualenv would have it);
+- every ```python block, verbatim and in README order, each in a fresh namespace of one interpreter, in the folder
+  the quick start left behind (its ``idx`` and ``lucene-idx``).
+Shell examples meant to be read rather than run (make, pip, larger corpora, GPUs) are fenced as ```sh.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+EXAMPLE = REPO / "examples" / "quickstart"
+BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
+
+
+def blocks(text: str, language: str) -> list[str]:
+    """The fenced code blocks of ``text`` in ``language``, in order."""
+    return [body for lang, body in BLOCK.findall(text) if lang == language]
+
+
+def section(text: str, heading: str) -> str:
+    """The part of ``text`` under the ``## heading`` line, up to the next ``## `` heading."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert match, f"README has no '## {heading}' section"
+    return match.group(1)
+
+
+def env_with_this_python() -> dict:
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env.pop("OPENAI_API_KEY", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory):
+    """Run the quick start's bash block; returns (its stdout, the example folder it worked in)."""
+    script = blocks(section(README.read_text(), "Quick start"), "bash")
+    assert len(script) == 1, "the quick start has exactly one ```bash block"
+    assert len([line for line in script[0].splitlines() if line.strip()]) <= 10
+    root = tmp_path_factory.mktemp("readme")
+    shutil.copytree(EXAMPLE, root / "examples" / "quickstart",
+                    ignore=shutil.ignore_patterns("idx", "lucene-idx", "run.trec", "__pycache__"))
+    done = subprocess.run(["bash", "-e", "-c", script[0]], cwd=root, env=env_with_this_python(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, root / "examples" / "quickstart"
+
+
+def test_quick_start_writes_a_run_and_ndcg(quick_start):
+    stdout, folder = quick_start
+    topics = {line.split("\t")[0] for line in (folder / "topics.tsv").read_text().splitlines()}
+    run = [line.split() for line in (folder / "run.trec").read_text().splitlines()]
+    assert {row[0] for row in run} == topics
+    assert all(len(row) == 6 for row in run)
+    trec_eval = re.search(r"^ndcg_cut_10\s+all\s+([0-9.]+)$", stdout, re.M)
+    assert trec_eval, stdout[-2000:]
+    ranx = re.findall(r"^([0-9.]+)$", stdout, re.M)
+    assert ranx, stdout[-2000:]
+    # trec_eval and ranx agree, and the shipped model ranks the judged abstracts of these 7 queries high
+    assert float(ranx[-1]) == pytest.approx(float(trec_eval.group(1)), abs=1e-4)
+    assert float(trec_eval.group(1)) > 0.7
+    assert (folder / "lucene-idx").is_dir()
+
+
+def test_python_snippets_run(quick_start):
+    _, folder = quick_start
+    snippets = blocks(README.read_text(), "python")
+    assert len(snippets) >= 4
+    runner = ("import sys\n"
+              "for number, code in enumerate(sys.argv[1:]):\n"
+              "    print(f'--- snippet {number}', flush=True)\n"
+              "    exec(compile(code, f'README python block {number}', 'exec'), {'__name__': '__main__'})\n")
+    done = subprocess.run([sys.executable, "-c", runner, *snippets], cwd=folder, env=env_with_this_python(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert out.count("--- snippet") == len(snippets)
+    assert "AlignerSearcher" in out  # FaissSearcher on an AligneR index
+    assert "DeleteReport(deleted=1, unknown=[])" in out
+    assert out.rstrip().endswith("True")  # reopen() found the new generation
+
+
+def test_example_data_is_derived_from_scifact(tmp_path):
+    """examples/quickstart is what its script writes from the BEIR SciFact zip."""
+    done = subprocess.run([sys.executable, str(EXAMPLE / "make_example.py"),
+                           str(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name in ("corpus/docs.jsonl", "topics.tsv", "qrels.txt"):
+        assert (tmp_path / name).read_bytes() == (EXAMPLE / name).read_bytes(), name
+
+
+def test_headline_table_matches_results_files():
+    """Each nDCG@10 of the README's BEIR table is the one in the results.md that ``make run`` wrote."""
+    table = section(README.read_text(), "BEIR results")
+    for column, name in enumerate(("scifact", "nfcorpus")):
+        results = (REPO / "runs" / f"beir_{name}_test" / "results.md").read_text()
+        for system in ("bm25", "dense", "aligner", "hybrid"):
+            row = re.search(rf"^\| {system} \(.*$", table, re.M)
+            assert row, system
+            readme_value = row.group(0).strip("|").split("|")[1 + column].strip()
+            assert re.search(rf"^\| {system} \| {re.escape(readme_value)} \|", results, re.M), (name, system)
