@@ -132,7 +132,7 @@ def unary_salience(
     return s * _hard_topk_mask(s, mask, k)
 
 
-DEFAULT_PRUNE_REDUNDANCY = 0.85  # cosine; chosen on validation queries (README, "Redundancy-aware pruning")
+DEFAULT_PRUNE_REDUNDANCY = 0.85  # cosine; chosen on validation queries (docs/results.md, "Redundancy-aware pruning")
 
 
 def redundant_tokens(salience: Tensor, mask: Tensor, vectors: Tensor, threshold: float, chunk: int = 256) -> Tensor:

@@ -1,1 +1,1 @@
-"""One-off studies behind the numbers in the README (not part of ``make run``); their outputs are in ``results/``."""
+"""One-off studies behind the numbers in docs/results.md (not part of ``make run``); their outputs are in ``results/``."""
