@@ -210,7 +210,7 @@ def test_centroid_search_matches_slow_reference(probes):
     x = clustered_unit_vectors(300, 12, 10, 1)
     centroids = two_level_kmeans(clustered_unit_vectors(3000, 12, 10, 2), 64, seed=0)
     search = CentroidSearch(centroids, probes=probes)
-    assert len(search.centres) == coarse_count(64) == 8
+    assert len(search.centres) == coarse_count(4 * 64) == 16
     assert search(x).tolist() == restricted_reference(x, search)
 
 
@@ -219,7 +219,7 @@ def test_centroid_search_over_every_group_is_brute_force():
     centroids = dequantize_centroids(*quantize_centroids(two_level_kmeans(clustered_unit_vectors(8000, 16, 30, 4),
                                                                           400, seed=0)))
     exact = nearest(x, centroids)
-    search = CentroidSearch(centroids, probes=coarse_count(400))
+    search = CentroidSearch(centroids, probes=coarse_count(4 * 400))
     assert torch.equal(search(x), exact)
     # restricted to a few groups: nearly always the nearest, and a near-tie when not
     few = CentroidSearch(centroids, probes=4)(x)
@@ -236,7 +236,7 @@ def test_large_codec_on_cpu_assigns_through_the_centroid_search():
     codec = ResidualCodec.train(CodecSpec(HIERARCHY_MIN_NLIST, 4), x[:8000], iters=5, seed=0)
     held_out = x[8000:]
     ids = codec.encode_centroids(held_out)
-    assert codec._search is not None and len(codec._search.centres) == coarse_count(HIERARCHY_MIN_NLIST)
+    assert codec._search is not None and len(codec._search.centres) == coarse_count(4 * HIERARCHY_MIN_NLIST)
     assert np.array_equal(ids, codec._search(held_out).numpy())
     exact = nearest(held_out, codec.centroids).numpy()
     assert (ids == exact).mean() > 0.9

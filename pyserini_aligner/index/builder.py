@@ -168,6 +168,13 @@ def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, se
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def record_codec_training(stats: dict, seconds: float) -> None:
+    """Add the codec's training time to a segment's ``build_stats``: ``codec_train_s``, and ``codec_s`` (training
+    plus assigning and quantising every token, ``codec_encode_s``)."""
+    stats["codec_train_s"] = stats.get("codec_train_s", 0.0) + seconds
+    stats["codec_s"] = stats.get("codec_s", 0.0) + seconds
+
+
 def codec_source(path: str | os.PathLike) -> tuple[ResidualCodec, Path, dict]:
     """(trained codec, its folder, its file records) of a compressed index folder, or of the codec folder inside
     one (``<index>/codec-*``), for ``codec_from``."""
@@ -392,7 +399,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         finally:
             bar.close()
         if spec.compressed:
-            info.build_stats["codec_s"] = info.build_stats.get("codec_s", 0.0) + codec_seconds
+            record_codec_training(info.build_stats, codec_seconds)
         info.build_stats["total_s"] = time.perf_counter() - started
         return new_manifest(model, encoder, model_name, spec, doc_prune, index_type, prune_redundancy, max_length,
                             corpus_name, codec_dir, codec_files, [info])

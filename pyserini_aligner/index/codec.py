@@ -29,8 +29,9 @@ PQ_CENTROIDS = 256  # 8-bit sub-quantizer codes
 _SPEC = re.compile(r"IVF(\d+),PQ(\d+)")
 _CHUNK_ELEMENTS = 1 << 24  # score-matrix entries per assignment step
 HIERARCHY_MIN_NLIST = 1024  # from this many centroids a CPU codec trains and assigns through a coarse level
-COARSE_PROBES = 8  # groups of centroids searched per token by CentroidSearch
-_SEARCH_ROWS = 1 << 16  # tokens per CentroidSearch step
+SEARCH_PROBES = 10  # groups of centroids (of 2·sqrt(nlist)) searched per token by CentroidSearch
+COARSE_POINTS = 256  # points per coarse centroid that train the first level of two_level_kmeans
+_SEARCH_ROWS = 1 << 17  # tokens per CentroidSearch call
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ def kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, spherical: bool = 
 
 
 def coarse_count(k: int) -> int:
-    """Coarse clusters above ``k`` centroids in two-level k-means and CentroidSearch: round(sqrt(k)), at least 1."""
+    """Coarse clusters above ``k`` centroids in two-level k-means: round(sqrt(k)), at least 1 (CentroidSearch groups
+    them finer: coarse_count(4·k) groups)."""
     return max(1, int(round(k ** 0.5)))
 
 
@@ -148,12 +150,15 @@ def share_centroids(counts: np.ndarray, k: int) -> np.ndarray:
 
 
 def two_level_kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0) -> Tensor:
-    """Spherical k-means in two levels: ``coarse_count(k)`` clusters of x [n, d] (unit rows), then k-means inside each
-    cluster with centroids in proportion to its size (:func:`share_centroids`); [k, d] unit centroids, grouped by
-    cluster. About sqrt(k) times fewer multiply-adds than one k-means of k centroids on the same points."""
+    """Spherical k-means in two levels: ``coarse_count(k)`` clusters (trained on up to COARSE_POINTS points each) of
+    x [n, d] (unit rows), then k-means inside each cluster with centroids in proportion to its size
+    (:func:`share_centroids`); [k, d] unit centroids, grouped by cluster. About sqrt(k) times fewer multiply-adds
+    than one k-means of k centroids on the same points."""
     if len(x) <= k:
         return kmeans(x, k, iters, seed, spherical=True)
-    coarse = kmeans(x, coarse_count(k), iters, seed, spherical=True)
+    gen = torch.Generator().manual_seed(seed)
+    first = torch.randperm(len(x), generator=gen)[:COARSE_POINTS * coarse_count(k)].to(x.device)
+    coarse = kmeans(x[first], coarse_count(k), iters, seed, spherical=True)
     assign = nearest(x, coarse)
     counts = torch.bincount(assign, minlength=len(coarse)).cpu().numpy()
     share = share_centroids(counts, k)
@@ -168,51 +173,48 @@ class CentroidSearch:
     """Nearest centroid by inner product, searched among the centroids of the ``probes`` groups nearest each vector.
 
     The centroids [k, d] are grouped by a seeded spherical k-means of the centroids themselves into
-    ``coarse_count(k)`` groups, so a loaded codec groups them as the one that wrote it. A vector scores
-    ``coarse_count(k)`` group centres, then the centroids of its ``probes`` best groups (about
-    probes / sqrt(k) of all). probes >= the number of groups searches every centroid: exact.
+    ``coarse_count(4·k)`` (2·sqrt(k)) groups, so a codec loaded from disk groups them as the one that wrote it. A
+    vector scores the group centres, then the centroids of its ``probes`` best groups (about probes / (2·sqrt(k)) of
+    all), in a FAISS IndexIVFFlat whose lists are the groups. probes >= the number of groups searches every
+    centroid: exact.
     """
 
-    def __init__(self, centroids: Tensor, probes: int = COARSE_PROBES, seed: int = 0):
+    def __init__(self, centroids: Tensor, probes: int = SEARCH_PROBES, seed: int = 0):
+        import faiss
+
         if probes < 1:
             raise ValueError(f"probes must be >= 1, got {probes}")
-        self.centroids = centroids.float()
-        self.centres = kmeans(self.centroids, coarse_count(len(centroids)), 10, seed, spherical=True)
+        self.centroids = centroids.detach().float().cpu().contiguous()
+        self.centres = kmeans(self.centroids, coarse_count(4 * len(centroids)), 10, seed, spherical=True)
         group = nearest(self.centroids, self.centres)
         self.order = torch.argsort(group, stable=True)  # centroid ids, group by group (ascending within a group)
         self.bounds = np.concatenate([[0], np.cumsum(torch.bincount(group, minlength=len(self.centres)).numpy())])
-        self.grouped = self.centroids[self.order].contiguous()
         self.probes = min(probes, len(self.centres))
+        dim = self.centroids.shape[1]
+        quantizer = faiss.IndexFlatIP(dim)
+        quantizer.add(np.ascontiguousarray(self.centres.numpy()))
+        index = faiss.IndexIVFFlat(quantizer, dim, len(self.centres), faiss.METRIC_INNER_PRODUCT)
+        index.own_fields = True
+        quantizer.this.disown()
+        labels = np.ascontiguousarray(self.order.numpy().astype(np.int64))
+        codes = np.ascontiguousarray(self.centroids[self.order].numpy()).view(np.uint8)  # [k, 4·d] bytes
+        for g in np.flatnonzero(np.diff(self.bounds)):
+            a, b = int(self.bounds[g]), int(self.bounds[g + 1])
+            index.invlists.add_entries(int(g), b - a, faiss.swig_ptr(labels[a:b]), faiss.swig_ptr(codes[a:b]))
+        index.ntotal, index.is_trained, index.nprobe = len(labels), True, self.probes
+        self.index = index
 
     def __call__(self, x: Tensor) -> Tensor:
-        """Index [n] (int64) of the nearest centroid found for each row of x [n, d] (float32, CPU)."""
-        out = torch.empty(len(x), dtype=torch.long)
+        """Index [n] (int64) of the nearest centroid found for each row of x [n, d] (CPU)."""
+        found = torch.empty(len(x), dtype=torch.long)
         for start in range(0, len(x), _SEARCH_ROWS):
-            out[start:start + _SEARCH_ROWS] = self._step(x[start:start + _SEARCH_ROWS])
-        return out
-
-    def _step(self, x: Tensor) -> Tensor:
-        top = (x @ self.centres.T).topk(self.probes, dim=1).indices.reshape(-1)
-        rows = torch.argsort(top, stable=True) // self.probes  # the rows probing group 0, then group 1, ...
-        ends = np.cumsum(torch.bincount(top, minlength=len(self.centres)).numpy())
-        best = torch.full((len(x),), -torch.inf)
-        found = torch.zeros(len(x), dtype=torch.long)
-        start = 0
-        for group, end in enumerate(ends):
-            if end == start:
-                continue
-            members = rows[start:end]
-            a, b = int(self.bounds[group]), int(self.bounds[group + 1])
-            if a == b:  # a group centre that no centroid is nearest to
-                start = end
-                continue
-            score, pick = (x[members] @ self.grouped[a:b].T).max(1)
-            ids = self.order[a:b][pick]
-            old, old_ids = best[members], found[members]
-            better = (score > old) | ((score == old) & (ids < old_ids))
-            best[members] = torch.where(better, score, old)
-            found[members] = torch.where(better, ids, old_ids)
-            start = end
+            part = x[start:start + _SEARCH_ROWS].detach().float()
+            _, ids = self.index.search(np.ascontiguousarray(part.numpy()), 1)
+            ids = torch.from_numpy(ids[:, 0])
+            lost = ids < 0  # every probed group empty (a group centre no centroid is nearest to)
+            if lost.any():
+                ids[lost] = nearest(part[lost], self.centroids)
+            found[start:start + _SEARCH_ROWS] = ids
         return found
 
 
@@ -225,14 +227,20 @@ def _faiss_kmeans_available() -> bool:
 
 
 def _faiss_kmeans(x: Tensor, k: int, iters: int, seed: int, spherical: bool) -> Tensor:
-    """FAISS's k-means on the CPU (the same Lloyd iterations, in optimised C++)."""
+    """FAISS's k-means on the CPU (the same Lloyd iterations, in optimised C++), on one thread: on a busy machine
+    its threads wait on each other at every step for far longer than they save (the result is the same)."""
     import faiss
 
     data = np.ascontiguousarray(x.detach().float().numpy())
     km = faiss.Kmeans(data.shape[1], k, niter=iters, seed=seed + 1, spherical=spherical,
                       max_points_per_centroid=max(256, (len(data) + k - 1) // k), min_points_per_centroid=1,
                       verbose=False)
-    km.train(data)
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        km.train(data)
+    finally:
+        faiss.omp_set_num_threads(threads)
     return torch.from_numpy(np.array(km.centroids)).to(x.dtype)
 
 
@@ -266,12 +274,12 @@ class ResidualCodec:
     def spec(self) -> CodecSpec:
         return CodecSpec(len(self.centroids), len(self.codebooks))
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_search": None}  # the FAISS search is rebuilt where it is needed
+
     def to(self, device: str | torch.device) -> "ResidualCodec":
-        """This codec with its tensors on ``device`` (a CPU copy keeps the centroid search already built)."""
-        moved = ResidualCodec(self.centroids.to(device), self.codebooks.to(device))
-        if moved.centroids.device.type == "cpu":
-            moved._search = self._search
-        return moved
+        """This codec with its tensors on ``device``."""
+        return ResidualCodec(self.centroids.to(device), self.codebooks.to(device))
 
     @classmethod
     def train(cls, spec: CodecSpec, sample: Tensor, residual_sample: Tensor | None = None, iters: int = 10,
