@@ -149,24 +149,30 @@ def share_centroids(counts: np.ndarray, k: int) -> np.ndarray:
     return share
 
 
-def two_level_kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0) -> Tensor:
+def two_level_kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, refine: int = 1) -> Tensor:
     """Spherical k-means in two levels: ``coarse_count(k)`` clusters (trained on up to COARSE_POINTS points each) of
-    x [n, d] (unit rows), then k-means inside each cluster with centroids in proportion to its size
-    (:func:`share_centroids`); [k, d] unit centroids, grouped by cluster. About sqrt(k) times fewer multiply-adds
-    than one k-means of k centroids on the same points."""
+    x [n, d] (unit rows, CPU), then k-means inside each cluster with centroids in proportion to its size
+    (:func:`share_centroids`), then ``refine`` Lloyd steps over all k centroids with :class:`CentroidSearch`
+    assignment (they move the centroids that a cluster border cut off); [k, d] unit centroids. About sqrt(k) times
+    fewer multiply-adds than one k-means of k centroids on the same points."""
     if len(x) <= k:
         return kmeans(x, k, iters, seed, spherical=True)
     gen = torch.Generator().manual_seed(seed)
-    first = torch.randperm(len(x), generator=gen)[:COARSE_POINTS * coarse_count(k)].to(x.device)
+    first = torch.randperm(len(x), generator=gen)[:COARSE_POINTS * coarse_count(k)]
     coarse = kmeans(x[first], coarse_count(k), iters, seed, spherical=True)
     assign = nearest(x, coarse)
-    counts = torch.bincount(assign, minlength=len(coarse)).cpu().numpy()
+    counts = torch.bincount(assign, minlength=len(coarse)).numpy()
     share = share_centroids(counts, k)
     order = torch.argsort(assign, stable=True)
     bounds = np.concatenate([[0], np.cumsum(counts)])
-    parts = [kmeans(x[order[bounds[c]:bounds[c + 1]]], int(share[c]), iters, seed + 1 + int(c), spherical=True)
-             for c in np.flatnonzero(share)]
-    return torch.cat(parts)
+    centroids = torch.cat([kmeans(x[order[bounds[c]:bounds[c + 1]]], int(share[c]), iters, seed + 1 + int(c),
+                                  spherical=True) for c in np.flatnonzero(share)])
+    for _ in range(refine):
+        assign = CentroidSearch(centroids, seed=seed)(x)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, x)
+        filled = torch.bincount(assign, minlength=k) > 0  # an emptied centroid stays where it was
+        centroids = torch.where(filled[:, None], torch.nn.functional.normalize(sums, dim=-1), centroids)
+    return centroids
 
 
 class CentroidSearch:
