@@ -4,13 +4,18 @@ import pytest
 import torch
 
 from pyserini_aligner.index.codec import (
+    HIERARCHY_MIN_NLIST,
+    CentroidSearch,
     CodecSpec,
     ResidualCodec,
+    coarse_count,
     dequantize_centroids,
     kmeans,
     nearest,
     parse_codec,
     quantize_centroids,
+    share_centroids,
+    two_level_kmeans,
 )
 
 
@@ -151,3 +156,93 @@ def test_training_on_few_vectors_and_errors():
         ResidualCodec.train(CodecSpec(), x)
     with pytest.raises(ValueError, match="PQ3 must split the 8-d vectors"):
         ResidualCodec.train(CodecSpec(4, 3), x)
+
+
+def clustered_unit_vectors(n: int, d: int, clusters: int, seed: int) -> torch.Tensor:
+    """Unit vectors around ``clusters`` random directions (token vectors are clustered, not uniform)."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.randn(clusters, d, generator=gen)
+    pick = torch.randint(clusters, (n,), generator=gen)
+    return torch.nn.functional.normalize(centres[pick] + 0.6 * torch.randn(n, d, generator=gen), dim=-1)
+
+
+def restricted_reference(x: torch.Tensor, search: CentroidSearch) -> list[int]:
+    """The restricted search spelled out: per vector, its ``probes`` best group centres, then the best centroid
+    among those groups' members (lowest id on ties)."""
+    group = {int(cid): g for g in range(len(search.centres))
+             for cid in search.order[int(search.bounds[g]):int(search.bounds[g + 1])]}
+    found = []
+    for row in x:
+        centre_scores = [float(row @ c) for c in search.centres]
+        probed = sorted(range(len(centre_scores)), key=lambda g: -centre_scores[g])[:search.probes]
+        members = [cid for cid in range(len(search.centroids)) if group[cid] in probed]
+        found.append(max(members, key=lambda cid: (float(row @ search.centroids[cid]), -cid)))
+    return found
+
+
+@pytest.mark.parametrize("counts, k, want", [([10, 10, 10, 10], 8, [2, 2, 2, 2]), ([30, 10], 5, [4, 1]),
+                                             ([1, 100, 3], 20, [0, 19, 1]), ([2, 2, 50], 54, [2, 2, 50]),
+                                             ([0, 5, 5], 3, [0, 2, 1]), ([3, 1], 10, [3, 1])])
+def test_share_centroids(counts, k, want):
+    """Proportional to the counts (largest remainder first, ties to the lower index), never above a count."""
+    share = share_centroids(np.array(counts), k)
+    assert share.tolist() == want
+    assert share.sum() == min(k, sum(counts)) and np.all(share <= counts)
+
+
+def test_two_level_kmeans_is_deterministic_and_close_to_one_level():
+    x = clustered_unit_vectors(6000, 16, 40, 0)
+    centroids = two_level_kmeans(x, 256, seed=0)
+    assert centroids.shape == (256, 16) and torch.allclose(centroids.norm(dim=1), torch.ones(256), atol=1e-5)
+    assert torch.equal(centroids, two_level_kmeans(x, 256, seed=0))
+    assert not torch.equal(centroids, two_level_kmeans(x, 256, seed=1))
+    # the within-cluster cosine of the two-level centroids is within 1% of one k-means of 256 centroids
+    one_level = kmeans(x, 256, seed=0, spherical=True)
+    def mean_cosine(c):
+        return float((x @ c.T).max(1).values.mean())
+    assert mean_cosine(centroids) > 0.99 * mean_cosine(one_level)
+    tiny = x[:100]  # no more points than centroids: each point is a centroid
+    assert torch.equal(two_level_kmeans(tiny, 128)[:100], tiny)
+
+
+@pytest.mark.parametrize("probes", [1, 3])
+def test_centroid_search_matches_slow_reference(probes):
+    x = clustered_unit_vectors(300, 12, 10, 1)
+    centroids = two_level_kmeans(clustered_unit_vectors(3000, 12, 10, 2), 64, seed=0)
+    search = CentroidSearch(centroids, probes=probes)
+    assert len(search.centres) == coarse_count(4 * 64) == 16
+    assert search(x).tolist() == restricted_reference(x, search)
+
+
+def test_centroid_search_over_every_group_is_brute_force():
+    x = clustered_unit_vectors(5000, 16, 30, 3)
+    centroids = dequantize_centroids(*quantize_centroids(two_level_kmeans(clustered_unit_vectors(8000, 16, 30, 4),
+                                                                          400, seed=0)))
+    exact = nearest(x, centroids)
+    search = CentroidSearch(centroids, probes=coarse_count(4 * 400))
+    assert torch.equal(search(x), exact)
+    # restricted to a few groups: nearly always the nearest, and a near-tie when not
+    few = CentroidSearch(centroids, probes=4)(x)
+    assert (few == exact).float().mean() > 0.9
+    scores = x @ centroids.T
+    lost = scores.max(1).values - scores.gather(1, few[:, None])[:, 0]
+    assert lost.min() >= 0 and lost.mean() < 0.01
+
+
+def test_large_codec_on_cpu_assigns_through_the_centroid_search():
+    """From HIERARCHY_MIN_NLIST centroids a CPU codec trains by two-level k-means and encodes through its
+    CentroidSearch; the codes reconstruct nearly as well as with brute-force assignment."""
+    x = clustered_unit_vectors(12000, 16, 64, 5)
+    codec = ResidualCodec.train(CodecSpec(HIERARCHY_MIN_NLIST, 4), x[:8000], iters=5, seed=0)
+    held_out = x[8000:]
+    ids = codec.encode_centroids(held_out)
+    assert codec._search is not None and len(codec._search.centres) == coarse_count(4 * HIERARCHY_MIN_NLIST)
+    assert np.array_equal(ids, codec._search(held_out).numpy())
+    exact = nearest(held_out, codec.centroids).numpy()
+    assert (ids == exact).mean() > 0.9
+    def error(assigned):
+        decoded = codec.decode(assigned, codec.encode_residuals(held_out, assigned))
+        return float(((decoded - held_out) ** 2).sum(1).mean())
+    assert error(ids) < 1.02 * error(exact.astype(np.uint16))
+    loaded = ResidualCodec(*[torch.from_numpy(t.numpy().copy()) for t in (codec.centroids, codec.codebooks)])
+    assert np.array_equal(loaded.encode_centroids(held_out), ids)  # a fresh copy groups its centroids the same

@@ -17,6 +17,7 @@ from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, 
 from pyserini_aligner.index import __main__ as cli
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE
+from pyserini_aligner.index.codec import HIERARCHY_MIN_NLIST, parse_codec
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, keep_count
 
@@ -137,6 +138,20 @@ def test_default_build_is_compressed_with_inverted_lists(default_index, index_di
     fine = torch.nn.functional.cosine_similarity(truth, stored.token_vectors(positions), dim=-1)
     coarse = torch.nn.functional.cosine_similarity(truth, stored.codec.decode(seg.centroid_ids[positions]), dim=-1)
     assert fine.mean() > 0.8 and fine.mean() > coarse.mean() + 0.03
+
+
+def test_default_build_is_byte_deterministic(tmp_path, model):
+    """Two default builds of the same documents write the same bytes, with a codec large enough to train by
+    two-level k-means and assign through its centroid search on a CPU; build_stats time the codec's parts."""
+    docs = [(r["id"], r["contents"]) for r in scifact_docs(40)]
+    first, second = (build_index(docs, tmp_path / name, model, progress=False, model_name="aligner")
+                     for name in ("first", "second"))
+    assert parse_codec(first.codec).nlist >= HIERARCHY_MIN_NLIST
+    assert first.codec_files == second.codec_files  # sizes and CRC32 of every file
+    assert [s.files for s in first.segments] == [s.files for s in second.segments]
+    stats = first.segments[0].build_stats
+    assert stats["codec_s"] == pytest.approx(stats["codec_train_s"] + stats["codec_encode_s"])
+    assert stats["codec_train_s"] > 0 and 0 < stats["reconstruction_mse"] < 0.5
 
 
 def test_build_is_atomic_on_late_error(tmp_path, model):

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 FAISS_PART = ("faiss.index", "faiss_ids.i64")
 IVF = "IVF4096,Flat"  # the fast variant: same stored tokens, an inverted-file FAISS index over them
 CODE_FILES = ("token_centroids.u16", "token_residuals.u8")  # what a full scan of a compressed index streams
+CODEC_PARTS = ("codec_train_s", "codec_encode_s")  # the codec step (codec_s): training, assigning + quantising
 LABELS = {"aligner": "fp16 full tokens, exact IP (encode + build)", "aligner-ivf": f"{IVF} (derived, no re-encoding)",
           "aligner-default": "the default: codec auto, β^d=0.2, search on codes (encode + build)"}
 
@@ -88,9 +89,15 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
                                                                              "--encoder", encoder])
     build["stream_vectors_seconds"] = round(sum(measure.stream_seconds(path) for name in CODE_FILES
                                                 for path in sorted(default_dir.glob(f"seg-*/{name}"))), 4)
-    stats = read_manifest(default_dir).build_stats
-    build["phases_s"] = {key: round(value, 2) for key, value in stats.items() if key.endswith("_s")}
+    manifest = read_manifest(default_dir)
+    stats = manifest.build_stats
+    build["phases_s"] = {key: round(value, 2) for key, value in stats.items() if key not in CODEC_PARTS}
+    build["codec_parts_s"] = {key[len("codec_"):-2]: round(stats.get(key, 0.0), 2) for key in CODEC_PARTS}
     build["codec_share"] = round(stats.get("codec_s", 0.0) / build["seconds"], 3)
+    errors = [(s.build_stats["reconstruction_mse"], s.num_tokens) for s in manifest.segments
+              if "reconstruction_mse" in s.build_stats]
+    if errors:
+        build["reconstruction_mse"] = round(sum(e * n for e, n in errors) / sum(n for _, n in errors), 5)
 
     if build_only:
         return _write(report, output)
@@ -129,7 +136,7 @@ def bench_markdown(report: dict) -> str:
         lines.append(f"| {label} | {build['seconds']} | {build['peak_rss_mib']} | {build['faiss_bytes_per_doc']} | "
                      f"{build['refine_bytes_per_doc']} | {build['total_bytes_per_doc']} |")
     if not report["search"]:
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _build_phases(report)) + "\n"
     compressed = report["build"].get("aligner-default", {})
     lines += ["", f"Latency over the first {report['timed_queries']} queries (query encoding included, after 5 warm-up "
                   f"queries); nDCG@10 over all {report['queries']}. `exhaustive` scores every document with every stored "
@@ -147,9 +154,18 @@ def bench_markdown(report: dict) -> str:
         lines += ["", "| minus the fp16 exhaustive ceiling | nDCG@10 | recall@1000 |", "|---|---:|---:|"]
         lines += [f"| {name} | {value['ndcg@10']:+.4f} | {value['recall@1000']:+.4f} |"
                   for name, value in report["vs_exhaustive"].items()]
+    return "\n".join(lines + _build_phases(report)) + "\n"
+
+
+def _build_phases(report: dict) -> list[str]:
+    """Lines on the default build's phases and its codec step (empty when the report has no default build)."""
+    lines = []
     default = report["build"].get("aligner-default")
     if default and "phases_s" in default:
         lines += ["", f"Default build: {default['seconds']} s, of which "
                   + ", ".join(f"{k[:-2]} {v} s" for k, v in default["phases_s"].items())
-                  + f"; the codec step is {default['codec_share']:.1%} of the build."]
-    return "\n".join(lines) + "\n"
+                  + f"; the codec step is {default['codec_share']:.1%} of the build"
+                  + (f" (training {default['codec_parts_s']['train']} s, assigning and quantising every token "
+                     f"{default['codec_parts_s']['encode']} s; reconstruction error {default['reconstruction_mse']} per "
+                     "token, squared)" if "codec_parts_s" in default and "reconstruction_mse" in default else "") + "."]
+    return lines

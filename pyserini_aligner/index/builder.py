@@ -38,7 +38,6 @@ DEFAULT_INDEX_TYPE = "Flat"
 DEFAULT_CODEC = AUTO
 DEFAULT_DOC_PRUNE = 0.2
 CODEC_POINTS_PER_CENTROID = 32  # k-means sample: this many tokens per coarse centroid (all tokens when fewer)
-CPU_POINTS_PER_CENTROID = 8  # on a CPU, where k-means costs minutes, fewer
 _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
              "docids.txt", "token_centroids.u16", "token_residuals.u8", "kept.bits", "codec_centroids.i8",
              "codec_scales.f32", "codec_codebooks.f32")
@@ -155,13 +154,13 @@ def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxl
 
 def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, seed: int) -> ResidualCodec:
     """Fit the codec on the token vectors of ``chunks``: centroids on up to max(train_size, 32·nlist) tokens and PQ
-    codebooks on up to ``train_size`` residuals, sampled with ``seed``, on the chunks' device (TF32 matmuls on a GPU)."""
+    codebooks on up to ``train_size`` residuals, drawn with ``seed`` from all the chunks' tokens, on the chunks'
+    device (TF32 matmuls on a GPU; two-level k-means for a large codec on a CPU)."""
     flat = torch.cat([c.vectors[c.mask] for c in chunks]).float()
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(flat), generator=gen).to(flat.device)
     cuda = flat.device.type == "cuda"
-    per_centroid = CODEC_POINTS_PER_CENTROID if cuda else CPU_POINTS_PER_CENTROID
-    sample = flat[order[:max(train_size, per_centroid * spec.nlist)]]
+    sample = flat[order[:max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist)]]
     residual = flat[order[:train_size]]
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = cuda
@@ -169,6 +168,13 @@ def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, se
         return ResidualCodec.train(spec, sample, residual, seed=seed)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def record_codec_training(stats: dict, seconds: float) -> None:
+    """Add the codec's training time to a segment's ``build_stats``: ``codec_train_s``, and ``codec_s`` (training
+    plus assigning and quantising every token, ``codec_encode_s``)."""
+    stats["codec_train_s"] = stats.get("codec_train_s", 0.0) + seconds
+    stats["codec_s"] = stats.get("codec_s", 0.0) + seconds
 
 
 def codec_source(path: str | os.PathLike) -> tuple[ResidualCodec, Path, dict]:
@@ -389,7 +395,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         finally:
             bar.close()
         if spec.compressed:
-            info.build_stats["codec_s"] = info.build_stats.get("codec_s", 0.0) + codec_seconds
+            record_codec_training(info.build_stats, codec_seconds)
         info.build_stats["total_s"] = time.perf_counter() - started
         return new_manifest(model, encoder, model_name, spec, doc_prune, index_type, prune_redundancy, max_length,
                             corpus_name, codec_dir, codec_files, [info])

@@ -8,12 +8,15 @@
   the kept tokens (the β^d most salient of each document) at load time: candidate generation and refinement read
   one store.
 
-Training (k-means) and encoding run in torch, on the CPU or a GPU; decoding is a table lookup.
+Training (k-means) and encoding run in torch, on the CPU or a GPU; decoding is a table lookup. On a CPU, a codec
+of many centroids (``HIERARCHY_MIN_NLIST`` and up) trains them by two-level k-means (:func:`two_level_kmeans`) and
+assigns each token to its nearest centroid among the groups of centroids nearest to it (:class:`CentroidSearch`);
+brute force costs ``nlist · d`` multiply-adds per token there. On a GPU both stay brute force.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -25,6 +28,10 @@ DEFAULT_PQ_M = 4
 PQ_CENTROIDS = 256  # 8-bit sub-quantizer codes
 _SPEC = re.compile(r"IVF(\d+),PQ(\d+)")
 _CHUNK_ELEMENTS = 1 << 24  # score-matrix entries per assignment step
+HIERARCHY_MIN_NLIST = 1024  # from this many centroids a CPU codec trains and assigns through a coarse level
+SEARCH_PROBES = 10  # groups of centroids (of 2·sqrt(nlist)) searched per token by CentroidSearch
+COARSE_POINTS = 256  # points per coarse centroid that train the first level of two_level_kmeans
+_SEARCH_ROWS = 1 << 17  # tokens per CentroidSearch call
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,7 @@ def kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, spherical: bool = 
     if len(x) == 0:
         raise ValueError("k-means needs at least one point")
     gen = torch.Generator().manual_seed(seed)
-    if len(x) < k:  # fewer points than centroids: every point is a centroid, the rest repeat points
+    if len(x) <= k:  # no more points than centroids: every point is a centroid, the rest repeat points
         pick = torch.cat([torch.arange(len(x)), torch.randint(len(x), (k - len(x),), generator=gen)])
         return x[pick.to(x.device)].clone()
     if x.device.type == "cpu" and _faiss_kmeans_available():
@@ -123,6 +130,100 @@ def kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, spherical: bool = 
     return centroids
 
 
+def coarse_count(k: int) -> int:
+    """Coarse clusters above ``k`` centroids in two-level k-means: round(sqrt(k)), at least 1 (CentroidSearch groups
+    them finer: coarse_count(4·k) groups)."""
+    return max(1, int(round(k ** 0.5)))
+
+
+def share_centroids(counts: np.ndarray, k: int) -> np.ndarray:
+    """Centroids per coarse cluster: int64 [len(counts)] proportional to the clusters' point ``counts`` (largest
+    remainders first, ties to the lower index), at most a cluster's count, summing to min(k, counts.sum())."""
+    counts = np.asarray(counts, dtype=np.int64)
+    k = min(k, int(counts.sum()))
+    quota = k * counts / max(int(counts.sum()), 1)
+    share = np.minimum(np.floor(quota).astype(np.int64), counts)
+    while (missing := k - int(share.sum())) > 0:
+        gap = np.where(share < counts, quota - share, -np.inf)
+        share[np.argsort(-gap, kind="stable")[:min(missing, int((share < counts).sum()))]] += 1
+    return share
+
+
+def two_level_kmeans(x: Tensor, k: int, iters: int = 10, seed: int = 0, refine: int = 1) -> Tensor:
+    """Spherical k-means in two levels: ``coarse_count(k)`` clusters (trained on up to COARSE_POINTS points each) of
+    x [n, d] (unit rows, CPU), then k-means inside each cluster with centroids in proportion to its size
+    (:func:`share_centroids`), then ``refine`` Lloyd steps over all k centroids with :class:`CentroidSearch`
+    assignment (they move the centroids that a cluster border cut off); [k, d] unit centroids. About sqrt(k) times
+    fewer multiply-adds than one k-means of k centroids on the same points."""
+    if len(x) <= k:
+        return kmeans(x, k, iters, seed, spherical=True)
+    gen = torch.Generator().manual_seed(seed)
+    first = torch.randperm(len(x), generator=gen)[:COARSE_POINTS * coarse_count(k)]
+    coarse = kmeans(x[first], coarse_count(k), iters, seed, spherical=True)
+    assign = nearest(x, coarse)
+    counts = torch.bincount(assign, minlength=len(coarse)).numpy()
+    share = share_centroids(counts, k)
+    order = torch.argsort(assign, stable=True)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    centroids = torch.cat([kmeans(x[order[bounds[c]:bounds[c + 1]]], int(share[c]), iters, seed + 1 + int(c),
+                                  spherical=True) for c in np.flatnonzero(share)])
+    for _ in range(refine):
+        assign = CentroidSearch(centroids, seed=seed)(x)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, x)
+        filled = torch.bincount(assign, minlength=k) > 0  # an emptied centroid stays where it was
+        centroids = torch.where(filled[:, None], torch.nn.functional.normalize(sums, dim=-1), centroids)
+    return centroids
+
+
+class CentroidSearch:
+    """Nearest centroid by inner product, searched among the centroids of the ``probes`` groups nearest each vector.
+
+    The centroids [k, d] are grouped by a seeded spherical k-means of the centroids themselves into
+    ``coarse_count(4·k)`` (2·sqrt(k)) groups, so a codec loaded from disk groups them as the one that wrote it. A
+    vector scores the group centres, then the centroids of its ``probes`` best groups (about probes / (2·sqrt(k)) of
+    all), in a FAISS IndexIVFFlat whose lists are the groups. probes >= the number of groups searches every
+    centroid: exact.
+    """
+
+    def __init__(self, centroids: Tensor, probes: int = SEARCH_PROBES, seed: int = 0):
+        import faiss
+
+        if probes < 1:
+            raise ValueError(f"probes must be >= 1, got {probes}")
+        self.centroids = centroids.detach().float().cpu().contiguous()
+        self.centres = kmeans(self.centroids, coarse_count(4 * len(centroids)), 10, seed, spherical=True)
+        group = nearest(self.centroids, self.centres)
+        self.order = torch.argsort(group, stable=True)  # centroid ids, group by group (ascending within a group)
+        self.bounds = np.concatenate([[0], np.cumsum(torch.bincount(group, minlength=len(self.centres)).numpy())])
+        self.probes = min(probes, len(self.centres))
+        dim = self.centroids.shape[1]
+        quantizer = faiss.IndexFlatIP(dim)
+        quantizer.add(np.ascontiguousarray(self.centres.numpy()))
+        index = faiss.IndexIVFFlat(quantizer, dim, len(self.centres), faiss.METRIC_INNER_PRODUCT)
+        index.own_fields = True
+        quantizer.this.disown()
+        labels = np.ascontiguousarray(self.order.numpy().astype(np.int64))
+        codes = np.ascontiguousarray(self.centroids[self.order].numpy()).view(np.uint8)  # [k, 4·d] bytes
+        for g in np.flatnonzero(np.diff(self.bounds)):
+            a, b = int(self.bounds[g]), int(self.bounds[g + 1])
+            index.invlists.add_entries(int(g), b - a, faiss.swig_ptr(labels[a:b]), faiss.swig_ptr(codes[a:b]))
+        index.ntotal, index.is_trained, index.nprobe = len(labels), True, self.probes
+        self.index = index
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """Index [n] (int64) of the nearest centroid found for each row of x [n, d] (CPU)."""
+        found = torch.empty(len(x), dtype=torch.long)
+        for start in range(0, len(x), _SEARCH_ROWS):
+            part = x[start:start + _SEARCH_ROWS].detach().float()
+            _, ids = self.index.search(np.ascontiguousarray(part.numpy()), 1)
+            ids = torch.from_numpy(ids[:, 0])
+            lost = ids < 0  # every probed group empty (a group centre no centroid is nearest to)
+            if lost.any():
+                ids[lost] = nearest(part[lost], self.centroids)
+            found[start:start + _SEARCH_ROWS] = ids
+        return found
+
+
 def _faiss_kmeans_available() -> bool:
     try:
         import faiss  # noqa: F401
@@ -132,14 +233,20 @@ def _faiss_kmeans_available() -> bool:
 
 
 def _faiss_kmeans(x: Tensor, k: int, iters: int, seed: int, spherical: bool) -> Tensor:
-    """FAISS's k-means on the CPU (the same Lloyd iterations, in optimised C++)."""
+    """FAISS's k-means on the CPU (the same Lloyd iterations, in optimised C++), on one thread: on a busy machine
+    its threads wait on each other at every step for far longer than they save (the result is the same)."""
     import faiss
 
     data = np.ascontiguousarray(x.detach().float().numpy())
     km = faiss.Kmeans(data.shape[1], k, niter=iters, seed=seed + 1, spherical=spherical,
                       max_points_per_centroid=max(256, (len(data) + k - 1) // k), min_points_per_centroid=1,
                       verbose=False)
-    km.train(data)
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        km.train(data)
+    finally:
+        faiss.omp_set_num_threads(threads)
     return torch.from_numpy(np.array(km.centroids)).to(x.dtype)
 
 
@@ -155,16 +262,26 @@ def dequantize_centroids(values: np.ndarray, scales: np.ndarray) -> Tensor:
     return torch.from_numpy(values.astype(np.float32) * scales[:, None].astype(np.float32))
 
 
+def restricted_search(nlist: int, device: str | torch.device) -> bool:
+    """Whether a codec of ``nlist`` centroids on ``device`` trains by two-level k-means and assigns through
+    :class:`CentroidSearch` (large codecs on a CPU) instead of brute force."""
+    return torch.device(device).type == "cpu" and nlist >= HIERARCHY_MIN_NLIST
+
+
 @dataclass
 class ResidualCodec:
     """Trained parameters of an ``IVF<nlist>,PQ<M>`` codec: centroids [nlist, d], codebooks [M, 256, d/M]."""
 
     centroids: Tensor
     codebooks: Tensor
+    _search: CentroidSearch | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def spec(self) -> CodecSpec:
         return CodecSpec(len(self.centroids), len(self.codebooks))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_search": None}  # the FAISS search is rebuilt where it is needed
 
     def to(self, device: str | torch.device) -> "ResidualCodec":
         """This codec with its tensors on ``device``."""
@@ -175,22 +292,32 @@ class ResidualCodec:
               seed: int = 0) -> "ResidualCodec":
         """Fit centroids on ``sample`` [n, d] (unit vectors) and PQ codebooks on the residuals of
         ``residual_sample`` (default: sample) [n', d], float32 on any device. Centroids are rounded
-        as stored (int8 with a per-centroid scale)."""
+        as stored (int8 with a per-centroid scale); residuals are taken as :meth:`encode_centroids` assigns."""
         if not spec.compressed:
             raise ValueError("fp16 has nothing to train")
         dim = sample.shape[1]
         parse_codec(str(spec), dim)
-        centroids = kmeans(sample, spec.nlist, iters, seed, spherical=True)
+        if restricted_search(spec.nlist, sample.device):
+            centroids = two_level_kmeans(sample, spec.nlist, iters, seed)
+        else:
+            centroids = kmeans(sample, spec.nlist, iters, seed, spherical=True)
         centroids = dequantize_centroids(*quantize_centroids(centroids)).to(sample.device)
         base = sample if residual_sample is None else residual_sample
-        residuals = base - centroids[nearest(base, centroids)]
+        codec = cls(centroids.float(), centroids.new_zeros(spec.pq_m, PQ_CENTROIDS, dim // spec.pq_m))
+        ids = torch.from_numpy(codec.encode_centroids(base).astype(np.int64))
+        residuals = base - codec.centroids[ids.to(base.device)]
         parts = residuals.reshape(len(residuals), spec.pq_m, dim // spec.pq_m).transpose(0, 1)
-        codebooks = torch.stack([kmeans(part.contiguous(), PQ_CENTROIDS, iters, seed + 1 + m)
-                                 for m, part in enumerate(parts)])
-        return cls(centroids.float(), codebooks.float())
+        codec.codebooks = torch.stack([kmeans(part.contiguous(), PQ_CENTROIDS, iters, seed + 1 + m)
+                                       for m, part in enumerate(parts)]).float()
+        return codec
 
     def encode_centroids(self, x: Tensor) -> np.ndarray:
-        """uint16 [n]: nearest centroid (inner product) of each row of x [n, d] (TF32 matmuls on a GPU)."""
+        """uint16 [n]: nearest centroid (inner product) of each row of x [n, d]: brute force (TF32 matmuls on a
+        GPU), or through a :class:`CentroidSearch` for a large codec on a CPU (built once per codec, seeded)."""
+        if restricted_search(len(self.centroids), x.device):
+            if self._search is None:
+                self._search = CentroidSearch(self.centroids.cpu())
+            return self._search(x.float()).numpy().astype(np.uint16)
         saved = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = x.device.type == "cuda"
         try:

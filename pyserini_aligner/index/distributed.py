@@ -31,8 +31,8 @@ from tqdm.auto import tqdm
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, DocidRegistry,
                                             checked_items, codec_source, copy_codec, encode_chunks,
-                                            new_manifest, sample_for_codec, train_codec, write_index,
-                                            write_segment)
+                                            new_manifest, record_codec_training, sample_for_codec, train_codec,
+                                            write_index, write_segment)
 from pyserini_aligner.index.codec import CodecSpec, parse_codec
 from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
@@ -263,7 +263,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
             info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim, doc_prune,
                                  prune_redundancy, None if trained is None else trained.to(model.device),
                                  index_type, train_size, seed, progress=False, on_chunk=advance)
-            info.build_stats["codec_s"] = info.build_stats.get("codec_s", 0.0) + codec_seconds
+            record_codec_training(info.build_stats, codec_seconds)
             info.build_stats["total_s"] = time.perf_counter() - started
             _wait_for_ranks(job, bar, own, timeout_s)
         except BaseException as err:

@@ -84,6 +84,9 @@ class SegmentWriter:
         self._bits_carry = np.zeros(0, dtype=bool)
         self._ivf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centroid, doc row, code) of kept tokens
         self.seconds = {"prune_s": 0.0, "codec_s": 0.0, "write_s": 0.0}
+        if codec is not None:
+            self.seconds["codec_encode_s"] = 0.0  # assigning and quantising every token (codec_s adds training)
+
         self._error, self._error_tokens = 0.0, 0  # squared reconstruction error of the tokens encoded here
         if codec is not None and codec.codebooks.shape[1] != PQ_CENTROIDS:
             raise ValueError("codec codebooks must have 256 entries per sub-quantizer")
@@ -124,7 +127,9 @@ class SegmentWriter:
                 self._error_tokens += len(x)
             else:
                 ids, residuals = (np.ascontiguousarray(c) for c in codes)
-            self.seconds["codec_s"] += time.perf_counter() - begin
+            elapsed = time.perf_counter() - begin
+            self.seconds["codec_s"] += elapsed
+            self.seconds["codec_encode_s"] += elapsed
             begin = time.perf_counter()
             owner = np.repeat(np.arange(len(lengths), dtype=np.int32) + self.num_docs, lengths)
             self._ivf.append((ids[kept], owner[kept], residuals[kept]))
