@@ -1,4 +1,6 @@
-"""Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home."""
+"""Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home; the shipped model
+loaded once per session."""
+import copy
 import json
 import os
 import shutil
@@ -63,9 +65,35 @@ def scifact_docs(n: int) -> list[dict]:
     return records
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shipped_model_cache():
+    """``AlignerModel.from_pretrained("aligner")`` on the CPU reads the shipped checkpoint once per session; each call
+    (from a test or from library code run in-process) gets its own deep copy, free to change. Other folders and
+    devices load as usual."""
+    from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerModel, resolve_dtype
+
+    load = AlignerModel.from_pretrained.__func__
+    loaded: list = []
+
+    def from_pretrained(cls, name_or_path="aligner", device="cpu", dtype=None):
+        shipped = str(name_or_path) == "aligner" or Path(name_or_path).resolve() == DEFAULT_CHECKPOINT.resolve()
+        if cls is not AlignerModel or not shipped or str(device) != "cpu":
+            return load(cls, name_or_path, device, dtype)
+        if not loaded:
+            loaded.append(load(cls, "aligner"))
+        model = copy.deepcopy(loaded[0])
+        model.compute_dtype = resolve_dtype(dtype)
+        return model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AlignerModel, "from_pretrained", classmethod(from_pretrained))
+        yield loaded
+
+
 @pytest.fixture(scope="session")
-def model():
-    """The shipped AligneR model (real MiniLM weights), loaded once."""
+def model(shipped_model_cache):
+    """The shipped AligneR model (real MiniLM weights), shared by the session: tests that change it copy it first
+    or undo the change (monkeypatch)."""
     from pyserini_aligner.model import AlignerModel
 
     return AlignerModel.from_pretrained("aligner")
@@ -126,3 +154,25 @@ def two_segment_index(tmp_path_factory, model) -> Path:
     store.write_manifest(work, manifest)
     work.rename(target)
     return target
+
+
+class Killed(BaseException):
+    """Raised at a fault point by :func:`killed_at`; a BaseException, so that the write unwinds as a kill stops it."""
+
+
+def killed_at(point: str, folder: Path, snapshot: Path, write) -> None:
+    """Run ``write()`` in this process as if SIGKILL struck at fault point ``point``: ``folder`` is copied to
+    ``snapshot`` as it stands on disk at that moment (what a killed process leaves behind: the bytes written so far,
+    no lock held), then the write is unwound. A write that never reaches ``point`` fails the test. A real kill of a
+    child process at a fault point (``PYSERINI_ALIGNER_FAULT``) is tested apart."""
+    from pyserini_aligner.index import faults
+
+    def reached(name: str) -> None:
+        if name == point:
+            shutil.copytree(folder, snapshot, symlinks=True)
+            raise Killed(point)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(faults, "point", reached)
+        with pytest.raises(Killed):
+            write()

@@ -16,7 +16,6 @@ import pytest
 from pyserini_aligner.index import StoredIndex, build_index, read_manifest, store
 from pyserini_aligner.index.faults import ENV as FAULT_ENV
 from pyserini_aligner.index.live import AlignerIndex
-from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search.searcher import AlignerSearcher
 from pyserini_aligner.trec import read_run
 
@@ -38,11 +37,6 @@ def read_scifact() -> tuple[list[tuple[str, str]], list[str]]:
         test_qids = {row.split("\t")[0] for row in archive.read("scifact/qrels/test.tsv").decode().splitlines()[1:]}
         queries = [json.loads(line) for line in archive.read("scifact/queries.jsonl").decode().splitlines()]
     return docs, [q["text"] for q in queries if q["_id"] in test_qids][:10]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return AlignerModel.from_pretrained("aligner")
 
 
 @pytest.fixture(scope="module")
