@@ -176,3 +176,22 @@ def killed_at(point: str, folder: Path, snapshot: Path, write) -> None:
         patch.setattr(faults, "point", reached)
         with pytest.raises(Killed):
             write()
+
+
+def run_module(module: str, *args: str) -> int:
+    """``python -m <module> <args>`` in this process (through the same import hooks); its exit status."""
+    import runpy
+    import sys
+
+    saved = sys.argv
+    sys.argv = [module, *map(str, args)]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)  # as the interpreter does with sys.exit("message")
+        return 1
+    finally:
+        sys.argv = saved
+    return 0
