@@ -16,13 +16,16 @@ os.environ.setdefault("PYSERINI_ALIGNER_BEIR_DIR", str(SHARED_BEIR))
 os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
 
 
-def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test") -> Path:
-    """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs plus every doc judged for
-    the queries kept (the test queries whose judged docs are all among those docs)."""
+def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test",
+                     words: int | None = None) -> Path:
+    """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs (each text cut to its first
+    ``words`` words, if given) and the test queries whose judged docs are all among them, with their judgements."""
     with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / f"{name}.zip") as archive:
         docs = [json.loads(line) for line in archive.read(f"{name}/corpus.jsonl").decode().splitlines()]
         queries = [json.loads(line) for line in archive.read(f"{name}/queries.jsonl").decode().splitlines()]
         qrels_rows = archive.read(f"{name}/qrels/{split}.tsv").decode().splitlines()[1:]
+    if words is not None:
+        docs = [{**doc, "text": " ".join(doc["text"].split()[:words])} for doc in docs[:n_docs]]
     kept = {doc["_id"] for doc in docs[:n_docs]}
     judged: dict[str, set] = {}
     for row in qrels_rows:
@@ -50,10 +53,12 @@ def scifact_small(tmp_path_factory) -> Path:
 
 
 N_DOCS = 200  # documents of the shared SciFact indexes
+DOC_WORDS = 96  # words of each document's text in the shared indexes (the title comes first)
 
 
-def scifact_docs(n: int) -> list[dict]:
-    """The first n SciFact documents as JsonCollection records (contents = title + text)."""
+def scifact_docs(n: int, words: int | None = None) -> list[dict]:
+    """The first n SciFact documents as JsonCollection records (contents = title + text, the text cut to its first
+    ``words`` words if given)."""
     records = []
     with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive, \
             archive.open("scifact/corpus.jsonl") as lines:
@@ -61,7 +66,8 @@ def scifact_docs(n: int) -> list[dict]:
             if len(records) == n:
                 break
             doc = json.loads(line)
-            records.append({"id": doc["_id"], "contents": f"{doc['title']} {doc['text']}".strip()})
+            text = doc["text"] if words is None else " ".join(doc["text"].split()[:words])
+            records.append({"id": doc["_id"], "contents": f"{doc['title']} {text}".strip()})
     return records
 
 
@@ -101,10 +107,10 @@ def model(shipped_model_cache):
 
 @pytest.fixture(scope="session")
 def corpus_file(tmp_path_factory) -> Path:
-    """The first 200 SciFact documents as a JsonCollection file."""
+    """The first 200 SciFact documents (texts cut to DOC_WORDS words) as a JsonCollection file."""
     path = tmp_path_factory.getbasetemp() / "scifact200.jsonl"
     if not path.is_file():
-        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS)))
+        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS, DOC_WORDS)))
     return path
 
 
@@ -121,28 +127,32 @@ def index_dir(tmp_path_factory, model, corpus_file) -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_index(tmp_path_factory, model, corpus_file) -> Path:
-    """The same 200 documents under build_index's defaults (codec auto = IVF<nlist>,PQ4, β^d 0.2), built once."""
-    from pyserini_aligner.index import build_index, read_json_collection, store
+def default_index(tmp_path_factory, index_dir) -> Path:
+    """The same 200 documents stored as build_index's defaults store them (codec auto = IVF<nlist>,PQ4, β^d 0.2 with
+    the redundancy rule), derived once from ``index_dir`` without encoding them again (build_index's defaults
+    themselves: tests/test_index.py)."""
+    from pyserini_aligner.index import derive_index, store
+    from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE
+    from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
     target = tmp_path_factory.getbasetemp() / "scifact200_default"
     if not (target / store.MANIFEST).is_file():
-        build_index(read_json_collection(corpus_file), target, model, progress=False, model_name="aligner",
-                    num_docs_hint=N_DOCS)
+        derive_index(index_dir, target, codec=DEFAULT_CODEC, doc_prune=DEFAULT_DOC_PRUNE,
+                     prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=False)
     return target
 
 
 @pytest.fixture(scope="session")
 def two_segment_index(tmp_path_factory, model) -> Path:
-    """The 200 documents as two segments sharing one codec: halves built apart (the second with ``codec_from`` the
-    first), then one manifest listing both segments."""
+    """The 200 documents (texts cut to 32 words) as two segments sharing one codec: halves built apart (the second
+    with ``codec_from`` the first), then one manifest listing both segments."""
     from pyserini_aligner.index import build_index, read_manifest, store
 
     base = tmp_path_factory.getbasetemp()
     target = base / "scifact200_two_segments"
     if (target / store.MANIFEST).is_file():
         return target
-    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS)]
+    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS, 32)]
     first, second = base / "scifact200_first_half", base / "scifact200_second_half"
     build_index(docs[:N_DOCS // 2], first, model, progress=False, model_name="aligner", codec="IVF64,PQ4")
     build_index(docs[N_DOCS // 2:], second, model, progress=False, model_name="aligner", codec_from=first)
