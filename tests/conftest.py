@@ -48,8 +48,8 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
 
 @pytest.fixture(scope="session")
 def scifact_small(tmp_path_factory) -> Path:
-    """A 300-document SciFact BEIR folder with the test queries fully judged inside it."""
-    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"))
+    """A 300-document SciFact BEIR folder (texts cut to 64 words) with the test queries fully judged inside it."""
+    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"), words=64)
 
 
 N_DOCS = 200  # documents of the shared SciFact indexes
