@@ -17,9 +17,10 @@ os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
 
 
 def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test",
-                     words: int | None = None) -> Path:
+                     words: int | None = None, max_docs: int | None = None) -> Path:
     """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs (each text cut to its first
-    ``words`` words, if given) and the test queries whose judged docs are all among them, with their judgements."""
+    ``words`` words, if given) and the test queries whose judged docs are all among them, with their judgements.
+    With ``max_docs``, only the judged docs and the first others are kept, ``max_docs`` in all (corpus order)."""
     with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / f"{name}.zip") as archive:
         docs = [json.loads(line) for line in archive.read(f"{name}/corpus.jsonl").decode().splitlines()]
         queries = [json.loads(line) for line in archive.read(f"{name}/queries.jsonl").decode().splitlines()]
@@ -32,9 +33,14 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
         qid, docid, _ = row.split("\t")
         judged.setdefault(qid, set()).add(docid)
     qids = {qid for qid, ids in judged.items() if ids <= kept}
+    docs = docs[:n_docs]
+    if max_docs is not None:
+        needed = set().union(*(judged[qid] for qid in qids))
+        others = max_docs - len(needed)
+        docs = [doc for doc in docs if doc["_id"] in needed or (others := others - 1) >= 0]
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     with (folder / "corpus.jsonl").open("w") as out:
-        for doc in docs[:n_docs]:
+        for doc in docs:
             out.write(json.dumps(doc) + "\n")
     with (folder / "queries.jsonl").open("w") as out:
         for query in queries:
@@ -48,8 +54,9 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
 
 @pytest.fixture(scope="session")
 def scifact_small(tmp_path_factory) -> Path:
-    """A 300-document SciFact BEIR folder (texts cut to 64 words) with the test queries fully judged inside it."""
-    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"), words=64)
+    """A 150-document SciFact BEIR folder (texts cut to 64 words) with the test queries fully judged inside it (those
+    of the first 300 documents)."""
+    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"), words=64, max_docs=150)
 
 
 N_DOCS = 200  # documents of the shared SciFact indexes
@@ -192,11 +199,14 @@ def run_module(module: str, *args: str) -> int:
     """``python -m <module> <args>`` in this process (through the same import hooks); its exit status."""
     import runpy
     import sys
+    import warnings
 
     saved = sys.argv
     sys.argv = [module, *map(str, args)]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        with warnings.catch_warnings():  # a __main__ module that a test imported already runs again, as in a child
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             return stop.code or 0

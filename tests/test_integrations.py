@@ -18,7 +18,7 @@ def setup(tmp_path_factory):
     from conftest import make_beir_folder
 
     root = tmp_path_factory.mktemp("integrations")
-    dataset = Dataset(str(make_beir_folder(root / "beir", n_docs=60)))
+    dataset = Dataset(str(make_beir_folder(root / "beir", n_docs=60, words=32)))
     write_json_collection(dataset.docs(), root / "collection")
     queries = dataset.queries()
     topics = root / "topics.tsv"

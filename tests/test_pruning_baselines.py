@@ -1,4 +1,4 @@
-"""eval.pruning_baselines on the 300-doc SciFact folder: every method × β^d derived, searched and tabulated."""
+"""eval.pruning_baselines on the 150-doc SciFact folder: every method × β^d derived, searched and tabulated."""
 import json
 
 import numpy as np
