@@ -86,6 +86,7 @@ def test_searcher_equals_exhaustive_with_large_k(variant, model, data, backend):
     assert list(got) == [q["id"] for q in queries]
     for q in queries:
         assert_same_ranking(as_pairs(got[q["id"]]), as_pairs(want[q["id"]]))
+    for q in queries[:3]:  # one query at a time: the same ranking
         assert_same_ranking(as_pairs(searcher.search(q["text"], k=10)), as_pairs(want[q["id"]]))
 
 
