@@ -90,7 +90,7 @@ def shipped_model_cache():
 
     def from_pretrained(cls, name_or_path="aligner", device="cpu", dtype=None):
         shipped = str(name_or_path) == "aligner" or Path(name_or_path).resolve() == DEFAULT_CHECKPOINT.resolve()
-        if cls is not AlignerModel or not shipped or str(device) != "cpu":
+        if cls is not AlignerModel or not shipped or str(device or "cpu") != "cpu":
             return load(cls, name_or_path, device, dtype)
         if not loaded:
             loaded.append(load(cls, "aligner"))
