@@ -1,4 +1,6 @@
-"""Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home."""
+"""Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home; the shipped model
+loaded once per session."""
+import copy
 import json
 import os
 import shutil
@@ -14,22 +16,31 @@ os.environ.setdefault("PYSERINI_ALIGNER_BEIR_DIR", str(SHARED_BEIR))
 os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
 
 
-def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test") -> Path:
-    """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs plus every doc judged for
-    the queries kept (the test queries whose judged docs are all among those docs)."""
+def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test",
+                     words: int | None = None, max_docs: int | None = None) -> Path:
+    """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs (each text cut to its first
+    ``words`` words, if given) and the test queries whose judged docs are all among them, with their judgements.
+    With ``max_docs``, only the judged docs and the first others are kept, ``max_docs`` in all (corpus order)."""
     with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / f"{name}.zip") as archive:
         docs = [json.loads(line) for line in archive.read(f"{name}/corpus.jsonl").decode().splitlines()]
         queries = [json.loads(line) for line in archive.read(f"{name}/queries.jsonl").decode().splitlines()]
         qrels_rows = archive.read(f"{name}/qrels/{split}.tsv").decode().splitlines()[1:]
+    if words is not None:
+        docs = [{**doc, "text": " ".join(doc["text"].split()[:words])} for doc in docs[:n_docs]]
     kept = {doc["_id"] for doc in docs[:n_docs]}
     judged: dict[str, set] = {}
     for row in qrels_rows:
         qid, docid, _ = row.split("\t")
         judged.setdefault(qid, set()).add(docid)
     qids = {qid for qid, ids in judged.items() if ids <= kept}
+    docs = docs[:n_docs]
+    if max_docs is not None:
+        needed = set().union(*(judged[qid] for qid in qids))
+        others = max_docs - len(needed)
+        docs = [doc for doc in docs if doc["_id"] in needed or (others := others - 1) >= 0]
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     with (folder / "corpus.jsonl").open("w") as out:
-        for doc in docs[:n_docs]:
+        for doc in docs:
             out.write(json.dumps(doc) + "\n")
     with (folder / "queries.jsonl").open("w") as out:
         for query in queries:
@@ -43,15 +54,18 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
 
 @pytest.fixture(scope="session")
 def scifact_small(tmp_path_factory) -> Path:
-    """A 300-document SciFact BEIR folder with the test queries fully judged inside it."""
-    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"))
+    """A 150-document SciFact BEIR folder (texts cut to 64 words) with the test queries fully judged inside it (those
+    of the first 300 documents)."""
+    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"), words=64, max_docs=150)
 
 
 N_DOCS = 200  # documents of the shared SciFact indexes
+DOC_WORDS = 96  # words of each document's text in the shared indexes (the title comes first)
 
 
-def scifact_docs(n: int) -> list[dict]:
-    """The first n SciFact documents as JsonCollection records (contents = title + text)."""
+def scifact_docs(n: int, words: int | None = None) -> list[dict]:
+    """The first n SciFact documents as JsonCollection records (contents = title + text, the text cut to its first
+    ``words`` words if given)."""
     records = []
     with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive, \
             archive.open("scifact/corpus.jsonl") as lines:
@@ -59,13 +73,40 @@ def scifact_docs(n: int) -> list[dict]:
             if len(records) == n:
                 break
             doc = json.loads(line)
-            records.append({"id": doc["_id"], "contents": f"{doc['title']} {doc['text']}".strip()})
+            text = doc["text"] if words is None else " ".join(doc["text"].split()[:words])
+            records.append({"id": doc["_id"], "contents": f"{doc['title']} {text}".strip()})
     return records
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shipped_model_cache():
+    """``AlignerModel.from_pretrained("aligner")`` on the CPU reads the shipped checkpoint once per session; each call
+    (from a test or from library code run in-process) gets its own deep copy, free to change. Other folders and
+    devices load as usual."""
+    from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerModel, resolve_dtype
+
+    load = AlignerModel.from_pretrained.__func__
+    loaded: list = []
+
+    def from_pretrained(cls, name_or_path="aligner", device="cpu", dtype=None):
+        shipped = str(name_or_path) == "aligner" or Path(name_or_path).resolve() == DEFAULT_CHECKPOINT.resolve()
+        if cls is not AlignerModel or not shipped or str(device or "cpu") != "cpu":
+            return load(cls, name_or_path, device, dtype)
+        if not loaded:
+            loaded.append(load(cls, "aligner"))
+        model = copy.deepcopy(loaded[0])
+        model.compute_dtype = resolve_dtype(dtype)
+        return model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AlignerModel, "from_pretrained", classmethod(from_pretrained))
+        yield loaded
+
+
 @pytest.fixture(scope="session")
-def model():
-    """The shipped AligneR model (real MiniLM weights), loaded once."""
+def model(shipped_model_cache):
+    """The shipped AligneR model (real MiniLM weights), shared by the session: tests that change it copy it first
+    or undo the change (monkeypatch)."""
     from pyserini_aligner.model import AlignerModel
 
     return AlignerModel.from_pretrained("aligner")
@@ -73,10 +114,10 @@ def model():
 
 @pytest.fixture(scope="session")
 def corpus_file(tmp_path_factory) -> Path:
-    """The first 200 SciFact documents as a JsonCollection file."""
+    """The first 200 SciFact documents (texts cut to DOC_WORDS words) as a JsonCollection file."""
     path = tmp_path_factory.getbasetemp() / "scifact200.jsonl"
     if not path.is_file():
-        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS)))
+        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS, DOC_WORDS)))
     return path
 
 
@@ -93,28 +134,32 @@ def index_dir(tmp_path_factory, model, corpus_file) -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_index(tmp_path_factory, model, corpus_file) -> Path:
-    """The same 200 documents under build_index's defaults (codec auto = IVF<nlist>,PQ4, β^d 0.2), built once."""
-    from pyserini_aligner.index import build_index, read_json_collection, store
+def default_index(tmp_path_factory, index_dir) -> Path:
+    """The same 200 documents stored as build_index's defaults store them (codec auto = IVF<nlist>,PQ4, β^d 0.2 with
+    the redundancy rule), derived once from ``index_dir`` without encoding them again (build_index's defaults
+    themselves: tests/test_index.py)."""
+    from pyserini_aligner.index import derive_index, store
+    from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE
+    from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
     target = tmp_path_factory.getbasetemp() / "scifact200_default"
     if not (target / store.MANIFEST).is_file():
-        build_index(read_json_collection(corpus_file), target, model, progress=False, model_name="aligner",
-                    num_docs_hint=N_DOCS)
+        derive_index(index_dir, target, codec=DEFAULT_CODEC, doc_prune=DEFAULT_DOC_PRUNE,
+                     prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=False)
     return target
 
 
 @pytest.fixture(scope="session")
 def two_segment_index(tmp_path_factory, model) -> Path:
-    """The 200 documents as two segments sharing one codec: halves built apart (the second with ``codec_from`` the
-    first), then one manifest listing both segments."""
+    """The 200 documents (texts cut to 32 words) as two segments sharing one codec: halves built apart (the second
+    with ``codec_from`` the first), then one manifest listing both segments."""
     from pyserini_aligner.index import build_index, read_manifest, store
 
     base = tmp_path_factory.getbasetemp()
     target = base / "scifact200_two_segments"
     if (target / store.MANIFEST).is_file():
         return target
-    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS)]
+    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS, 32)]
     first, second = base / "scifact200_first_half", base / "scifact200_second_half"
     build_index(docs[:N_DOCS // 2], first, model, progress=False, model_name="aligner", codec="IVF64,PQ4")
     build_index(docs[N_DOCS // 2:], second, model, progress=False, model_name="aligner", codec_from=first)
@@ -126,3 +171,47 @@ def two_segment_index(tmp_path_factory, model) -> Path:
     store.write_manifest(work, manifest)
     work.rename(target)
     return target
+
+
+class Killed(BaseException):
+    """Raised at a fault point by :func:`killed_at`; a BaseException, so that the write unwinds as a kill stops it."""
+
+
+def killed_at(point: str, folder: Path, snapshot: Path, write) -> None:
+    """Run ``write()`` in this process as if SIGKILL struck at fault point ``point``: ``folder`` is copied to
+    ``snapshot`` as it stands on disk at that moment (what a killed process leaves behind: the bytes written so far,
+    no lock held), then the write is unwound. A write that never reaches ``point`` fails the test. A real kill of a
+    child process at a fault point (``PYSERINI_ALIGNER_FAULT``) is tested apart."""
+    from pyserini_aligner.index import faults
+
+    def reached(name: str) -> None:
+        if name == point:
+            shutil.copytree(folder, snapshot, symlinks=True)
+            raise Killed(point)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(faults, "point", reached)
+        with pytest.raises(Killed):
+            write()
+
+
+def run_module(module: str, *args: str) -> int:
+    """``python -m <module> <args>`` in this process (through the same import hooks); its exit status."""
+    import runpy
+    import sys
+    import warnings
+
+    saved = sys.argv
+    sys.argv = [module, *map(str, args)]
+    try:
+        with warnings.catch_warnings():  # a __main__ module that a test imported already runs again, as in a child
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)  # as the interpreter does with sys.exit("message")
+        return 1
+    finally:
+        sys.argv = saved
+    return 0

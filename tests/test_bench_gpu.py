@@ -7,7 +7,7 @@ from eval import bench_gpu
 
 
 def test_measure_then_score(tmp_path, monkeypatch):
-    folder = make_beir_folder(tmp_path / "scifact", n_docs=60)
+    folder = make_beir_folder(tmp_path / "scifact", n_docs=60, words=32)
     archive = tmp_path / "scifact.zip"
     with zipfile.ZipFile(archive, "w") as out:
         for path in folder.rglob("*"):

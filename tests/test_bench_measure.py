@@ -1,7 +1,4 @@
 """The benchmark's measuring functions, on plain data."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -24,7 +21,7 @@ def test_file_bytes_and_stream(tmp_path):
 
 def test_timed_module_reports_peak_rss():
     stats = measure.timed_module("json.tool", ["--help"])
-    assert 0 <= stats["seconds"] < 60 and 1 < stats["peak_rss_mib"] < 4096  # seconds rounded to 0.1
+    assert stats["seconds"] < 60 and 1 < stats["peak_rss_mib"] < 4096  # seconds rounded to 0.1
 
 
 def test_hook_microseconds_reads_importtime_report():
@@ -34,10 +31,3 @@ def test_hook_microseconds_reads_importtime_report():
               "import time:         8 |       7138 |   pyserini_aligner._startup\n")
     assert hook_microseconds(report) == 7138
     assert hook_microseconds("import time:  1 | 2 | os\n") == 0
-
-
-def test_start_up_hook_is_installed_in_this_interpreter():
-    """A bare interpreter (nothing of this package imported) runs the hook through the installed .pth file."""
-    code = "import sys; print('pyserini_aligner._startup' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr

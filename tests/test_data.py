@@ -33,7 +33,7 @@ def test_missing_data_file(tmp_path, monkeypatch):
 
 def test_local_folder(scifact_small):
     dataset = Dataset(str(scifact_small))
-    assert sum(1 for _ in dataset.docs()) == 300
+    assert sum(1 for _ in dataset.docs()) == 150
     assert set(dataset.queries()) == set(dataset.qrels())
 
 

@@ -13,7 +13,6 @@ from pyserini_aligner.index import StoredIndex, build_index, read_json_collectio
 from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index import merge as merge_cli
 from pyserini_aligner.index.shards import merge_indexes, shard_range
-from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search.searcher import AlignerSearcher
 
 from test_index import short_records, write_jsonl
@@ -22,11 +21,6 @@ N_DOCS = 24
 QUERIES = ["protein folding in cells", "cancer risk and diet", "gene expression of neurons",
            "bacterial infection treatment"]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return AlignerModel.from_pretrained("aligner")
 
 
 @pytest.fixture(scope="module")

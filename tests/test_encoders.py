@@ -6,17 +6,11 @@ import torch
 from pyserini.encode import DocumentEncoder, QueryEncoder
 
 from pyserini_aligner.encoders import AlignerDocumentEncoder, AlignerQueryEncoder
-from pyserini_aligner.model import AlignerModel
 
 QUERIES = ["what causes protein misfolding", "aligner sparse alignment", "x"]
 DOCS = ["Chaperones prevent aggregation of misfolded proteins in the cytoplasm.", "", "A short doc.",
         "word " * 400]
 TITLES = ["Protein folding", "Empty", "", "Long"]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return AlignerModel.from_pretrained("aligner")
 
 
 def _same(a, b):

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index import build_index, store
 from pyserini_aligner.index.store import IndexFormatError, StoredIndex, read_manifest
 from pyserini_aligner.search import AlignerSearcher
 
-from conftest import scifact_docs
+from conftest import killed_at, scifact_docs
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = ["what causes cancer", "protein folding in cells", "vitamin D deficiency", "stem cells in the heart",
@@ -31,12 +32,16 @@ def write_corpus(path: Path, docs) -> Path:
     return path
 
 
-def cli(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = {name: value for name, value in os.environ.items() if name != "PYSERINI_ALIGNER_FAULT"}
-    if fault:
-        env["PYSERINI_ALIGNER_FAULT"] = fault
+def killed_cli(*args: str, fault: str) -> subprocess.CompletedProcess:
+    """The index CLI in a child process that SIGKILLs itself at fault point ``fault``."""
+    env = dict(os.environ, PYSERINI_ALIGNER_FAULT=fault)
     return subprocess.run([sys.executable, "-m", "pyserini_aligner.index", *args, "--quiet"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def cli(*args: str) -> None:
+    """The index CLI in this process (an error exits with its one-line message)."""
+    index_cli.main([*args, "--quiet"])
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,8 @@ def test_overwrite_never_replaces_a_folder_that_is_not_an_index(tmp_path, model)
         build_index(short_docs(5), project, model, progress=False, overwrite=True)
     assert (project / "notes.txt").read_text() == "mine" and sorted(os.listdir(project)) == ["notes.txt"]
     corpus = write_corpus(tmp_path / "c.jsonl", short_docs(5))
-    result = cli("--corpus", str(corpus), "--index", str(project), "--overwrite")
-    assert result.returncode != 0 and "not a pyserini-aligner index" in result.stderr
+    with pytest.raises(SystemExit, match="^error: .*not a pyserini-aligner index"):
+        cli("--corpus", str(corpus), "--index", str(project), "--overwrite")
     assert sorted(os.listdir(project)) == ["notes.txt"]
 
 
@@ -66,8 +71,8 @@ def test_overwrite_never_touches_the_corpus(tmp_path, where):
     folder.mkdir()
     write_corpus(folder / "docs.jsonl", short_docs(5))
     index = {"equal": folder, "inside": folder / "idx", "holds": tmp_path}[where]
-    result = cli("--corpus", str(folder), "--index", str(index), "--overwrite")
-    assert result.returncode != 0 and "corpus" in result.stderr
+    with pytest.raises(SystemExit, match="^error: .*corpus"):
+        cli("--corpus", str(folder), "--index", str(index), "--overwrite")
     assert sorted(os.listdir(folder)) == ["docs.jsonl"]
 
 
@@ -99,30 +104,37 @@ def test_a_searcher_shared_by_threads_answers_as_a_serial_one(built, model):
 @pytest.mark.parametrize("point", ["segment-add", "segment-finish", "before-commit", "before-rename"])
 def test_a_build_killed_at_any_step_leaves_nothing(tmp_path, point):
     corpus = write_corpus(tmp_path / "c.jsonl", short_docs(12, 12))
-    result = cli("--corpus", str(corpus), "--index", str(tmp_path / "idx"), fault=point)
-    assert result.returncode == -9
-    assert not (tmp_path / "idx").exists()
-    assert any(p.name.startswith(".idx.building-") for p in tmp_path.iterdir())  # what the dead process left
-    assert cli("--corpus", str(corpus), "--index", str(tmp_path / "idx")).returncode == 0
-    assert not any(".building-" in p.name for p in tmp_path.iterdir())  # cleaned by the next build
-    assert StoredIndex(tmp_path / "idx").num_docs == 12
+    work = tmp_path / "work"
+    work.mkdir()
+    if point == "before-rename":  # one step through a real SIGKILL of the CLI process
+        assert killed_cli("--corpus", str(corpus), "--index", str(work / "idx"), fault=point).returncode == -9
+        left = work
+    else:
+        left = tmp_path / "killed"
+        killed_at(point, work, left, lambda: cli("--corpus", str(corpus), "--index", str(work / "idx")))
+    assert not (left / "idx").exists()
+    assert any(p.name.startswith(".idx.building-") for p in left.iterdir())  # what the dead process left
+    cli("--corpus", str(corpus), "--index", str(left / "idx"))
+    assert not any(".building-" in p.name for p in left.iterdir())  # cleaned by the next build
+    assert StoredIndex(left / "idx").num_docs == 12
 
 
 @pytest.mark.parametrize("point", ["segment-add", "before-commit", "after-commit"])
 def test_an_overwrite_killed_at_any_step_keeps_a_whole_index(tmp_path, built, model, point):
-    index = tmp_path / "idx"
-    shutil.copytree(built, index)
-    before = AlignerSearcher(index, encoder=model).rank(QUERIES, k=5)
+    work = tmp_path / "work"
+    shutil.copytree(built, work / "idx")
+    before = AlignerSearcher(work / "idx", encoder=model).rank(QUERIES, k=5)
     corpus = write_corpus(tmp_path / "c.jsonl", short_docs(12, 12))
-    result = cli("--corpus", str(corpus), "--index", str(index), "--overwrite", fault=point)
-    assert result.returncode == -9
+    killed_at(point, work, tmp_path / "killed", lambda: cli("--corpus", str(corpus), "--index", str(work / "idx"),
+                                                             "--overwrite"))
+    index = tmp_path / "killed" / "idx"
     reopened = StoredIndex(index)  # never a mix: the old generation, or (killed after the rename) the new one
     if point == "after-commit":
         assert reopened.num_docs == 12
     else:
         assert reopened.manifest.generation == 1
         assert AlignerSearcher(index, encoder=model).rank(QUERIES, k=5) == before
-    assert cli("--corpus", str(corpus), "--index", str(index), "--overwrite").returncode == 0
+    cli("--corpus", str(corpus), "--index", str(index), "--overwrite")
     manifest = read_manifest(index)
     names = {s.name for s in manifest.segments} | {manifest.codec_dir}
     assert {p.name for p in index.iterdir() if p.is_dir()} == names  # leftovers removed by the next write
@@ -177,9 +189,8 @@ def test_a_full_disk_fails_cleanly(tmp_path):
         pytest.skip("mounting a small tmpfs needs privileges this machine does not grant")
     try:
         corpus = write_corpus(tmp_path / "c.jsonl", short_docs(40))
-        result = cli("--corpus", str(corpus), "--index", str(disk / "idx"))
-        assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith("error:")
-        assert "No space left" in result.stderr
+        with pytest.raises(SystemExit, match="^error: .*No space left"):
+            cli("--corpus", str(corpus), "--index", str(disk / "idx"))
         assert os.listdir(disk) == []
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)

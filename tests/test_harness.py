@@ -1,4 +1,4 @@
-"""eval.beir end to end on the 300-document SciFact folder: every system, results.json schema, significance."""
+"""eval.beir end to end on the 150-document SciFact folder: every system, results.json schema, significance."""
 import json
 import math
 
@@ -34,7 +34,7 @@ def test_every_system_runs_with_a_stable_schema(harness, scifact_small):
     md = (output / "results.md").read_text()
     for name in SYSTEMS:
         assert f"| {name} |" in md
-    # the small folder's test queries are fully judged inside its 300 documents: every system finds them all
+    # the small folder's test queries are fully judged inside its 150 documents: every system finds them all
     assert all(row["recall@100"] == 1.0 for row in results["systems"].values())
     assert results["systems"]["bm25"]["ndcg@10"] > 0.5 and results["systems"]["aligner"]["ndcg@10"] > 0.5
 

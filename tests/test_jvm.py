@@ -1,5 +1,6 @@
 """Pyserini's JVM starts on a Java >= 21 (a Java 21 preferred) when JAVA_HOME is too old or unset, child processes
-get the same Java, and pyserini.encode imports without an OpenAI key."""
+get the same Java, pyserini.encode imports without an OpenAI key, and the start-up hook leaves Pyserini's own
+encoders and FaissSearcher as they were."""
 import os
 import shutil
 import subprocess
@@ -42,17 +43,23 @@ def _fake_java(home: Path, version: str, modules: str = "java.base") -> Path:
 def test_pyserini_starts_without_java_home_or_openai_key():
     """No pyserini_aligner import: the .pth start-up hook alone must do it, and export its choice."""
     result = _run("""
-        import os
+        import os, sys, tempfile
+        hooked = "pyserini_aligner._startup" in sys.modules
         from pyserini.search.lucene import LuceneSearcher
         from pyserini.pyclass import autoclass
-        import pyserini.encode
+        import pyserini.encode as encode
+        from pyserini.search.faiss import FaissSearcher
         import jnius_config
+        assert encode.query_encoder_class_map["auto"] is encode.AutoQueryEncoder
+        assert "aligner" in encode.query_encoder_class_map
+        assert type(FaissSearcher.__new__(FaissSearcher, tempfile.mkdtemp())) is FaissSearcher  # not an AligneR index
         version = autoclass("java.lang.Runtime").version().feature()
-        print(version, os.environ["JAVA_HOME"], os.environ["PATH"].split(os.pathsep)[0], "OPENAI_API_KEY" in os.environ,
-              " ".join(jnius_config.get_options()))
+        print(hooked, version, os.environ["JAVA_HOME"], os.environ["PATH"].split(os.pathsep)[0],
+              "OPENAI_API_KEY" in os.environ, " ".join(jnius_config.get_options()))
     """)
     assert result.returncode == 0, result.stderr
-    version, home, first_on_path, has_key, *options = result.stdout.split()
+    hooked, version, home, first_on_path, has_key, *options = result.stdout.split()
+    assert hooked == "True"
     assert int(version) >= 21 and java_major(home) == int(version)
     assert first_on_path == str(Path(home) / "bin")
     assert has_key == "False"  # the placeholder key is not left behind
@@ -107,19 +114,15 @@ def test_export_java_puts_it_first_on_path(tmp_path, monkeypatch):
     assert os.environ["PATH"] == f"{tmp_path / 'bin'}{os.pathsep}/opt/x/bin"
 
 
-def test_old_java_home_is_replaced(tmp_path):
-    """A JAVA_HOME whose release file says Java 17 is passed over for a Java 21+ runtime."""
+def test_old_java_home_is_replaced_and_user_key_kept(tmp_path):
+    """A JAVA_HOME whose release file says Java 17 is passed over for a Java 21+ runtime; a user's OpenAI key stays."""
     (tmp_path / "release").write_text('JAVA_VERSION="17.0.12"\nMODULES="java.base"\n')
-    result = _run("from pyserini.pyclass import autoclass; print(autoclass('java.lang.Runtime').version().feature())",
-                  JAVA_HOME=str(tmp_path))
+    result = _run("import os, pyserini.encode; from pyserini.pyclass import autoclass; "
+                  "print(autoclass('java.lang.Runtime').version().feature(), os.environ['OPENAI_API_KEY'])",
+                  JAVA_HOME=str(tmp_path), OPENAI_API_KEY="sk-mine")
     assert result.returncode == 0, result.stderr
-    assert int(result.stdout.strip()) >= 21
-
-
-def test_user_key_is_kept():
-    result = _run("import os, pyserini.encode; print(os.environ['OPENAI_API_KEY'])", OPENAI_API_KEY="sk-mine")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "sk-mine"
+    version, key = result.stdout.split()
+    assert int(version) >= 21 and key == "sk-mine"
 
 
 def test_full_jdk21_is_used_as_is(tmp_path, monkeypatch):

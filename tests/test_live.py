@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index import StoredIndex, build_index, read_manifest, store
 from pyserini_aligner.index.faults import ENV as FAULT_ENV
 from pyserini_aligner.index.live import AlignerIndex
-from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search.searcher import AlignerSearcher
 from pyserini_aligner.trec import read_run
+
+from conftest import killed_at, run_module
 
 SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
 N_DOCS, N_EXTRA, WORDS = 80, 30, 40
@@ -38,11 +40,6 @@ def read_scifact() -> tuple[list[tuple[str, str]], list[str]]:
         test_qids = {row.split("\t")[0] for row in archive.read("scifact/qrels/test.tsv").decode().splitlines()[1:]}
         queries = [json.loads(line) for line in archive.read("scifact/queries.jsonl").decode().splitlines()]
     return docs, [q["text"] for q in queries if q["_id"] in test_qids][:10]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return AlignerModel.from_pretrained("aligner")
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +76,9 @@ def write_jsonl(path: Path, docs) -> Path:
     return path
 
 
-def cli(*args, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop(FAULT_ENV, None)
-    if fault:
-        env[FAULT_ENV] = fault
-    return subprocess.run([sys.executable, "-m", "pyserini_aligner.index", *map(str, args), "--quiet"], env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+def cli(*args) -> None:
+    """The index CLI in this process (an error exits with its one-line message)."""
+    index_cli.main([*map(str, args), "--quiet"])
 
 
 def copy_index(source: Path, target: Path) -> Path:
@@ -133,7 +121,7 @@ def grown(tmp_path_factory, model, docs, full) -> Path:
     build_index(docs[:N_DOCS // 2], target, model, progress=False, model_name="aligner", codec_from=full)
     rest = docs[N_DOCS // 2:]
     batches = [rest[i:i + len(rest) // 5] for i in range(0, len(rest), len(rest) // 5)]
-    ok(cli("--index", target, "--add", write_jsonl(root / "batch0.jsonl", batches[0])))
+    cli("--index", target, "--add", write_jsonl(root / "batch0.jsonl", batches[0]))
     index = AlignerIndex(target, encoder=model)
     for batch in batches[1:]:
         index.add(batch)
@@ -150,12 +138,12 @@ def test_add_in_batches_equals_one_shot_build(grown, full, model, queries):
     assert ranking(grown, model, queries) == ranking(full, model, queries)  # same docids, same scores
 
 
-def test_delete_then_compact_equals_build_without(tmp_path, grown, full, model, docs, queries):
+def test_delete_then_compact_equals_build_without(tmp_path, grown, full, model, docs, queries, capsys):
     index = copy_index(grown, tmp_path / "index")
     gone = [docid for docid, _ in docs[::10]]
     (tmp_path / "gone.txt").write_text("\n".join(gone) + "\n")
-    result = ok(cli("--index", index, "--delete", tmp_path / "gone.txt"))
-    assert f"deleted {len(gone)}; {N_DOCS - len(gone)} live documents" in result.stdout
+    cli("--index", index, "--delete", tmp_path / "gone.txt")
+    assert f"deleted {len(gone)}; {N_DOCS - len(gone)} live documents" in capsys.readouterr().out
     reference = tmp_path / "reference"
     build_index([doc for doc in docs if doc[0] not in gone], reference, model, progress=False,
                 model_name="aligner", codec_from=full)
@@ -164,7 +152,7 @@ def test_delete_then_compact_equals_build_without(tmp_path, grown, full, model, 
     assert ranking(index, model, queries) == expected
     assert not any(docid in gone for hits in expected for docid, _ in hits)
 
-    ok(cli("--index", index, "--compact"))
+    cli("--index", index, "--compact")
     ours, theirs = read_manifest(index).segments, read_manifest(reference).segments
     assert len(ours) == 1 and len(theirs) == 1
     ours_dir, theirs_dir = index / ours[0].name, reference / theirs[0].name
@@ -193,23 +181,23 @@ def test_upsert_moves_the_ranking_to_the_new_text(tmp_path, full, model, docs, e
 
 
 # ---------------------------------------------------------------- refused or partial updates
-def test_delete_unknown_ids_is_reported_and_strict_deletes_nothing(tmp_path, full, docs):
+def test_delete_unknown_ids_is_reported_and_strict_deletes_nothing(tmp_path, full, docs, capsys, caplog):
     index = copy_index(full, tmp_path / "index")
     (tmp_path / "ids.txt").write_text(f"{docs[0][0]}\nno-such-doc\n")
-    result = ok(cli("--index", index, "--delete", tmp_path / "ids.txt"))
-    assert "deleted 1;" in result.stdout and "no-such-doc" in result.stderr
+    cli("--index", index, "--delete", tmp_path / "ids.txt")
+    assert "deleted 1;" in capsys.readouterr().out and "no-such-doc" in caplog.text
     generation = read_manifest(index).generation
     (tmp_path / "strict.txt").write_text(f"{docs[1][0]}\nno-such-doc\n")
-    result = cli("--index", index, "--delete", tmp_path / "strict.txt", "--strict")
-    assert result.returncode != 0 and "no-such-doc" in result.stderr and "nothing deleted" in result.stderr
+    with pytest.raises(SystemExit, match="^error: .*no-such-doc.*nothing deleted"):
+        cli("--index", index, "--delete", tmp_path / "strict.txt", "--strict")
     assert read_manifest(index).generation == generation and docs[1][0] in live_docids(index)
 
 
 def test_adding_a_live_docid_is_refused_and_changes_nothing(tmp_path, full, docs, extra):
     index = copy_index(full, tmp_path / "index")
     manifest_bytes = (index / store.MANIFEST).read_bytes()
-    result = cli("--index", index, "--add", write_jsonl(tmp_path / "dup.jsonl", [extra[0], docs[7]]))
-    assert result.returncode != 0 and repr(docs[7][0]) in result.stderr
+    with pytest.raises(SystemExit, match=f"^error: .*{docs[7][0]!r}"):
+        cli("--index", index, "--add", write_jsonl(tmp_path / "dup.jsonl", [extra[0], docs[7]]))
     assert (index / store.MANIFEST).read_bytes() == manifest_bytes
     assert live_docids(index) == live_docids(full)
     AlignerIndex(index).delete([docs[0][0]])  # the next write removes whatever the refused one wrote
@@ -242,10 +230,11 @@ def test_read_only_index_gives_a_clear_error(tmp_path, full, docs):
     try:
         if os.access(index, os.W_OK):
             pytest.skip("this process ignores file permissions (root): a 0555 folder stays writable")
-        result = cli("--index", index, "--delete", tmp_path / "ids.txt")
+        with pytest.raises(SystemExit) as stop:
+            cli("--index", index, "--delete", tmp_path / "ids.txt")
     finally:
         index.chmod(0o755)
-    assert result.returncode != 0 and "read-only" in result.stderr and str(index) in result.stderr
+    assert stop.value.code.startswith("error: ") and "read-only" in stop.value.code and str(index) in stop.value.code
     assert docs[0][0] in live_docids(index)
 
 
@@ -301,16 +290,18 @@ def test_killed_write_leaves_the_previous_generation(tmp_path, crash_base, model
     assert read_manifest(done).generation == generation + 1
     assert after == before if operation == "compact" else after != before  # compaction alone changes no result
 
-    runs = {}
-    for point in points:  # every killed run at once, each on its own copy
-        index = copy_index(crash_base, tmp_path / point)
-        env = dict(os.environ, **{FAULT_ENV: point})
-        runs[point] = (index, subprocess.Popen([sys.executable, "-m", "pyserini_aligner.index", "--index",
-                                                str(index), *args, "--quiet"], env=env, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True))
-    for point, (index, process) in runs.items():
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == -9, f"{operation} at {point}: exit {process.returncode}\n{err[-2000:]}"
+    for point in points:
+        index = tmp_path / point
+        if (operation, point) == ("delete", "tombstone"):  # one step through a real SIGKILL of the CLI process
+            copy_index(crash_base, index)
+            env = dict(os.environ, **{FAULT_ENV: point})
+            process = subprocess.run([sys.executable, "-m", "pyserini_aligner.index", "--index", str(index), *args,
+                                      "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+            assert process.returncode == -9, f"{operation} at {point}: exit {process.returncode}\n{process.stderr}"
+        else:
+            work = copy_index(crash_base, tmp_path / "work")
+            killed_at(point, work, index, lambda: cli("--index", work, *args))
+            shutil.rmtree(work)
         committed = point == "after-commit"  # killed after the rename: the new generation is the state
         assert read_manifest(index).generation == generation + committed, point
         assert len(read_manifest(index).segments) == segments[committed], point
@@ -386,14 +377,11 @@ def test_pyserini_faiss_cli_searches_an_updated_index(tmp_path, full, model, doc
     AlignerIndex(index, encoder=model).add([("new-doc", NEW_TEXT)])
     gone = [docid for docid, _ in docs[:20:2]]
     (tmp_path / "gone.txt").write_text("\n".join(gone) + "\n")
-    ok(cli("--index", index, "--delete", tmp_path / "gone.txt"))
+    cli("--index", index, "--delete", tmp_path / "gone.txt")
     topics = {f"q{i}": text for i, text in enumerate(queries)} | {"qnew": NEW_TEXT}
     (tmp_path / "topics.tsv").write_text("".join(f"{qid}\t{text}\n" for qid, text in topics.items()))
-    result = subprocess.run([sys.executable, "-m", "pyserini.search.faiss", "--index", str(index), "--encoder",
-                             "aligner", "--topics", str(tmp_path / "topics.tsv"), "--output",
-                             str(tmp_path / "run.trec"), "--hits", "10"], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_module("pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics",
+                      tmp_path / "topics.tsv", "--output", tmp_path / "run.trec", "--hits", 10) == 0
     run = read_run(tmp_path / "run.trec")
     assert set(run) == set(topics)
     assert max(run["qnew"], key=run["qnew"].get) == "new-doc"

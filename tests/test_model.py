@@ -23,11 +23,6 @@ TEXTS = [
 LONG = "word " * 600
 
 
-@pytest.fixture(scope="module")
-def model():
-    return AlignerModel.from_pretrained("aligner")
-
-
 def _same(a: list[EncodedText], b: list[EncodedText], atol: float = 1e-5) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b):

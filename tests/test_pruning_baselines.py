@@ -1,4 +1,4 @@
-"""eval.experiments.pruning_baselines on the 300-doc SciFact folder: every method × β^d derived, searched and tabulated."""
+"""eval.experiments.pruning_baselines on the 150-doc SciFact folder: every method × β^d derived, searched and tabulated."""
 import json
 
 import numpy as np

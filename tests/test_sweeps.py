@@ -1,4 +1,4 @@
-"""eval.sweeps on the 300-document SciFact folder (reusing the harness's cache) and derive_pruned_index."""
+"""eval.sweeps on the 150-document SciFact folder (reusing the harness's cache) and derive_pruned_index."""
 import json
 
 import numpy as np
