@@ -39,7 +39,7 @@ BACKENDS = ("faiss", "torch")
 # chosen with python -m eval.bench_scale.sweep on synthetic passages (docs/scaling.md): a GPU affords a wide
 # centroid-interaction stage; a CPU refines 128 candidates straight from the probes (SciFact test: nDCG@10 within
 # half a point of exhaustive scoring of the same index).
-DEPTH_DEFAULTS = {"cuda": (4000, 16, 128, 16384), "cpu": (100, 8, 128, 0)}
+DEPTH_DEFAULTS = {"cuda": (3000, 8, 128, 12288), "cpu": (100, 8, 128, 0)}
 DEFAULT_QUERY_PRUNE = 0.5
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_EF_SEARCH = 128
