@@ -185,6 +185,7 @@ class AlignerSearcher:
         self.segments, self.exchange = None if segments is None else list(segments), exchange
         self.timings: dict[str, float] | None = None  # set to {} to add up seconds per search step
         self._lock = threading.RLock()
+        self.encode_threads = torch.get_num_threads()  # torch's setting when the searcher was made
         self._pool = None
         self._graphed = None
         self._load(StoredIndex(self.index_dir), encoder)
@@ -358,8 +359,9 @@ class AlignerSearcher:
         return per_token, nprobe, wide, limit
 
     def _search_texts(self, texts: list[str], k: int, threads: int = 1):
-        """(query vectors per text, [(doc row, score)] per text). Queries are encoded with torch's own thread
-        setting (as Pyserini's encoders are); ``threads`` threads run the search (FAISS and the tensor steps)."""
+        """(query vectors per text, [(doc row, score)] per text). Queries are encoded with torch's thread setting
+        of when the searcher was made (as Pyserini's encoders use torch's); ``threads`` threads run the search
+        (FAISS and the tensor steps)."""
         live = [i for i, text in enumerate(texts) if not is_blank(text)]
         hits: list[list[tuple[int, float]]] = [[] for _ in texts]
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
@@ -375,8 +377,9 @@ class AlignerSearcher:
         if len(live) == 1 and self._graphed is not None:
             out = self._graphed(texts[live[0]])
         else:
-            out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size,
-                                           maxlen=self.query_max_length)
+            with compute_threads(self.encode_threads):  # the same threads in every calling thread: same vectors
+                out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size,
+                                               maxlen=self.query_max_length)
         q, q_mask, q_sal = out.vectors.float(), out.mask, out.salience
         if self.exchange is not None:  # every process searches the first one's encoding
             q, q_mask, q_sal = (t.to(self.model.device) for t in self.exchange.broadcast(
