@@ -28,7 +28,7 @@ run: install
 	cat $(RUN_DIR)/results.md
 
 test: install
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -n auto
 
 clean:
 	rm -rf $(VENV) .cache runs build *.egg-info

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from workers import built_once
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_BEIR = REPO.parent / "shared" / "data" / "beir"
 
@@ -56,7 +58,11 @@ def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, spl
 def scifact_small(tmp_path_factory) -> Path:
     """A 150-document SciFact BEIR folder (texts cut to 64 words) with the test queries fully judged inside it (those
     of the first 300 documents)."""
-    return make_beir_folder(tmp_path_factory.mktemp("scifact_small"), words=64, max_docs=150)
+    with built_once(tmp_path_factory, "scifact_small") as folder:
+        if not (folder / "qrels" / "test.tsv").is_file():
+            folder.mkdir(exist_ok=True)
+            make_beir_folder(folder, words=64, max_docs=150)
+    return folder
 
 
 N_DOCS = 200  # documents of the shared SciFact indexes
@@ -115,9 +121,9 @@ def model(shipped_model_cache):
 @pytest.fixture(scope="session")
 def corpus_file(tmp_path_factory) -> Path:
     """The first 200 SciFact documents (texts cut to DOC_WORDS words) as a JsonCollection file."""
-    path = tmp_path_factory.getbasetemp() / "scifact200.jsonl"
-    if not path.is_file():
-        path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS, DOC_WORDS)))
+    with built_once(tmp_path_factory, "scifact200.jsonl") as path:
+        if not path.is_file():
+            path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS, DOC_WORDS)))
     return path
 
 
@@ -126,10 +132,10 @@ def index_dir(tmp_path_factory, model, corpus_file) -> Path:
     """Exact index of the first 200 SciFact documents: codec fp16, β^d = 1, FAISS Flat (built once per session)."""
     from pyserini_aligner.index import build_index, read_json_collection, store
 
-    target = tmp_path_factory.getbasetemp() / "scifact200_fp16"
-    if not (target / store.MANIFEST).is_file():
-        build_index(read_json_collection(corpus_file), target, model, codec="fp16", doc_prune=1.0, progress=False,
-                    model_name="aligner")
+    with built_once(tmp_path_factory, "scifact200_fp16") as target:
+        if not (target / store.MANIFEST).is_file():
+            build_index(read_json_collection(corpus_file), target, model, codec="fp16", doc_prune=1.0,
+                        progress=False, model_name="aligner")
     return target
 
 
@@ -142,10 +148,10 @@ def default_index(tmp_path_factory, index_dir) -> Path:
     from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE
     from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
-    target = tmp_path_factory.getbasetemp() / "scifact200_default"
-    if not (target / store.MANIFEST).is_file():
-        derive_index(index_dir, target, codec=DEFAULT_CODEC, doc_prune=DEFAULT_DOC_PRUNE,
-                     prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=False)
+    with built_once(tmp_path_factory, "scifact200_default") as target:
+        if not (target / store.MANIFEST).is_file():
+            derive_index(index_dir, target, codec=DEFAULT_CODEC, doc_prune=DEFAULT_DOC_PRUNE,
+                         prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=False)
     return target
 
 
@@ -155,21 +161,20 @@ def two_segment_index(tmp_path_factory, model) -> Path:
     with ``codec_from`` the first), then one manifest listing both segments."""
     from pyserini_aligner.index import build_index, read_manifest, store
 
-    base = tmp_path_factory.getbasetemp()
-    target = base / "scifact200_two_segments"
-    if (target / store.MANIFEST).is_file():
-        return target
-    docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS, 32)]
-    first, second = base / "scifact200_first_half", base / "scifact200_second_half"
-    build_index(docs[:N_DOCS // 2], first, model, progress=False, model_name="aligner", codec="IVF64,PQ4")
-    build_index(docs[N_DOCS // 2:], second, model, progress=False, model_name="aligner", codec_from=first)
-    manifest, other = read_manifest(first), read_manifest(second)
-    work = base / "scifact200_two_segments.work"
-    shutil.copytree(first, work)
-    shutil.copytree(second / other.segments[0].name, work / other.segments[0].name)
-    manifest.segments += other.segments
-    store.write_manifest(work, manifest)
-    work.rename(target)
+    with built_once(tmp_path_factory, "scifact200_two_segments") as target:
+        if not (target / store.MANIFEST).is_file():
+            base = target.parent
+            docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS, 32)]
+            first, second = base / "scifact200_first_half", base / "scifact200_second_half"
+            build_index(docs[:N_DOCS // 2], first, model, progress=False, model_name="aligner", codec="IVF64,PQ4")
+            build_index(docs[N_DOCS // 2:], second, model, progress=False, model_name="aligner", codec_from=first)
+            manifest, other = read_manifest(first), read_manifest(second)
+            work = base / "scifact200_two_segments.work"
+            shutil.copytree(first, work)
+            shutil.copytree(second / other.segments[0].name, work / other.segments[0].name)
+            manifest.segments += other.segments
+            store.write_manifest(work, manifest)
+            work.rename(target)
     return target
 
 

@@ -3,6 +3,8 @@ test_sweeps (indexes and runs cached under the session's base temp folder)."""
 import json
 from pathlib import Path
 
+from workers import built_once
+
 SYSTEMS = ("bm25", "dense", "aligner", "aligner-pruned", "hybrid", "rrf", "aligner-adapted")
 
 
@@ -10,10 +12,10 @@ def harness_run(tmp_path_factory, folder: Path) -> tuple[Path, Path, dict]:
     """(output folder, cache folder, results.json) of ``python -m eval.beir`` with every system on ``folder``."""
     from eval.beir.__main__ import main
 
-    base = tmp_path_factory.getbasetemp()
-    output, cache = base / "harness-out", base / "harness-cache"
-    if not (output / "results.json").is_file():
-        assert main(["--dataset", str(folder), "--output", str(output), "--cache", str(cache), "--quiet"]) == 0
+    with built_once(tmp_path_factory, "harness-out") as output:
+        cache = output.with_name("harness-cache")
+        if not (output / "results.json").is_file():
+            assert main(["--dataset", str(folder), "--output", str(output), "--cache", str(cache), "--quiet"]) == 0
     return output, cache, json.loads((output / "results.json").read_text())
 
 
