@@ -305,6 +305,18 @@ def merge_probes(parts: list[tuple[Tensor, Tensor]], width: int) -> tuple[Tensor
     return values, torch.where(torch.isfinite(values), rows.gather(1, index), torch.full_like(index, -1))
 
 
+def probe_gains(scores: Tensor, rows: Tensor, weights: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(valid [R, K], gain [R, K]) of each probe's entries: w · (score − the probe's K-th valid score), the terms of
+    the candidate proxy. scores / rows [R, K] (−1 rows invalid); weights [R] or None."""
+    valid = rows >= 0
+    floor = torch.where(valid, scores, torch.full_like(scores, torch.inf)).min(dim=1).values
+    floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
+    gain = scores - floor.unsqueeze(1)
+    if weights is not None:
+        gain = gain * weights.to(scores.device).unsqueeze(1)
+    return valid, gain
+
+
 def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, limit: int,
                       weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The candidate rule: (rows [B, limit] sorted ascending, valid [B, limit]) per query.
@@ -314,12 +326,7 @@ def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, l
     best documents by proxy, ties to the lower row.
     """
     device = scores.device
-    valid = rows >= 0
-    floor = torch.where(valid, scores, torch.full_like(scores, torch.inf)).min(dim=1).values
-    floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
-    gain = scores - floor.unsqueeze(1)
-    if weights is not None:
-        gain = gain * weights.to(device).unsqueeze(1)
+    valid, gain = probe_gains(scores, rows, weights)
     probe = torch.arange(len(rows), device=device).unsqueeze(1).expand_as(rows)[valid]
     doc, gain = rows[valid], gain[valid]
     span = int(rows.max()) + 1 if valid.any() else 1

@@ -18,7 +18,7 @@ from torch import Tensor
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.salience import keep_count
 from pyserini_aligner.search import kernels
-from pyserini_aligner.search.engine import CodeShard
+from pyserini_aligner.search.engine import CodeShard, probe_gains
 
 _BLOCK = 1 << 24  # elements of the largest padded intermediate (entries, centroid look-ups) built at once
 _INT_MAX = torch.iinfo(torch.int64).max
@@ -87,12 +87,7 @@ class StaticPlan:
         """(rows [count] ascending, valid [count]): the best documents by the proxy of
         :func:`.engine.select_candidates` (ties to the lower row). scores, rows [R, K]; weights [R] or None."""
         device = scores.device
-        valid = rows >= 0
-        floor = torch.where(valid, scores, torch.full_like(scores, math.inf)).min(dim=1).values
-        floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
-        gain = scores - floor.unsqueeze(1)
-        if weights is not None:
-            gain = gain * weights.unsqueeze(1)
+        valid, gain = probe_gains(scores, rows, weights)
         gain = torch.where(valid, gain, torch.zeros_like(gain)).reshape(-1)
         r = rows.shape[0]
         probe = torch.arange(r, device=device).unsqueeze(1).expand_as(rows).reshape(-1)

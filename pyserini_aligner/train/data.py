@@ -79,19 +79,26 @@ def write_bundle(bundle: dict, path: str | os.PathLike) -> Path:
     return path
 
 
+def read_gzip_json(path: Path, what: str, form: str) -> dict:
+    """The JSON object of the gzip file ``path`` whose "format" is ``form`` (ValueError naming the file and ``what``
+    it should be otherwise)."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            data = json.load(lines)
+    except (OSError, json.JSONDecodeError, EOFError) as err:
+        raise ValueError(f"{path}: not a gzip JSON {what} ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != form:
+        raise ValueError(f"{path}: 'format' is not {form!r}")
+    return data
+
+
 def load_bundle(path: str | os.PathLike) -> Bundle:
     """Read and check a bundle; every problem raises ValueError naming the file and the key."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"training bundle not found: {path} (make it with python -m "
                                 "pyserini_aligner.train.prepare --output <dir>)")
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as lines:
-            data = json.load(lines)
-    except (OSError, json.JSONDecodeError, EOFError) as err:
-        raise ValueError(f"{path}: not a gzip JSON training bundle ({err})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path}: 'format' is not {FORMAT!r}")
+    data = read_gzip_json(path, "training bundle", FORMAT)
     if data.get("version") != VERSION:
         raise ValueError(f"{path}: 'version' {data.get('version')!r} is not supported (expected {VERSION})")
 

@@ -16,7 +16,6 @@ All scoring is exhaustive (every query against every document, all tokens, fp32 
 """
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import shutil
@@ -30,7 +29,7 @@ import yaml
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model
 from pyserini_aligner.train.config import TrainConfig, init_model_fields
-from pyserini_aligner.train.data import Bundle, ValidationSet, load_bundle
+from pyserini_aligner.train.data import Bundle, ValidationSet, load_bundle, read_gzip_json
 from pyserini_aligner.train.loop import Trainer
 from pyserini_aligner.train.validate import Encoded, mean_ndcg10, score_all, top_docids
 
@@ -64,13 +63,7 @@ REFERENCE = {"dense": {"scifact": 0.6451, "nfcorpus": 0.3159}, "shipped": {"scif
 
 def load_test_sets(path: Path) -> dict[str, ValidationSet]:
     """The test sets of ``prepare.write_test_sets`` (ValueError naming the file when it is not one)."""
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as lines:
-            data = json.load(lines)
-    except (OSError, json.JSONDecodeError, EOFError) as err:
-        raise ValueError(f"{path}: not a gzip JSON test-set file ({err})") from None
-    if not isinstance(data, dict) or data.get("format") != TEST_FORMAT:
-        raise ValueError(f"{path}: 'format' is not {TEST_FORMAT!r}")
+    data = read_gzip_json(path, "test-set file", TEST_FORMAT)
     return {name: ValidationSet(name, s["corpus"], s["queries"], s["qrels"]) for name, s in data["sets"].items()}
 
 
