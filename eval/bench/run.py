@@ -34,8 +34,8 @@ def build_aligner(index_dir: Path, args: list[str], reuse: bool = False) -> dict
     """Run ``python -m pyserini_aligner.index args`` in a child process: seconds, peak RSS, bytes per document. With
     ``reuse``, an index already at ``index_dir`` is kept and its own recorded build seconds are reported (no RSS)."""
     if reuse and (index_dir / "manifest.json").is_file():
-        stats = {"seconds": round(read_manifest(index_dir).build_stats.get("total_s", float("nan")), 1),
-                 "peak_rss_mib": "–"}
+        seconds = read_manifest(index_dir).build_stats.get("total_s")
+        stats = {"seconds": "–" if seconds is None else round(seconds, 1), "peak_rss_mib": "–"}
     else:
         stats = measure.timed_module("pyserini_aligner.index",
                                      ["--index", str(index_dir), "--overwrite", "--quiet", *args])
