@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -134,6 +135,20 @@ class EncodedText:
     truncated: bool  # the text had more tokens than the model's maxlen
 
 
+CUDA_PAD_MULTIPLE = 8  # token batches on a GPU are padded to a multiple of this many positions
+
+
+def _attention_kernels(device: torch.device):
+    """On a GPU, scaled-dot-product attention through the flash or memory-efficient kernels, not cuDNN's, which
+    plans every new (batch, length) shape anew on the host (length-sorted batches bring a new shape each time);
+    elsewhere nothing changes."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """Map "fp32" | "fp16" | "bf16" (or a torch dtype, or None) to the autocast dtype (None = full fp32)."""
     if dtype is None or dtype == torch.float32:
@@ -249,7 +264,7 @@ class AlignerModel(nn.Module):
         mask = self.token_mask(input_ids, attention_mask)
         dtype = self.compute_dtype
         autocast = torch.autocast(input_ids.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-        with autocast:
+        with autocast, _attention_kernels(input_ids.device):
             hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             projected = self.projection(hidden)
         vectors = F.normalize(projected.float(), dim=-1) * mask.unsqueeze(-1)
@@ -283,13 +298,21 @@ class AlignerModel(nn.Module):
         return ids, truncated
 
     def _pad(self, rows: list[list[int]]) -> tuple[Tensor, Tensor]:
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-            attention[i, :len(row)] = 1
-        return input_ids.to(self.device), attention.to(self.device)
+        """(input ids, attention mask) [B, L] on the model's device: L is the longest row, rounded up to a multiple
+        of ``CUDA_PAD_MULTIPLE`` on a GPU (fewer distinct shapes and whole tensor-core tiles)."""
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        width = int(lengths.max())
+        cuda = self.device.type == "cuda"
+        if cuda:
+            width = -(-width // CUDA_PAD_MULTIPLE) * CUDA_PAD_MULTIPLE
+        attention = np.arange(width) < lengths[:, None]
+        input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        input_ids[attention] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
+                                           count=int(lengths.sum()))
+        ids, mask = torch.from_numpy(input_ids), torch.from_numpy(attention.astype(np.int64))
+        if cuda:
+            ids, mask = ids.pin_memory(), mask.pin_memory()
+        return ids.to(self.device, non_blocking=cuda), mask.to(self.device, non_blocking=cuda)
 
     def encode(self, texts: list[str], is_query: bool, batch_size: int = 32, progress: bool = False,
                device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
@@ -354,9 +377,9 @@ class AlignerModel(nn.Module):
                 for start in range(0, len(order), batch_size):
                     batch = order[start:start + batch_size]
                     out = self(*self._pad([ids[i] for i in batch]), is_query=is_query)
-                    rows, cols = torch.tensor(batch, device=self.device), out.vectors.shape[1]
-                    vectors[rows, :cols] = out.vectors.to(dtype)
-                    mask[rows, :cols], salience[rows, :cols] = out.mask, out.salience
+                    rows, cols = torch.tensor(batch, device=self.device), len(ids[batch[0]])  # the longest
+                    vectors[rows, :cols] = out.vectors[:, :cols].to(dtype)
+                    mask[rows, :cols], salience[rows, :cols] = out.mask[:, :cols], out.salience[:, :cols]
         finally:
             self.train(was_training)
         return TokenOutput(vectors, mask, salience)

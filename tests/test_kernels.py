@@ -13,13 +13,17 @@ triton = pytest.importorskip("triton")
 
 @pytest.fixture()
 def interpreted(monkeypatch):
-    from pyserini_aligner.search import kernels
+    from pyserini_aligner import kernels
 
     if not torch.cuda.is_available():
         monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "interpret")
     kernels._interaction_kernel.cache_clear()
+    kernels._nearest_kernel.cache_clear()
+    kernels._probe_kernel.cache_clear()
     yield kernels
     kernels._interaction_kernel.cache_clear()
+    kernels._nearest_kernel.cache_clear()
+    kernels._probe_kernel.cache_clear()
 
 
 def test_interaction_kernel_matches_reference(interpreted):
@@ -44,6 +48,48 @@ def test_interaction_kernel_matches_reference(interpreted):
     assert torch.allclose(got[torch.isfinite(got)], want[torch.isfinite(want)], atol=1e-5)
 
 
+def test_nearest_kernel_matches_reference(interpreted):
+    """The fused nearest-centroid kernel picks the reference's centroid: over several blocks of rows and of
+    centroids, a ragged last block of each, and a tie (two equal centroids: the lower index wins)."""
+    kernels = interpreted
+    torch.manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(70, 32), dim=-1)
+    centroids = torch.nn.functional.normalize(torch.randn(45, 32), dim=-1)
+    centroids[30] = centroids[7]
+    x[3] = centroids[7]
+    got = kernels.nearest(x, centroids, block_n=16, block_k=16)
+    want = kernels.nearest_reference(x, centroids)
+    assert got.dtype == torch.int64 and int(got[3]) == 7
+    scores = x.half().float() @ centroids.half().float().T
+    picked = scores.gather(1, got[:, None])[:, 0]
+    assert torch.all(picked >= scores.max(1).values - 1e-3)  # float32 sums in another order: near-ties may differ
+    assert (got == want).float().mean() > 0.95
+
+
+def test_probe_kernel_matches_reference(interpreted):
+    """Entry scores of the probed lists equal the reference's to the bit: lists shorter and longer than the cap, an
+    empty list, a dead document and a probe that is not valid."""
+    kernels = interpreted
+    torch.manual_seed(1)
+    nlist, m, docs = 6, 4, 30
+    lengths = torch.tensor([5, 0, 12, 3, 9, 20])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    codes = torch.randint(0, 256, (int(offsets[-1]), m), dtype=torch.uint8)
+    ivf_docs = torch.randint(0, docs, (int(offsets[-1]),), dtype=torch.int32)
+    live = torch.ones(docs, dtype=torch.bool)
+    live[int(ivf_docs[0])] = False
+    lut = torch.randn(3, m * 256)
+    cval = torch.randn(3, 4)
+    cidx = torch.tensor([[2, 1, 5, 0], [5, 4, 3, 2], [0, 1, 2, 3]])
+    valid = torch.tensor([True, True, False])
+    got = kernels.probe_scores(lut, cval, cidx, offsets, codes, ivf_docs, live, valid, cap=16, block=8)
+    want = kernels.probe_scores_reference(lut, cval, cidx, offsets, codes, ivf_docs, live, valid, cap=16)
+    assert torch.equal(got[0], want[0])
+    finite = torch.isfinite(want[0])
+    assert torch.equal(got[1][finite], want[1][finite]) and int(finite.sum()) > 20
+    assert not bool(torch.isfinite(got[0][2]).any())  # the probe that is not valid finds nothing
+
+
 def test_engine_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch):
     """The torch backend's centroid-interaction stage through the kernel ranks as through plain torch."""
     from pyserini_aligner.search import AlignerSearcher
@@ -60,3 +106,23 @@ def test_engine_ranks_alike_with_and_without_kernels(default_index, model, inter
     for got, want in zip(with_kernel, plain):
         assert [d for d, _ in got] == [d for d, _ in want]
 
+
+
+def test_static_plan_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch):
+    """The single-query plan's probe scoring and interaction through the kernels rank as through torch operations."""
+    from test_static import assert_same, static_ranking
+
+    from pyserini_aligner.search import AlignerSearcher
+
+    knobs = dict(encoder=model, backend="torch", k_per_token=20, nprobe=4, max_candidates=16, interaction_candidates=64)
+    searcher = AlignerSearcher(default_index, **knobs)
+    query = "coronavirus transmission in hospitals"
+    with_kernels = static_ranking(searcher, query, 10)
+    monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "0")
+    interpreted._triton.cache_clear()
+    try:
+        plain = static_ranking(searcher, query, 10)
+    finally:
+        interpreted._triton.cache_clear()
+    assert len(plain) == 10
+    assert_same(with_kernels, plain)

@@ -11,7 +11,8 @@
 Training (k-means) and encoding run in torch, on the CPU or a GPU; decoding is a table lookup. On a CPU, a codec
 of many centroids (``HIERARCHY_MIN_NLIST`` and up) trains them by two-level k-means (:func:`two_level_kmeans`) and
 assigns each token to its nearest centroid among the groups of centroids nearest to it (:class:`CentroidSearch`);
-brute force costs ``nlist · d`` multiply-adds per token there. On a GPU both stay brute force.
+brute force costs ``nlist · d`` multiply-adds per token there. On a GPU both stay brute force, through a fused
+Triton kernel where Triton is installed.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor
+
+from pyserini_aligner import kernels
 
 FP16 = "fp16"
 AUTO = "auto"  # IVF<nlist>,PQ<DEFAULT_PQ_M> with nlist chosen from the corpus size (choose_nlist)
@@ -87,7 +90,11 @@ def resolve_codec(spec: str, dim: int, num_tokens: int) -> CodecSpec:
 
 
 def nearest(x: Tensor, centroids: Tensor, metric: str = "ip") -> Tensor:
-    """Index [n] of the nearest centroid [k, d] of each row of x [n, d] by inner product ("ip") or L2 ("l2")."""
+    """Index [n] of the nearest centroid [k, d] of each row of x [n, d] by inner product ("ip") or L2 ("l2"). By
+    inner product on a GPU with Triton, a fused kernel in float16 (:func:`pyserini_aligner.kernels.nearest`);
+    elsewhere chunked matmuls."""
+    if metric == "ip" and x.device.type == "cuda" and kernels.nearest_supported(x, centroids):
+        return kernels.nearest(x, centroids)
     budget = _CHUNK_ELEMENTS * (4 if x.device.type == "cuda" else 1)
     rows = max(1, budget // max(1, len(centroids)))
     bias = -0.5 * (centroids * centroids).sum(-1) if metric == "l2" else None
@@ -312,8 +319,8 @@ class ResidualCodec:
         return codec
 
     def encode_centroids(self, x: Tensor) -> np.ndarray:
-        """uint16 [n]: nearest centroid (inner product) of each row of x [n, d]: brute force (TF32 matmuls on a
-        GPU), or through a :class:`CentroidSearch` for a large codec on a CPU (built once per codec, seeded)."""
+        """uint16 [n]: nearest centroid (inner product) of each row of x [n, d]: brute force (on a GPU the fused
+        kernel of :func:`nearest`, else TF32 matmuls), or through a :class:`CentroidSearch` for a large codec on a CPU (built once per codec, seeded)."""
         if restricted_search(len(self.centroids), x.device):
             if self._search is None:
                 self._search = CentroidSearch(self.centroids.cpu())

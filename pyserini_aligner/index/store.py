@@ -528,6 +528,8 @@ class StoredIndex:
         self.lengths = np.diff(self.offsets)
         self.deleted = np.concatenate([s.deleted for s in self.segments]) if self.segments else np.zeros(0, bool)
         self.live = ~self.deleted
+        self.live.flags.writeable = False  # one generation's documents: the count below stays true
+        self._num_live = int(self.live.sum())
         self.docids = [docid for s in self.segments for docid in s.docids]
         self._docid_rows: dict[str, int] | None = None
         self._kept = None
@@ -539,7 +541,8 @@ class StoredIndex:
 
     @property
     def num_live(self) -> int:
-        return int(self.live.sum())
+        """Documents not deleted."""
+        return self._num_live
 
     def verify(self) -> None:
         """Check every file's CRC32 (IndexFormatError naming the first corrupt file)."""

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, scores_from_similarity
 from pyserini_aligner.index.store import StoredIndex
-from pyserini_aligner.search import kernels
+from pyserini_aligner import kernels
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
 

@@ -205,6 +205,7 @@ class AlignerSearcher:
         self.strategy = parse_strategy(self._strategy_arg if self._strategy_arg is not None
                                        else self.manifest.default_strategy)
         self.use_salience = self.model.scores_with_salience
+        self._refine_width = int(store.lengths.max()) if store.num_docs else 1  # documents pad to it in every shard
         self._workspace = Workspace()
         self.index = self.tokens = None
         self.shards: list[CodeShard] = []
@@ -511,9 +512,8 @@ class AlignerSearcher:
     def _refine(self, q, q_mask, q_sal, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Alignment scores [B, C] of the candidate rows (−inf where not valid)."""
         if self.shards or self.exchange is not None:
-            width = int(self.store.lengths.max()) if self.store.num_docs else 1  # the same in every shard
             return self._combine(self._each_shard(
-                lambda shard: shard.refine(q, q_mask, q_sal, rows, valid, self.strategy, width)))
+                lambda shard: shard.refine(q, q_mask, q_sal, rows, valid, self.strategy, self._refine_width)))
         out = torch.full(rows.shape, -torch.inf)
         for b in range(len(rows)):
             picked = rows[b][valid[b]].numpy()

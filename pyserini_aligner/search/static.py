@@ -17,8 +17,8 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.salience import keep_count
-from pyserini_aligner.search import kernels
-from pyserini_aligner.search.engine import CodeShard, probe_gains
+from pyserini_aligner import kernels
+from pyserini_aligner.search.engine import CodeShard, descending_key, probe_gains
 
 _BLOCK = 1 << 24  # elements of the largest padded intermediate (entries, centroid look-ups) built at once
 _INT_MAX = torch.iinfo(torch.int64).max
@@ -61,27 +61,41 @@ class StaticPlan:
         shard, r = self.shard, len(probes)
         cval, cidx = (probes @ shard.centroids.T).topk(self.nprobe, dim=1)
         lut = torch.einsum("rms,mks->rmk", probes.view(r, shard.m, -1), shard.books).reshape(r, -1)
-        span = torch.arange(self.cap, device=probes.device)
-        score = torch.empty(r, self.nprobe, self.cap, device=probes.device)
-        docs = torch.empty(r, self.nprobe, self.cap, dtype=torch.long, device=probes.device)
+        if kernels.available(probes.device):
+            score, docs = kernels.probe_scores(lut, cval, cidx, shard.ivf_offsets, shard.ivf_codes, shard.ivf_docs,
+                                               shard.live, valid, self.cap)
+        else:
+            score, docs = self._probe_torch(lut, cval, cidx, valid)
+        flat = score.reshape(r, -1)
+        # the K smallest of (descending score, position) keys: best first, ties in list order, as a stable sort
+        key = (descending_key(flat) << 31) | torch.arange(flat.shape[1], device=flat.device)
+        at = key.topk(self.per_token, dim=1, largest=False).values & ((1 << 31) - 1)
+        values = flat.gather(1, at)
+        rows = docs.reshape(r, -1).gather(1, at) + shard.row_base
+        return values, torch.where(torch.isfinite(values), rows, torch.full_like(rows, -1))
+
+    def _probe_torch(self, lut: Tensor, cval: Tensor, cidx: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`pyserini_aligner.kernels.probe_scores` in torch operations, a few probes at a time."""
+        shard, r = self.shard, len(cidx)
+        span = torch.arange(self.cap, device=cidx.device)
+        score = torch.empty(r, self.nprobe, self.cap, device=cidx.device)
+        docs = torch.empty(r, self.nprobe, self.cap, dtype=torch.long, device=cidx.device)
         step = max(1, _BLOCK // max(self.nprobe * self.cap * shard.m, 1))
-        book = torch.arange(shard.m, device=probes.device) * 256
+        book = torch.arange(shard.m, device=cidx.device) * 256
         for a in range(0, r, step):
             part = slice(a, a + step)
             lengths = shard.ivf_lengths[cidx[part]].unsqueeze(-1)
             pos = (shard.ivf_offsets[cidx[part]].unsqueeze(-1) + span).clamp_max(max(shard.num_entries - 1, 0))
             codes = shard.ivf_codes[pos].long() + book  # [p, P, cap, M]
-            rows = len(codes)
-            residual = lut[part].gather(1, codes.reshape(rows, -1)).view(codes.shape).sum(-1)
+            looked = lut[part].gather(1, codes.reshape(len(codes), -1)).view(codes.shape)
+            residual = looked[..., 0]
+            for m in range(1, shard.m):  # the engine's order of additions
+                residual = residual + looked[..., m]
             entry = shard.ivf_docs[pos].long()
             ok = (span < lengths) & shard.live[entry] & valid[part].view(-1, 1, 1)
-            score[part] = torch.where(ok, cval[part].unsqueeze(-1) + residual,
-                                      torch.full_like(residual, -math.inf))
+            score[part] = torch.where(ok, cval[part].unsqueeze(-1) + residual, torch.full_like(residual, -math.inf))
             docs[part] = entry
-        best = score.reshape(r, -1).sort(dim=1, descending=True, stable=True)
-        values, at = best.values[:, :self.per_token], best.indices[:, :self.per_token]
-        rows = docs.reshape(r, -1).gather(1, at) + shard.row_base
-        return values, torch.where(torch.isfinite(values), rows, torch.full_like(rows, -1))
+        return score, docs
 
     def _candidates(self, scores: Tensor, rows: Tensor, weights: Tensor | None, count: int) -> tuple[Tensor, Tensor]:
         """(rows [count] ascending, valid [count]): the best documents by the proxy of
