@@ -249,13 +249,17 @@ class CodeShard:
         and multiplying)."""
         b, n = q.shape[:2]
         q = q.float()
-        table = torch.einsum("bnd,kd->bkn", q, self.centroids).reshape(-1, n)  # [b·nlist, n]
-        luts = torch.einsum("bnms,mks->bmkn", q.view(b, n, self.m, -1), self.books).reshape(-1, n)  # [b·M·256, n]
-        owner = torch.arange(b, device=self.device).view(b, 1, 1)
-        sim = table[owner * self.nlist + (self.token_ids[positions].long() & 0xFFFF)]  # [b, C, L, n]
-        codes = self.token_codes[positions].long()  # [b, C, L, M]
-        for m in range(self.m):
-            sim += luts[(owner * self.m + m) * 256 + codes[..., m]]
+        rows = torch.empty(b * (self.nlist + self.m * 256), n, device=self.device)  # every query's tables, stacked
+        centroid_rows = rows[:b * self.nlist].view(b, self.nlist, n)
+        torch.matmul(self.centroids, q.transpose(1, 2), out=centroid_rows)  # q·c
+        rows[b * self.nlist:] = torch.einsum("bnms,mks->bmkn", q.view(b, n, self.m, -1), self.books).reshape(-1, n)
+        owner = torch.arange(b, device=self.device).view(b, 1, 1, 1)
+        books = torch.arange(self.m, device=self.device) * 256
+        index = torch.cat([owner * self.nlist + (self.token_ids[positions].long() & 0xFFFF).unsqueeze(-1),
+                           b * self.nlist + owner * (self.m * 256) + books + self.token_codes[positions].long()], -1)
+        # one row per token: its centroid's row plus its M look-up-table rows, summed in that order
+        sim = torch.nn.functional.embedding_bag(index.reshape(-1, 1 + self.m), rows, mode="sum")
+        sim = sim.view(*positions.shape, n)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
     def decode(self, positions: Tensor) -> Tensor:

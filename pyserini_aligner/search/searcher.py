@@ -99,21 +99,25 @@ def check_threads(threads: int) -> None:
 
 @contextlib.contextmanager
 def compute_threads(threads: int):
-    """Run FAISS (OpenMP) and torch with ``threads`` threads inside the block (torch's setting is restored)."""
+    """Run FAISS (OpenMP) and torch with ``threads`` threads inside the block; both settings are restored (read
+    first: FAISS and torch may share one OpenMP runtime)."""
     check_threads(threads)
+    saved = torch.get_num_threads()
     try:
         import faiss
-
-        faiss.omp_set_num_threads(threads)
     except ImportError:  # torch-only installs (the torch backend needs no FAISS)
-        pass
-    saved = torch.get_num_threads()
-    if saved != threads:
+        faiss = None
+    faiss_saved = faiss.omp_get_max_threads() if faiss is not None else None
+    if faiss is not None:
+        faiss.omp_set_num_threads(threads)
+    if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     try:
         yield
     finally:
-        if saved != threads:
+        if faiss is not None:
+            faiss.omp_set_num_threads(faiss_saved)
+        if torch.get_num_threads() != saved:
             torch.set_num_threads(saved)
 
 
@@ -294,8 +298,10 @@ class AlignerSearcher:
                                      "index") from None
 
     # ------------------------------------------------------------------ public API
-    def search(self, q: str, k: int = 10, threads: int = 1, remove_dups: bool = False, return_vector: bool = False):
+    def search(self, q: str, k: int = 10, threads: int | None = None, remove_dups: bool = False,
+               return_vector: bool = False):
         """Top-k documents for query text ``q`` as DenseSearchResult(docid, score), best first ([] for an empty query).
+        ``threads`` run the search steps (default: torch's thread count when the searcher was made).
 
         remove_dups is accepted for Pyserini compatibility (results are unique per document already). With
         return_vector, returns (query vectors [n, d], [PrfDenseSearchResult(docid, score, doc vectors [m, d])]).
@@ -305,7 +311,7 @@ class AlignerSearcher:
         hits = self.batch_search([q], ["q"], k=k, threads=threads, return_vector=return_vector)
         return (hits[0]["q"], hits[1]["q"]) if return_vector else hits["q"]
 
-    def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int = 1,
+    def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int | None = None,
                      return_vector: bool = False):
         """{q_id: [DenseSearchResult]} for many queries (batched encoding and search).
 
@@ -317,7 +323,7 @@ class AlignerSearcher:
             raise ValueError(f"k must be >= 1, got {k}")
         dense, prf = dense_result_classes()
         results, vectors = {}, {}
-        check_threads(threads)
+        check_threads(threads if threads is not None else 1)
         with self._lock:
             for start in range(0, len(queries), self.batch_size):
                 texts, ids = queries[start:start + self.batch_size], q_ids[start:start + self.batch_size]
@@ -329,13 +335,13 @@ class AlignerSearcher:
                         results[qid] = [dense(self.docids[row], score) for row, score in hits]
         return (vectors, results) if return_vector else results
 
-    def rank(self, queries: list[str], k: int = 10, threads: int = 1) -> list[list[tuple[str, float]]]:
+    def rank(self, queries: list[str], k: int = 10, threads: int | None = None) -> list[list[tuple[str, float]]]:
         """Top-k (docid, score) lists, best first, one per query: ``batch_search`` over plain data (no Pyserini
         result objects, so it also runs where Pyserini is not installed)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         ranked = []
-        check_threads(threads)
+        check_threads(threads if threads is not None else 1)
         with self._lock:
             for start in range(0, len(queries), self.batch_size):
                 _, hits = self._search_texts(queries[start:start + self.batch_size], k, threads)
@@ -359,10 +365,10 @@ class AlignerSearcher:
             nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
         return per_token, nprobe, wide, limit
 
-    def _search_texts(self, texts: list[str], k: int, threads: int = 1):
+    def _search_texts(self, texts: list[str], k: int, threads: int | None = None):
         """(query vectors per text, [(doc row, score)] per text). Queries are encoded with torch's thread setting
-        of when the searcher was made (as Pyserini's encoders use torch's); ``threads`` threads run the search
-        (FAISS and the tensor steps)."""
+        of when the searcher was made (as Pyserini's encoders use torch's); ``threads`` threads (default: the same
+        number) run the search (FAISS and the tensor steps)."""
         live = [i for i, text in enumerate(texts) if not is_blank(text)]
         hits: list[list[tuple[int, float]]] = [[] for _ in texts]
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
@@ -386,7 +392,7 @@ class AlignerSearcher:
             q, q_mask, q_sal = (t.to(self.model.device) for t in self.exchange.broadcast(
                 (q.cpu(), q_mask.cpu(), q_sal.cpu())))
         clock("encode")
-        with compute_threads(threads):
+        with compute_threads(self.encode_threads if threads is None else threads):
             self._search_encoded(q, q_mask, q_sal, live, k, clock, query_vectors, hits)
         return query_vectors, hits
 
