@@ -41,6 +41,7 @@ BACKENDS = ("faiss", "torch")
 # half a point of exhaustive scoring of the same index).
 DEPTH_DEFAULTS = {"cuda": (3000, 8, 128, 12288), "cpu": (100, 8, 128, 0)}
 DEFAULT_QUERY_PRUNE = 0.5
+DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_EF_SEARCH = 128
 _INVISIBLE = dict.fromkeys(map(ord, "\x00\u200b\u200c\u200d\u2060\ufeff\u00ad"))
@@ -127,9 +128,9 @@ class AlignerSearcher:
     index_dir: folder written by ``python -m pyserini_aligner.index``. encoder: None (the model in the manifest),
     a checkpoint name/folder, an AlignerModel or an AlignerQueryEncoder. strategy: alignment strategy for
     refinement (default: the manifest's). k_per_token: indexed document tokens taken per kept query token (raised to
-    k for deep searches). k_per_token, nprobe, max_candidates and interaction_candidates default to
+    2k for deep searches). k_per_token, nprobe, max_candidates and interaction_candidates default to
     ``DEPTH_DEFAULTS`` for the device. query_prune: β^q, fraction of query tokens probed (refinement always uses all).
-    max_candidates: documents refined per query (at least k). interaction_candidates: compressed indexes only,
+    max_candidates: documents refined per query (at least 2k). interaction_candidates: compressed indexes only,
     documents first narrowed to max_candidates by centroid interaction (MaxSim over the centroids of all their
     tokens; 0: off; only the torch backend has this stage). refine_with: "all" stored doc tokens or only the
     "kept" ones. nprobe: inverted lists probed per query token (compressed indexes; raised when the lists hold fewer
@@ -351,13 +352,14 @@ class AlignerSearcher:
     # ------------------------------------------------------------------ pipeline
     def _depth(self, k: int) -> tuple[int, int, int, int]:
         """(entries per probe K, nprobe, candidates narrowed by centroid interaction (0: none), candidates refined)
-        for a top-k search."""
+        for a top-k search: K and the refined count are at least ``DEEP_FACTOR``·k, so that a deep search (hybrid
+        and reranking pipelines take 1000 hits) finds what exhaustive scoring finds."""
         live = max(self.store.num_live, 1)
-        limit = min(max(self.max_candidates, k), live)
+        limit = min(max(self.max_candidates, DEEP_FACTOR * k), live)
         staged = self.interaction_candidates and (self.shards or self.exchange is not None)
         wide = min(max(self.interaction_candidates, 4 * k), live) if staged else 0
         wide = wide if wide > limit else 0
-        per_token = max(self.k_per_token, k)
+        per_token = max(self.k_per_token, DEEP_FACTOR * k)
         nprobe = self.nprobe or self._default_nprobe
         if self.store.codec is not None:
             nlist = self.store.codec_spec.nlist
