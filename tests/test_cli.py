@@ -60,7 +60,9 @@ def test_help_shows_every_default(module):
     for action in parser._actions:
         if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
             assert "default" in formatter._get_help_string(action), (module, action.option_strings)
-    assert parser.format_help()  # renders
+    text = parser.format_help()  # renders, naming every flag that is not hidden
+    assert all(flag in text for action in parser._actions if action.help is not argparse.SUPPRESS
+               for flag in action.option_strings), module
 
 
 def test_search_help_texts():
