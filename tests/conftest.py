@@ -18,6 +18,18 @@ os.environ.setdefault("PYSERINI_ALIGNER_BEIR_DIR", str(SHARED_BEIR))
 os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
 
 
+def share_the_cores() -> None:
+    """With several test workers (pytest-xdist), each worker and the processes it starts get an equal share of the
+    cores for their OpenMP threads (torch, FAISS) unless OMP_NUM_THREADS is set: OpenMP threads of two workers
+    crowding the same cores wait on each other's barriers for far longer than their work takes."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+share_the_cores()  # before torch is imported: it reads OMP_NUM_THREADS once
+
+
 def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test",
                      words: int | None = None, max_docs: int | None = None) -> Path:
     """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs (each text cut to its first

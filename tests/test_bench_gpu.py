@@ -7,7 +7,7 @@ from eval import bench_gpu
 
 
 def test_measure_then_score(tmp_path, monkeypatch):
-    folder = make_beir_folder(tmp_path / "scifact", n_docs=60, words=32)
+    folder = make_beir_folder(tmp_path / "scifact", n_docs=30, words=32)
     archive = tmp_path / "scifact.zip"
     with zipfile.ZipFile(archive, "w") as out:
         for path in folder.rglob("*"):
@@ -16,7 +16,7 @@ def test_measure_then_score(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_gpu, "BATCHES", (4, 16))
     corpus, queries = bench_gpu.read_beir_zip(archive, tmp_path / "extracted")
     first = json.loads((folder / "corpus.jsonl").read_text().splitlines()[0])
-    assert len(corpus) == 60 and corpus[0] == (first["_id"], f"{first['title']} {first['text']}")
+    assert len(corpus) == 30 and corpus[0] == (first["_id"], f"{first['title']} {first['text']}")
     assert 0 < len(queries) <= len((folder / "queries.jsonl").read_text().splitlines())
     report = bench_gpu.measure(archive, tmp_path / "out", "cpu", "aligner", codec="IVF16,PQ16")
     assert list(report["configs"]) == list(bench_gpu.CONFIGS)

@@ -21,6 +21,8 @@ from pyserini_aligner.search import __main__ as search_cli
 from pyserini_aligner.search.searcher import AlignerSearcher
 from pyserini_aligner.trec import read_run, write_run
 
+from conftest import run_module
+
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT = REPO / "pyserini_aligner" / "checkpoints" / "aligner"
 QUERIES = {"q1": "vitamin D deficiency and bone density", "q2": "stem cells in the bone marrow",
@@ -58,7 +60,9 @@ def test_help_shows_every_default(module):
     for action in parser._actions:
         if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
             assert "default" in formatter._get_help_string(action), (module, action.option_strings)
-    assert parser.format_help()  # renders
+    text = parser.format_help()  # renders, naming every flag that is not hidden
+    assert all(flag in text for action in parser._actions if action.help is not argparse.SUPPRESS
+               for flag in action.option_strings), module
 
 
 def test_search_help_texts():
@@ -91,23 +95,22 @@ def test_split_lucene_only():
     assert not set(LUCENE_ONLY_FLAGS) & {a.option_strings[0] for a in search_cli.build_parser()._actions}
 
 
-def test_lucene_cli_drops_lucene_only_flags_and_refuses_others(index_dir, topics, tmp_path):
+def test_lucene_cli_drops_lucene_only_flags_and_refuses_others(index_dir, topics, tmp_path, capsys):
+    """In this process, through the start-up hook (a real ``python -m pyserini.search.lucene`` child: the next
+    test and tests/test_integrations.py)."""
     output = tmp_path / "run.trec"
-    common = ["-m", "pyserini.search.lucene", "--index", str(index_dir), "--topics", str(topics), "--output",
-              str(output), "--hits", "3", "--quiet"]
-    ok = run(*common, "--bm25", "--k1", "0.9", "--b", "0.4")
-    assert ok.returncode == 0, ok.stderr
-    assert "ignoring Lucene-only flags for an AligneR index: --bm25 --k1 0.9 --b 0.4" in ok.stderr
+    common = ["--index", str(index_dir), "--topics", str(topics), "--output", str(output), "--hits", "3", "--quiet"]
+    assert run_module("pyserini.search.lucene", *common, "--bm25", "--k1", "0.9", "--b", "0.4") == 0
+    assert "ignoring Lucene-only flags for an AligneR index: --bm25 --k1 0.9 --b 0.4" in capsys.readouterr().err
     assert {qid: len(hits) for qid, hits in read_run(output).items()} == {qid: 3 for qid in QUERIES}
-    bad = run(*common, "--bogus", "1")
-    assert bad.returncode == 2
-    assert "unrecognized arguments: --bogus 1" in bad.stderr
+    assert run_module("pyserini.search.lucene", *common, "--bogus", "1") == 2
+    assert "unrecognized arguments: --bogus 1" in capsys.readouterr().err
     assert not output.exists()  # a failed search leaves no run, not even the earlier one
 
 
 def test_pyserini_search_forwards_with_this_interpreter(index_dir, topics, tmp_path):
     """No venv on PATH, and a ``python`` there that is not this one: the child must still be this interpreter, and
-    its failure the parent's exit status."""
+    its failure the parent's exit status, with no run left (a complete run's 0: tests/test_integrations.py)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     for name in ("python", "python3"):
@@ -115,11 +118,13 @@ def test_pyserini_search_forwards_with_this_interpreter(index_dir, topics, tmp_p
         (fake / name).chmod(0o755)
     venv_bin = os.path.dirname(sys.executable)
     path = os.pathsep.join([str(fake)] + [d for d in os.environ["PATH"].split(os.pathsep) if d != venv_bin])
-    result = run("-m", "pyserini.search", "--index", str(index_dir), "--topics", str(topics), "--output",
-                 str(tmp_path / "run.trec"), "--hits", "0", env={"PATH": path})
+    output = tmp_path / "run.trec"
+    result = run("-m", "pyserini.search", "--index", str(index_dir), "--topics", str(topics), "--output", str(output),
+                 "--hits", "0", env={"PATH": path})
     assert result.returncode == 2, result.stderr
     assert "argument --hits: expected an integer >= 1, got '0'" in result.stderr
     assert "wrong python" not in result.stderr
+    assert not output.exists()
 
 
 # run files
@@ -218,7 +223,6 @@ def test_pyserini_faiss_cli_takes_a_checkpoint_folder(index_dir, topics, tmp_pat
     folder = tmp_path / "balance-ckpt"
     shutil.copytree(CHECKPOINT, folder)
     output = tmp_path / "run.trec"
-    result = run("-m", "pyserini.search.faiss", "--index", str(index_dir), "--encoder", str(folder), "--topics",
-                 str(topics), "--output", str(output), "--hits", "3")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_module("pyserini.search.faiss", "--index", str(index_dir), "--encoder", str(folder), "--topics",
+                      str(topics), "--output", str(output), "--hits", "3") == 0
     assert {qid: len(hits) for qid, hits in read_run(output).items()} == {qid: 3 for qid in QUERIES}

@@ -23,25 +23,26 @@ def corpus_docs(name: str, n: int) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    """Both corpora (30 docs each); sentences of their documents stand in for the labelled queries."""
+    """Both corpora (16 docs each); sentences of their documents stand in for the labelled queries (6 for
+    training, 4 for validation, 4 for test)."""
     folder = tmp_path_factory.mktemp("cross_domain")
     corpora, train, validation, tests, train_corpus = {}, {}, {}, {}, {}
     for name, val_name, test_name in (("scifact", "scifact-heldout", "scifact-test"),
                                       ("nfcorpus", "nfcorpus-dev", "nfcorpus-test")):
-        docs = corpus_docs(name, 30)
+        docs = corpus_docs(name, 16)
         docids = [d for d, _ in docs]
         corpora[name] = {"docids": docids, "texts": [t for _, t in docs]}
         queries = pseudo_queries(docs, min_rest_words=5)
         others = lambda q: [d for d in docids if d != q.docid][:5]  # noqa: E731
         train[name] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q)}
-                       for q in queries[:12]]
+                       for q in queries[:6]]
         train[f"{name}-pseudo"] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q),
                                     "drop": list(q.span)} for q in queries]
         train_corpus[f"{name}-pseudo"] = name
-        validation[val_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[12:18]},
-                                "qrels": {q.qid: {q.docid: 1} for q in queries[12:18]}}
-        tests[test_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[18:24]},
-                            "qrels": {q.qid: {q.docid: 1} for q in queries[18:24]}}
+        validation[val_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[6:10]},
+                                "qrels": {q.qid: {q.docid: 1} for q in queries[6:10]}}
+        tests[test_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[10:14]},
+                            "qrels": {q.qid: {q.docid: 1} for q in queries[10:14]}}
     write_bundle({"meta": {}, "corpora": corpora, "train": train, "validation": validation,
                   "train_corpus": train_corpus}, folder / "bundle.json.gz")
     with gzip.open(folder / "test.json.gz", "wt") as out:
@@ -63,7 +64,7 @@ def test_choose_recipe_rule():
 def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     from eval.experiments.cross_domain.__main__ import main
 
-    tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 24, "doc_maxlen": 48,
+    tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 16, "doc_maxlen": 32,
             "eval_batch_size": 16, "precision": "fp32", "prune_k_per_token": 4, "negatives_per_query": 1,
             "negative_depth": 3, "negative_skip": 0, "train_layers": 1, "distill_rank": 20}
     sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
@@ -83,7 +84,7 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     assert set(results["top_p"]) == {"raw384", "final"} and len(results["targets"]) == 8
     assert results["final"]["recipe"] == recipe and "Chosen recipe" in (export / "results.md").read_text()
     model = AlignerModel.from_pretrained(export / "checkpoint")  # the salience stage is tested in test_train
-    assert model.config.dim == 128 and model.config.doc_maxlen == 48
+    assert model.config.dim == 128 and model.config.doc_maxlen == 32
     assert RECIPES["anchor-mix-pseudo"]["pseudo"]
     log = (tmp_path / "work" / "runs" / "anchor-mix-pseudo.scifact" / "config.yaml").read_text()
     assert "scifact-pseudo" in log and "anchor_weight: 1.0" in log

@@ -93,16 +93,6 @@ def test_lucene_entry_point_fails_nonzero_without_stale_run(index, topics, tmp_p
     assert ("argument --hits" if bad[0] == "--hits" else "topics file nowhere/missing.tsv does not exist") in err
 
 
-def test_deprecated_pyserini_search_passes_the_exit_status_on(index, topics, tmp_path):
-    """A failing run's status 2 comes back through the alias (a complete run's 0: tests/test_integrations.py)."""
-    output = tmp_path / "run.trec"
-    result = run("-m", "pyserini.search", "--index", str(index), "--topics", str(topics), "--output", str(output),
-                 "--threads", "0")
-    assert result.returncode == 2, result.stderr
-    assert "argument --threads: expected an integer >= 1, got '0'" in result.stderr
-    assert not output.exists()
-
-
 def test_faiss_entry_point_error_is_one_line_and_nonzero(index, topics, tmp_path, capsys):
     output = stale_run(tmp_path)
     assert run_module("pyserini.search.faiss", "--index", str(index), "--encoder", "aligner", "--topics", str(topics),

