@@ -30,6 +30,18 @@ def share_the_cores() -> None:
 share_the_cores()  # before torch is imported: it reads OMP_NUM_THREADS once
 
 
+def interpret_triton() -> None:
+    """Without a GPU, the Triton kernels are tested through Triton's CPU interpreter, which Triton reads from
+    TRITON_INTERPRET when it is first imported (torch may import it before any kernel test runs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+interpret_triton()
+
+
 def make_beir_folder(folder: Path, name: str = "scifact", n_docs: int = 300, split: str = "test",
                      words: int | None = None, max_docs: int | None = None) -> Path:
     """A small local BEIR folder cut from the real zip: the first ``n_docs`` docs (each text cut to its first

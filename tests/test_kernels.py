@@ -1,13 +1,9 @@
 """Triton kernels against their plain-torch references, through Triton's CPU interpreter (skipped without Triton)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is imported; nothing else runs kernels on the CPU
 triton = pytest.importorskip("triton")
 
 
