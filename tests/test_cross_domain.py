@@ -7,18 +7,20 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from eval.experiments.cross_domain.prepare import TEST_FORMAT
-from eval.experiments.cross_domain.run import RECIPES, choose_recipe
+from eval.experiments.cross_domain.run import RECIPES, choose_recipe, split_recipe
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.train.data import write_bundle
-from pyserini_aligner.train.pseudo import pseudo_queries
+from pyserini_aligner.train.pseudo import pseudo_queries, title_queries
 
 
-def corpus_docs(name: str, n: int) -> list[tuple[str, str]]:
+def corpus_docs(name: str, n: int) -> list[tuple[str, str, str]]:
+    """(docid, title, title + text) of the corpus's first ``n`` documents."""
     with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / f"{name}.zip") as archive:
         lines = archive.read(f"{name}/corpus.jsonl").decode().splitlines()[:n]
-    return [(d["_id"], f"{d['title']} {d['text']}".strip()) for d in map(json.loads, lines)]
+    return [(d["_id"], d["title"], f"{d['title']} {d['text']}".strip()) for d in map(json.loads, lines)]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,8 @@ def bundle_dir(tmp_path_factory):
     corpora, train, validation, tests, train_corpus = {}, {}, {}, {}, {}
     for name, val_name, test_name in (("scifact", "scifact-heldout", "scifact-test"),
                                       ("nfcorpus", "nfcorpus-dev", "nfcorpus-test")):
-        docs = corpus_docs(name, 8)
+        titled = corpus_docs(name, 8)
+        docs = [(d, t) for d, _, t in titled]
         docids = [d for d, _ in docs]
         corpora[name] = {"docids": docids, "texts": [t for _, t in docs]}
         queries = pseudo_queries(docs, per_doc=2, min_rest_words=5)
@@ -38,7 +41,9 @@ def bundle_dir(tmp_path_factory):
                        for q in queries[:6]]
         train[f"{name}-pseudo"] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q),
                                     "drop": list(q.span)} for q in queries]
-        train_corpus[f"{name}-pseudo"] = name
+        train[f"{name}-titles"] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q),
+                                    "drop": list(q.span)} for q in title_queries(titled, min_rest_words=5)]
+        train_corpus[f"{name}-pseudo"] = train_corpus[f"{name}-titles"] = name
         validation[val_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[6:10]},
                                 "qrels": {q.qid: {q.docid: 1} for q in queries[6:10]}}
         tests[test_name] = {"corpus": name, "queries": {q.qid: q.text for q in queries[10:14]},
@@ -59,6 +64,10 @@ def test_choose_recipe_rule():
     del scores["anchor"]
     recipe, why = choose_recipe(scores, floors)
     assert recipe == "default" and "no recipe reached" in why
+    assert split_recipe("default") == ("default", 1.0) and split_recipe("anchor-mix@0.5") == ("anchor-mix", 0.5)
+    for bad in ("nope", "default@0", "default@1.5", "default@x"):
+        with pytest.raises(ValueError, match="--recipes"):
+            split_recipe(bad)
 
 
 def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
@@ -70,23 +79,51 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
     export = tmp_path / "export"
     code = main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "work"), "--export", str(export),
-                 "--recipes", "anchor-mix-pseudo", "--no-salience", "--device", "cpu", "--quiet", *sets])
+                 "--recipes", "anchor-mix-pseudo@0.5", "--adaptations", "anchored,titles", "--no-salience",
+                 "--device", "cpu", "--quiet", *sets])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     results = json.loads((export / "results.json").read_text())
     recipe = results["choice"]["recipe"]
-    assert recipe == "anchor-mix-pseudo" and printed["choice"] == recipe
+    assert recipe == "anchor-mix-pseudo@0.5" and printed["choice"] == recipe
     assert set(results["single_domain"]) == {f"{recipe}.{d}" for d in ("scifact", "nfcorpus")}
     assert set(results["test"]) == {"raw384", "pca128", f"{recipe}.scifact", f"{recipe}.nfcorpus", "final",
-                                    "adapt.scifact-to-nfcorpus", "adapt.nfcorpus-to-scifact"}
+                                    "adapt.scifact-to-nfcorpus", "adapt.nfcorpus-to-scifact", "shipped"}
     for row in results["test"].values():
         assert set(row) == {"scifact-test", "nfcorpus-test"} and all(0.0 <= v <= 1.0 for v in row.values())
     assert set(results["top_p"]) == {"raw384", "final"} and len(results["targets"]) == 8
     assert results["final"]["recipe"] == recipe and "Chosen recipe" in (export / "results.md").read_text()
     model = AlignerModel.from_pretrained(export / "checkpoint")  # the salience stage is tested in test_train
     assert model.config.dim == 128 and model.config.doc_maxlen == 24
-    assert RECIPES["anchor-mix-pseudo"]["pseudo"]
-    log = (tmp_path / "work" / "runs" / "anchor-mix-pseudo.scifact" / "config.yaml").read_text()
+    runs = tmp_path / "work" / "runs"
+    # "@0.5" is the base run's weights halfway back to the start (fp16 deltas): start + 0.5 (trained - start)
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from pyserini_aligner.model import resolve_backbone
+
+    start = AutoModel.from_pretrained(resolve_backbone("minilm")).state_dict()
+    trained = load_file(str(runs / "anchor-mix-pseudo.scifact" / "last" / "backbone_delta.safetensors"))
+    half = load_file(str(runs / f"{recipe}.scifact" / "last" / "backbone_delta.safetensors"))
+    assert set(half) == set(trained) and half
+    for name, value in half.items():
+        expected = start[name] + 0.5 * (trained[name].float() - start[name])
+        torch.testing.assert_close(value.float(), expected, atol=2e-3, rtol=2e-3)
+    assert RECIPES["anchor-mix-pseudo"]["label_free"] == ["pseudo"]
+    log = (runs / "anchor-mix-pseudo.scifact" / "config.yaml").read_text()
     assert "scifact-pseudo" in log and "anchor_weight: 1.0" in log
+    assert "weight_interpolation: 0.5" in (runs / "final" / "config.yaml").read_text()
+    # each adaptation setting ran in both directions; the titles setting trained on the target's titles too
+    assert set(results["adaptation"]) == {f"adapt-{a}.{s}" for a in ("anchored", "titles")
+                                          for s in ("scifact-to-nfcorpus", "nfcorpus-to-scifact")}
+    assert results["adaptation_choice"]["setting"] in {"anchored", "titles"}
+    assert "- nfcorpus-titles" in (runs / "adapt-titles.scifact-to-nfcorpus" / "config.yaml").read_text()
+    # validation only: the choices, no final run and no test set opened
+    assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "val"), "--recipes", "default",
+                 "--validation-only", "--device", "cpu", "--quiet", *sets]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    results = json.loads((tmp_path / "val" / "results.json").read_text())
+    assert printed["choice"] == "default" and printed["adaptation"]["setting"] == "anchored"
+    assert "test" not in results and "final" not in results and (tmp_path / "val" / "results.md").is_file()
     assert main(["--bundle", str(tmp_path), "--output", str(tmp_path / "w2"), "--quiet"]) == 2
     assert "bundle.json.gz is missing" in capsys.readouterr().err

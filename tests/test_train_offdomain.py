@@ -1,4 +1,5 @@
-"""Off-domain training levers (anchor, alignment mix, L2 to init, label-free pairs) and label-free adaptation."""
+"""Off-domain training levers (anchor, alignment mix, L2 to init, weight interpolation, label-free pairs) and
+label-free adaptation."""
 
 import json
 
@@ -8,8 +9,8 @@ import torch
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.train.config import TrainConfig
 from pyserini_aligner.train.data import BatchSampler, load_bundle, write_bundle
-from pyserini_aligner.train.loop import Trainer, anchor_loss
-from pyserini_aligner.train.pseudo import pseudo_queries, sentence_spans
+from pyserini_aligner.train.loop import Trainer, anchor_loss, interpolated
+from pyserini_aligner.train.pseudo import pseudo_queries, sentence_spans, title_queries
 from tests.test_train import QUERIES, TOPICS, tiny_config
 
 LONG = ("Vitamin D is made in the skin under sunlight. Low levels are common in winter months. "
@@ -39,7 +40,9 @@ def test_new_config_fields_are_checked():
                                 ("l2_init_weight", -0.5, "'l2_init_weight'"),
                                 ("max_pseudo_queries", -1, "'max_pseudo_queries'"),
                                 ("anchor_temperature", 0.0, "'anchor_temperature'"),
-                                ("projection_init", "eye", "'projection_init'")):
+                                ("projection_init", "eye", "'projection_init'"),
+                                ("weight_interpolation", 0.0, "'weight_interpolation'"),
+                                ("weight_interpolation", 1.5, "'weight_interpolation'")):
         with pytest.raises(ValueError, match=match):
             TrainConfig.from_dict({field: value})
 
@@ -120,6 +123,41 @@ def test_anchor_mix_and_l2_in_training(bundle_path, tmp_path):
     torch.testing.assert_close(raw.teacher_scores(q_in, d_in, raw.strategy), own, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="'identity' needs dim"):
         Trainer(tiny_config(bundle_path, projection_init="identity"), tmp_path / "c", device="cpu", progress=False)
+
+
+def test_interpolated_weights_are_start_plus_alpha_times_the_change():
+    layer = torch.nn.Linear(3, 2)
+    start = {"weight": torch.zeros(2, 3), "bias": torch.ones(2)}
+    trained = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    with interpolated(layer, start, 0.25):
+        for name, p in layer.named_parameters():
+            torch.testing.assert_close(p.detach(), start[name] + 0.25 * (trained[name] - start[name]))
+    assert all(torch.equal(p, trained[n]) for n, p in layer.named_parameters())  # restored
+    with interpolated(layer, start, 1.0):
+        assert all(torch.equal(p, trained[n]) for n, p in layer.named_parameters())
+
+
+def test_weight_interpolation_is_what_training_exports(bundle_path, tmp_path):
+    from safetensors.torch import load_file
+
+    trainer = Trainer(tiny_config(bundle_path, weight_interpolation=0.5, epochs=1, lr_backbone=1e-3),
+                      tmp_path / "w", device="cpu", progress=False)
+    trainer.run()
+    delta = load_file(str(tmp_path / "w" / "last" / "backbone_delta.safetensors"))
+    params = dict(trainer.model.named_parameters())
+    moved = 0.0
+    for name, value in delta.items():
+        start, trained = trainer.start_state[f"backbone.{name}"], params[f"backbone.{name}"].detach()
+        torch.testing.assert_close(value.float(), start + 0.5 * (trained - start), atol=2e-3, rtol=2e-3)
+        moved = max(moved, float((trained - start).abs().max()))
+    assert moved > 1e-3  # the run did change the weights, so the check above is not start == trained
+
+
+def test_titles_are_pseudo_queries_when_the_text_starts_with_them():
+    docs = [("a", "Vitamin D and bones", f"Vitamin D and bones {LONG}"), ("b", "", LONG),
+            ("c", "Other title", LONG), ("d", "Short", "Short body text")]
+    queries = title_queries(docs)
+    assert [(q.qid, q.docid, q.text, q.span) for q in queries] == [("a#title", "a", "Vitamin D and bones", (0, 19))]
 
 
 def test_pseudo_queries_are_sentences_cut_from_their_document():

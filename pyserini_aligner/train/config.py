@@ -64,6 +64,9 @@ class TrainConfig:
     anchor_weight: float = 0.0
     anchor_temperature: float = 0.02  # the teacher's softmax temperature (the student's is `temperature`)
     l2_init_weight: float = 0.0  # + l2_init_weight * Σ ||θ − θ₀||² over the trained backbone weights (L2-SP)
+    # validated and exported weights: θ₀ + weight_interpolation · (θ − θ₀) over every trained tensor (WiSE-FT);
+    # 1.0 keeps the trained weights, lower values stay closer to the starting model off the training domain
+    weight_interpolation: float = 1.0
     lr_backbone: float = 2e-5
     lr_heads: float = 1e-3  # projection
     lr_salience: float = 1e-3  # salience heads
@@ -117,6 +120,8 @@ class TrainConfig:
                      "l2_init_weight"):
             if getattr(self, name) < 0.0:
                 raise bad(name, "must be >= 0")
+        if not 0.0 < self.weight_interpolation <= 1.0:
+            raise bad("weight_interpolation", "must be in (0, 1]")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise bad("warmup_ratio", "must be in [0, 1)")
         if self.precision not in PRECISIONS:

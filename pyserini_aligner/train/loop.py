@@ -16,6 +16,7 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -86,6 +87,26 @@ def export_checkpoint(model: AlignerModel, backbone_names: list[str], path: Path
         (path / DELTA_FILE).chmod(0o644)
 
 
+@contextlib.contextmanager
+def interpolated(model: torch.nn.Module, start: dict[str, torch.Tensor], alpha: float) -> Iterator[None]:
+    """Within the block each parameter named in ``start`` holds start + alpha · (θ − start) (WiSE-FT weight
+    interpolation between the starting and the trained model); the trained θ is restored afterwards."""
+    if alpha == 1.0 or not start:
+        yield
+        return
+    params = dict(model.named_parameters())
+    trained = {n: params[n].detach().clone() for n in start}
+    with torch.no_grad():
+        for name, value in start.items():
+            params[name].lerp_(value.to(params[name].device, params[name].dtype), 1.0 - alpha)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in trained.items():
+                params[name].copy_(value)
+
+
 def contrastive_loss(scores: torch.Tensor, allowed: torch.Tensor, temperature: float) -> torch.Tensor:
     """Cross-entropy of query i's positive (doc i) against the allowed docs; scores/allowed [B, D]."""
     logits = (scores / temperature).masked_fill(~allowed, -math.inf)
@@ -139,6 +160,8 @@ class Trainer:
             self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.init_weights = ({n: p.detach().clone() for n, p in self.model.backbone.named_parameters()
                               if p.requires_grad} if cfg.l2_init_weight > 0 else {})
+        # every trained tensor at the start (after the projection's initialisation), for weight_interpolation
+        self.start_state = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
         self.pools = self.positive_pools() if cfg.positive_top else None
         self._apply_pools()
         self.per_epoch = len(self.sampler.epoch(0))
@@ -385,13 +408,18 @@ class Trainer:
         log.info("resumed %s at step %d of %d", self.out, self.step, self.total)
 
     # ------------------------------------------------------------------ run
+    def interpolated(self, alpha: float | None = None) -> contextlib.AbstractContextManager:
+        """The model at weight_interpolation (or ``alpha``) between its start and its trained weights, for a block."""
+        return interpolated(self.model, self.start_state, self.cfg.weight_interpolation if alpha is None else alpha)
+
     def _evaluate_and_keep(self, epoch: int) -> dict:
         start = time.time()
-        result = self.validate()
-        improved = result["score"] > self.best
-        if improved:
-            self.best, self.best_step = result["score"], self.step
-            export_checkpoint(self.model, self.backbone_names, self.out / "best")
+        with self.interpolated():
+            result = self.validate()
+            improved = result["score"] > self.best
+            if improved:
+                self.best, self.best_step = result["score"], self.step
+                export_checkpoint(self.model, self.backbone_names, self.out / "best")
         record = {"event": "validation", "step": self.step, "epoch": epoch, **result, "best": self.best,
                   "improved": improved, "seconds": round(time.time() - start, 2)}
         self._log(record)
@@ -446,7 +474,8 @@ class Trainer:
         bar.close()
         if self.step < self.total:
             return {"finished": False, "step": self.step, "steps": self.total}
-        export_checkpoint(self.model, self.backbone_names, self.out / "last")
+        with self.interpolated():
+            export_checkpoint(self.model, self.backbone_names, self.out / "last")
         summary = {"finished": True, "steps": self.total, "best_step": self.best_step, "best_score": self.best,
                    "select_metric": cfg.select_metric}
         if (self.out / "best").is_dir():  # the shipped form (fp16 delta) re-validated

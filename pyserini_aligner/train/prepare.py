@@ -4,7 +4,8 @@ Pyserini).
 ``python -m pyserini_aligner.train.prepare --output <dir>``: train queries SciFact train (minus a held-out slice)
 and NFCorpus train, with BM25 hard negatives mined by Pyserini (Lucene, k1=0.9, b=0.4, over title + text);
 validation NFCorpus dev and the held-out SciFact train queries. No test split is read. ``--pseudo-per-doc N``
-adds label-free sets ``scifact-pseudo`` / ``nfcorpus-pseudo`` (see pseudo.py) over the same corpora.
+adds label-free sets over the same corpora (see pseudo.py): ``scifact-pseudo`` / ``nfcorpus-pseudo`` (N sentences
+per document) and ``scifact-titles`` / ``nfcorpus-titles`` (each document's title).
 
 ``python -m pyserini_aligner.train.prepare --corpus <JsonCollection | BEIR folder | ir_datasets id> --unsupervised
 --output <dir>``: label-free only, set ``corpus-pseudo`` over corpus ``corpus``, no validation set.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pyserini_aligner.cli import HelpFormatter
 from pyserini_aligner.train.data import load_bundle, write_bundle
+from pyserini_aligner.train.pseudo import PseudoQuery, pseudo_queries, title_queries
 
 log = logging.getLogger(__name__)
 BUNDLE_NAME = "bundle.json.gz"
@@ -27,6 +29,7 @@ TRAIN_SPLITS = {"scifact": "beir/scifact/train", "nfcorpus": "beir/nfcorpus/trai
 DEV_SPLITS = {"nfcorpus-dev": ("nfcorpus", "beir/nfcorpus/dev")}
 HELDOUT = "scifact-heldout"
 PSEUDO_SUFFIX = "-pseudo"
+TITLES_SUFFIX = "-titles"  # label-free: each document's title as its query
 CORPUS_NAME = "corpus"  # the corpus of an unsupervised bundle
 
 
@@ -47,14 +50,11 @@ def mine_negatives(index_dir: Path, queries: dict[str, str], qrels: dict[str, di
     return {q: [d for d, _ in hits[q] if qrels.get(q, {}).get(d, 0) <= 0][:depth] for q in queries}
 
 
-def pseudo_rows(index_dir: Path, docs: list[tuple[str, str]], per_doc: int, depth: int, seed: int,
-                threads: int) -> list[dict]:
-    """Bundle rows of label-free pairs (pseudo.pseudo_queries) with their top-``depth`` BM25 negatives from
+def pseudo_rows(index_dir: Path, queries: list[PseudoQuery], depth: int, threads: int) -> list[dict]:
+    """Bundle rows of label-free pairs (``pseudo.PseudoQuery``) with their top-``depth`` BM25 negatives from
     ``index_dir`` (the source document excluded), in qid order."""
     from pyserini_aligner.bm25 import bm25_search
-    from pyserini_aligner.train.pseudo import pseudo_queries
 
-    queries = pseudo_queries(docs, per_doc=per_doc, seed=seed)
     if not queries:
         raise ValueError("no pseudo-query could be cut from the corpus (no sentence of 6-40 words in a document of "
                          "at least 26 words)")
@@ -75,7 +75,7 @@ def prepare_corpus(corpus: str, output: Path, work: Path, depth: int = 30, per_d
     docs = [(docid, text) for docid, text, _ in read_corpus(corpus)]
     log.info("%s: %d docs; BM25 index, pseudo-queries and negatives", corpus, len(docs))
     index = build_lucene_index((Doc(d, "", t) for d, t in docs), work / f"{CORPUS_NAME}-lucene", threads=threads)
-    rows = pseudo_rows(index, docs, per_doc, depth, seed, threads)
+    rows = pseudo_rows(index, pseudo_queries(docs, per_doc=per_doc, seed=seed), depth, threads)
     name = CORPUS_NAME + PSEUDO_SUFFIX
     meta = {"corpus": str(corpus), "stats": {CORPUS_NAME: {"docs": len(docs)}, name: {"train_queries": len(rows)}},
             "negatives": f"Pyserini BM25 (k1=0.9, b=0.4) top-{depth} docids per pseudo-query (its source excluded)",
@@ -116,11 +116,13 @@ def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float =
         stats[name] = {"docs": len(docs), "train_queries": len(queries),
                        "mean_negatives": sum(len(n) for n in negatives.values()) / max(1, len(negatives))}
         if pseudo_per_doc:
-            pname = name + PSEUDO_SUFFIX
-            train[pname] = pseudo_rows(index, [(d.docid, d.contents) for d in docs], pseudo_per_doc, pseudo_depth,
-                                       seed, threads)
-            train_corpus[pname] = name
-            stats[pname] = {"train_queries": len(train[pname])}
+            for suffix, queries in ((PSEUDO_SUFFIX, pseudo_queries([(d.docid, d.contents) for d in docs],
+                                                                   per_doc=pseudo_per_doc, seed=seed)),
+                                    (TITLES_SUFFIX, title_queries((d.docid, d.title, d.contents) for d in docs))):
+                if queries:
+                    train[name + suffix] = pseudo_rows(index, queries, pseudo_depth, threads)
+                    train_corpus[name + suffix] = name
+                    stats[name + suffix] = {"train_queries": len(train[name + suffix])}
     for name, (corpus, spec) in DEV_SPLITS.items():
         dataset = Dataset(spec)
         queries, qrels = dataset.queries(), dataset.qrels()

@@ -1,8 +1,8 @@
 """Label-free training pairs from a corpus: pseudo-queries cut from its own documents.
 
-Each pseudo-query is a sentence of a document (``min_words``..``max_words`` words); its positive is that document
-with the sentence removed (the bundle row's ``drop`` span), so the model must match the query to the rest of the
-text, not to its own copy. Negatives are mined with BM25 over the same corpus (``prepare.prepare_corpus``).
+Each pseudo-query is a sentence of a document (``min_words``..``max_words`` words), or its title; its positive is
+that document with the query's text removed (the bundle row's ``drop`` span), so the model must match the query to
+the rest of the text, not to its own copy. Negatives are mined with BM25 over the same corpus (``prepare.prepare_corpus``).
 Standard library only.
 """
 
@@ -42,4 +42,17 @@ def pseudo_queries(docs: Iterable[tuple[str, str]], per_doc: int = 1, min_words:
                  and total - len(text[s:e].split()) >= min_rest_words]
         chosen = random.Random(f"{seed}:{docid}").sample(spans, min(per_doc, len(spans)))
         out += [PseudoQuery(f"{docid}#{n}", docid, text[s:e], (s, e)) for n, (s, e) in enumerate(sorted(chosen))]
+    return out
+
+
+def title_queries(docs: Iterable[tuple[str, str, str]], max_words: int = 40, min_rest_words: int = 20
+                  ) -> list[PseudoQuery]:
+    """The title of each (docid, title, contents) as a pseudo-query ("<docid>#title") when ``contents`` starts with
+    it, it has at most ``max_words`` words and the rest of ``contents`` at least ``min_rest_words``."""
+    out = []
+    for docid, title, contents in docs:
+        title = title.strip()
+        if (title and contents.startswith(title) and len(title.split()) <= max_words
+                and len(contents[len(title):].split()) >= min_rest_words):
+            out.append(PseudoQuery(f"{docid}#title", docid, title, (0, len(title))))
     return out

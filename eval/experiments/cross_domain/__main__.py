@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from eval.cli import configure_logging
-from eval.experiments.cross_domain.run import DEFAULT_RECIPES, RECIPES, Experiment
+from eval.experiments.cross_domain.run import ADAPTATIONS, DEFAULT_ADAPTATIONS, DEFAULT_RECIPES, RECIPES, Experiment
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="work folder: runs/, results.json, results.md")
     parser.add_argument("--export", type=Path, help="folder for results.json, results.md and checkpoint/")
     parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
-                        help=f"comma-separated candidate recipes (known: {', '.join(RECIPES)})")
+                        help=f"comma-separated candidate recipes (known: {', '.join(RECIPES)}); <recipe>@<alpha> "
+                             "exports the same run with weight_interpolation alpha")
+    parser.add_argument("--adaptations", default=",".join(DEFAULT_ADAPTATIONS),
+                        help=f"comma-separated label-free adaptation settings (known: {', '.join(ADAPTATIONS)})")
+    parser.add_argument("--validation-only", action="store_true",
+                        help="stop after the recipe and adaptation choices on validation (no final run; the test "
+                             "file is not opened)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a training config field in every run (value parsed as YAML); repeatable")
     parser.add_argument("--no-salience", action="store_true", help="skip training the final model's salience heads")
@@ -41,11 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         experiment = Experiment(args.bundle, args.output, [r for r in args.recipes.split(",") if r], overrides,
                                 device=args.device, progress=not args.quiet, salience=not args.no_salience,
-                                export=args.export)
+                                export=args.export, adaptations=[a for a in args.adaptations.split(",") if a],
+                                validation_only=args.validation_only)
         results = experiment.run()
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.validation_only:
+        print(json.dumps({"choice": results["choice"]["recipe"],
+                          "adaptation": results["adaptation_choice"]}, indent=2))
+        return 0
     print(json.dumps({"choice": results["choice"]["recipe"], "test": results["test"],
                       "targets": {k: v["ok"] for k, v in results["targets"].items()}}, indent=2))
     return 0

@@ -3,7 +3,8 @@
 
 - ``bundle.json.gz``: the training bundle of ``pyserini_aligner.train.prepare`` (SciFact train minus a held-out slice,
   NFCorpus train, BM25 negatives; validation NFCorpus dev and SciFact held-out) plus the label-free sets
-  ``scifact-pseudo`` / ``nfcorpus-pseudo``; it holds both corpora's texts once (gzip JSON).
+  ``scifact-pseudo`` / ``nfcorpus-pseudo`` (sentences) and ``scifact-titles`` / ``nfcorpus-titles`` (titles); it
+  holds both corpora's texts once (gzip JSON).
 - ``test.json.gz``: the SciFact and NFCorpus test queries and qrels, opened by the experiment only after it has
   chosen its recipe on validation.
 """
