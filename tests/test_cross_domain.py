@@ -120,7 +120,7 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     assert "- nfcorpus-titles" in (runs / "adapt-titles.scifact-to-nfcorpus" / "config.yaml").read_text()
     # validation only: the choices, no final run and no test set opened
     assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "val"), "--recipes", "default",
-                 "--validation-only", "--device", "cpu", "--quiet", *sets]) == 0
+                 "--adaptations", "anchored", "--validation-only", "--device", "cpu", "--quiet", *sets]) == 0
     printed = json.loads(capsys.readouterr().out)
     results = json.loads((tmp_path / "val" / "results.json").read_text())
     assert printed["choice"] == "default" and printed["adaptation"]["setting"] == "anchored"
