@@ -23,16 +23,16 @@ def corpus_docs(name: str, n: int) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    """Both corpora (16 docs each); sentences of their documents stand in for the labelled queries (6 for
+    """Both corpora (8 docs each); two sentences of each document stand in for the labelled queries (6 for
     training, 4 for validation, 4 for test)."""
     folder = tmp_path_factory.mktemp("cross_domain")
     corpora, train, validation, tests, train_corpus = {}, {}, {}, {}, {}
     for name, val_name, test_name in (("scifact", "scifact-heldout", "scifact-test"),
                                       ("nfcorpus", "nfcorpus-dev", "nfcorpus-test")):
-        docs = corpus_docs(name, 16)
+        docs = corpus_docs(name, 8)
         docids = [d for d, _ in docs]
         corpora[name] = {"docids": docids, "texts": [t for _, t in docs]}
-        queries = pseudo_queries(docs, min_rest_words=5)
+        queries = pseudo_queries(docs, per_doc=2, min_rest_words=5)
         others = lambda q: [d for d in docids if d != q.docid][:5]  # noqa: E731
         train[name] = [{"qid": q.qid, "text": q.text, "positives": {q.docid: 1}, "negatives": others(q)}
                        for q in queries[:6]]
@@ -64,7 +64,7 @@ def test_choose_recipe_rule():
 def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     from eval.experiments.cross_domain.__main__ import main
 
-    tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 16, "doc_maxlen": 32,
+    tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 16, "doc_maxlen": 24,
             "eval_batch_size": 16, "precision": "fp32", "prune_k_per_token": 4, "negatives_per_query": 1,
             "negative_depth": 3, "negative_skip": 0, "train_layers": 1, "distill_rank": 20}
     sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
@@ -84,7 +84,7 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     assert set(results["top_p"]) == {"raw384", "final"} and len(results["targets"]) == 8
     assert results["final"]["recipe"] == recipe and "Chosen recipe" in (export / "results.md").read_text()
     model = AlignerModel.from_pretrained(export / "checkpoint")  # the salience stage is tested in test_train
-    assert model.config.dim == 128 and model.config.doc_maxlen == 32
+    assert model.config.dim == 128 and model.config.doc_maxlen == 24
     assert RECIPES["anchor-mix-pseudo"]["pseudo"]
     log = (tmp_path / "work" / "runs" / "anchor-mix-pseudo.scifact" / "config.yaml").read_text()
     assert "scifact-pseudo" in log and "anchor_weight: 1.0" in log
