@@ -20,11 +20,13 @@ os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
 
 def share_the_cores() -> None:
     """With several test workers (pytest-xdist), each worker and the processes it starts get an equal share of the
-    cores for their OpenMP threads (torch, FAISS) unless OMP_NUM_THREADS is set: OpenMP threads of two workers
-    crowding the same cores wait on each other's barriers for far longer than their work takes."""
+    cores for their OpenMP threads (torch, FAISS) unless OMP_NUM_THREADS is set, and OpenMP threads that wait
+    sleep instead of spinning (unless OMP_WAIT_POLICY is set): spinning threads of processes that share the cores
+    hold them from the threads they wait for, and torch's work then takes several times as long."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 share_the_cores()  # before torch is imported: it reads OMP_NUM_THREADS once

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from eval.beir.context import work_dir
 from eval.beir.harness import run_harness
 from pyserini_aligner.bm25 import bm25_search, build_lucene_index
 from pyserini_aligner.data import DataError, Dataset, Doc
@@ -13,7 +14,8 @@ PUBLISHED = {"beir/scifact/test": 0.6789}  # NFCorpus (0.3218) reproduces too: `
 
 @pytest.mark.parametrize("dataset", sorted(PUBLISHED))
 def test_bm25_reproduces_published_ndcg(dataset, tmp_path):
-    results = run_harness(dataset, ["bm25"], tmp_path / "out", tmp_path / "cache")
+    """Every query, 100 hits each (nDCG@10 reads the top 10); the full depth of 1000 on a few queries."""
+    results = run_harness(dataset, ["bm25"], tmp_path / "out", tmp_path / "cache", hits=100)
     row = results["systems"]["bm25"]
     assert abs(row["ndcg@10"] - PUBLISHED[dataset]) <= 0.005
     on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -22,8 +24,12 @@ def test_bm25_reproduces_published_ndcg(dataset, tmp_path):
     run = read_run(row["run"])
     queries = Dataset(dataset).queries()
     assert set(run) == set(queries)
-    assert max(len(hits) for hits in run.values()) == 1000
+    assert max(len(hits) for hits in run.values()) == 100
     assert "| bm25 |" in (tmp_path / "out" / "results.md").read_text()
+    lucene = work_dir(Dataset(dataset), tmp_path / "cache") / "lucene"
+    deep = bm25_search(lucene, dict(list(queries.items())[:3]), k=1000)
+    assert [len(hits) for hits in deep.values()] == [1000] * 3
+    assert all(list(run[qid]) == [docid for docid, _ in hits[:100]] for qid, hits in deep.items())
 
 
 def test_remove_query_drops_self_hit(tmp_path):

@@ -58,13 +58,29 @@ def ranking(index: Path, **kwargs) -> list:
     return AlignerSearcher(index, **kwargs).rank(QUERIES, k=10)
 
 
+# what a rank process inherits: nothing of the test process's own set-up (no TRITON_INTERPRET, no OMP_WAIT_POLICY);
+# one OpenMP thread, as torchrun gives each rank by default (a build sets its ranks' torch threads itself)
+KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "IR_DATASETS_HOME", "PYSERINI_ALIGNER_BEIR_DIR")
+
+
 def run_env(rank: int | None = None, world: int = 2, port: int = 0, **extra) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")]), **extra)
+    """The environment of a rank (or of torchrun): explicit and minimal, Python's fault handler on (a rank that
+    crashes prints every thread's stack), this checkout first on PYTHONPATH; with ``rank``, the variables torchrun
+    would set for it."""
+    env = {name: os.environ[name] for name in KEPT_ENV if name in os.environ}
+    checkout = str(Path(__file__).parents[1])
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **extra)
     if rank is not None:
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
     return env
+
+
+def torchrun(module: str, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 -m <module> <args>`` (its rendezvous on a free port of its own)."""
+    return subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", module, *map(str, args)],
+                          env=run_env(), capture_output=True, text=True, timeout=240)
 
 
 def test_shard_range_follows_pyserini():
@@ -74,13 +90,13 @@ def test_shard_range_follows_pyserini():
         shard_range(10, 3, 3)
 
 
-def test_torchrun_build_equals_one_process(tmp_path, single, corpus):
+def test_torchrun_build_and_search_equal_one_process(tmp_path, single, corpus):
+    """torchrun builds one index of two segments (one a rank) equal to the one-process build; torchrun then searches
+    it with --distributed (a segment a rank) into the run a one-process search writes."""
     target = tmp_path / "idx"
-    result = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-                             "pyserini_aligner.index", "--corpus", str(corpus), "--index", str(target),
-                             "--codec-from", str(single), "--dist-timeout", "60"],
-                            env=run_env(), capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = torchrun("pyserini_aligner.index", "--corpus", corpus, "--index", target, "--codec-from", single,
+                      "--dist-timeout", "60")
+    assert result.returncode == 0, result.stderr[-6000:]
     assert f"{target}: {N_DOCS} documents" in result.stdout
     manifest = read_manifest(target)
     assert [s.num_docs for s in manifest.segments] == [12, 12]
@@ -89,6 +105,18 @@ def test_torchrun_build_equals_one_process(tmp_path, single, corpus):
     assert ranking(target) == ranking(single)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no build folder left
     assert not any(p.name.startswith(".tmp-") for p in target.iterdir())  # status files removed
+
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(f"q{i}\t{text}\n" for i, text in enumerate(QUERIES)))
+    result = torchrun("pyserini_aligner.search", "--distributed", "--index", target, "--topics", topics,
+                      "--output", tmp_path / "dist.trec", "--hits", "10", "--quiet")
+    assert result.returncode == 0, result.stderr[-6000:]
+    from pyserini_aligner.search import __main__ as search_cli
+
+    assert search_cli.main(["--index", str(single), "--topics", str(topics), "--output", str(tmp_path / "one.trec"),
+                            "--hits", "10", "--quiet"]) == 0
+    run = (tmp_path / "dist.trec").read_text()
+    assert run == (tmp_path / "one.trec").read_text() and len(run.splitlines()) == 10 * len(QUERIES)
 
 
 def test_shards_and_merge_equal_one_process(tmp_path, single, corpus):
@@ -150,24 +178,3 @@ def test_killed_rank_leaves_no_index_and_is_named(tmp_path, single, corpus):
     assert ranks[0].returncode != 0
     assert "error: rank 1 (pid" in err and "died without reporting" in err, err[-2000:]
     assert list(tmp_path.iterdir()) == []  # neither an index nor a build folder
-
-
-def test_distributed_search_cli_equals_one_process(tmp_path, single, corpus):
-    shards = [tmp_path / f"shard_{i}" for i in range(2)]
-    for i, shard in enumerate(shards):
-        index_cli.main(["--corpus", str(corpus), "--index", str(shard), "--shard-id", str(i), "--shard-num", "2",
-                        "--codec-from", str(single), "--quiet"])
-    merge_indexes(shards, tmp_path / "merged", progress=False)
-    topics = tmp_path / "topics.tsv"
-    topics.write_text("".join(f"q{i}\t{text}\n" for i, text in enumerate(QUERIES)))
-    result = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-                             "pyserini_aligner.search", "--distributed", "--index", str(tmp_path / "merged"),
-                             "--topics", str(topics), "--output", str(tmp_path / "dist.trec"), "--hits", "10",
-                             "--quiet"], env=run_env(), capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    from pyserini_aligner.search import __main__ as search_cli
-
-    assert search_cli.main(["--index", str(single), "--topics", str(topics), "--output", str(tmp_path / "one.trec"),
-                            "--hits", "10", "--quiet"]) == 0
-    run = (tmp_path / "dist.trec").read_text()
-    assert run == (tmp_path / "one.trec").read_text() and len(run.splitlines()) == 10 * len(QUERIES)
