@@ -157,3 +157,31 @@ def _p_value(value) -> float | None:
     """Rounded p-value; None where the test is undefined (a t-test over identical per-query scores)."""
     value = float(value)
     return None if math.isnan(value) else round(value, 4)
+
+
+def warm_up() -> None:
+    """Compile ranx's numba kernels on every path this package and its documented snippets take (evaluate,
+    per-query scores, both significance tests, RRF and min-max fusion, TREC file reading and writing); numba caches
+    them in the environment, so later processes load them instead of compiling (``make install`` runs this)."""
+    import tempfile
+
+    from ranx import Qrels as RQrels, Run as RRun, evaluate as ranx_evaluate, fuse
+
+    qrels = {"a": {"d1": 1, "d3": 2}, "b": {"d2": 1}, "c": {"d3": 0}}
+    runs = {n: {"a": [("d1", s), ("d2", 1.0)], "b": [("d2", 2.0), ("d1", s)]} for n, s in (("x", 2.0), ("y", 0.5))}
+    evaluate(qrels, runs["x"])
+    for metric in ("ndcg@10", "recall@100"):
+        per_query(qrels, runs["x"], metric)
+    significance(qrels, runs, ["x"], n_permutations=10)
+    first, second = (_ranx(qrels, runs[n], name=n)[1] for n in ("x", "y"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fuse([first, second], norm=None, method="rrf", params={"k": 60})
+        fuse([first, second], norm="min-max", method="wsum", params={"weights": [0.5, 0.5]})
+        with tempfile.TemporaryDirectory() as folder:
+            run_file, qrels_file = f"{folder}/run.trec", f"{folder}/qrels.txt"
+            fuse([first, second], method="rrf").save(run_file, kind="trec")
+            with open(qrels_file, "w", encoding="utf-8") as out:
+                out.writelines(f"{q} 0 {d} {r}\n" for q, docs in qrels.items() for d, r in docs.items())
+            ranx_evaluate(RQrels.from_file(qrels_file, kind="trec"), RRun.from_file(run_file, kind="trec"), "ndcg@10",
+                          make_comparable=True)
