@@ -34,12 +34,43 @@ def as_run(run: Run) -> dict[str, dict[str, float]]:
     return out
 
 
-def _ranx(qrels: Qrels, run: Run, name: str = "run"):
-    from ranx import Qrels as RQrels, Run as RRun
+# numba types ranx's docid arrays by their width in characters and compiles its kernels again for every new width;
+# ranx sizes them to the longest docid, so docids are held at the next of these widths instead (compiled at install)
+DOCID_WIDTHS = (8, 16, 32, 64, 128, 256)
 
-    # ranx rejects empty result lists; a query with no hits scores 0 through make_comparable
-    return (RQrels({q: dict(d) for q, d in qrels.items()}),
-            RRun({q: d for q, d in as_run(run).items() if d}, name=name))
+
+def _ranx_object(cls, data: Mapping[str, Mapping[str, float]], dtype: type, name: str | None = None):
+    """A ranx ``Qrels`` (dtype int) or ``Run`` (float) of ``data`` (qid -> {docid: value}), built as ranx's own
+    constructor builds it but with docids in arrays of a DOCID_WIDTHS width."""
+    import numpy as np
+    from numba.typed import List as TypedList
+    from ranx.data_structures.common import create_and_sort
+
+    longest = max((len(d) for docs in data.values() for d in docs), default=0)
+    if not longest:
+        return cls(dict(data), name=name)  # ranx's own error for a mapping without any docid
+    width = next((w for w in DOCID_WIDTHS if longest <= w), longest)
+    obj = cls(name=name)
+    table = create_and_sort(TypedList(list(data)),
+                            TypedList([np.array(list(docs), dtype=f"<U{width}") for docs in data.values()]),
+                            TypedList([np.array(list(docs.values()), dtype=dtype) for docs in data.values()]))
+    setattr(obj, "qrels" if dtype is int else "run", table)
+    obj.sorted = True
+    return obj
+
+
+def to_ranx_run(run: Run, name: str = "run"):
+    """``run`` as a ranx ``Run`` (queries without hits left out: ranx rejects empty result lists)."""
+    from ranx import Run as RRun
+
+    return _ranx_object(RRun, {q: d for q, d in as_run(run).items() if d}, float, name=name)
+
+
+def _ranx(qrels: Qrels, run: Run, name: str = "run"):
+    from ranx import Qrels as RQrels
+
+    # a query with no hits scores 0 through make_comparable
+    return _ranx_object(RQrels, qrels, int), to_ranx_run(run, name=name)
 
 
 def _plain(qrels: Qrels, run: Run, metric: str) -> dict[str, float]:
@@ -127,7 +158,7 @@ def significance(qrels: Qrels, runs: Mapping[str, Run], baselines: Sequence[str]
         return out
     from ranx import Qrels as RQrels
 
-    rq = RQrels({q: dict(d) for q, d in qrels.items()})
+    rq = _ranx_object(RQrels, qrels, int)
     rruns = [_ranx(qrels, runs[name], name=name)[1] for name in names]
     reports = {}
     with warnings.catch_warnings():
@@ -159,29 +190,37 @@ def _p_value(value) -> float | None:
     return None if math.isnan(value) else round(value, 4)
 
 
-def warm_up() -> None:
-    """Compile ranx's numba kernels on every path this package and its documented snippets take (evaluate,
-    per-query scores, both significance tests, RRF and min-max fusion, TREC file reading and writing); numba caches
-    them in the environment, so later processes load them instead of compiling (``make install`` runs this)."""
+def warm_up(full_widths: Sequence[int] = (8, 16, 32)) -> None:
+    """Compile ranx's numba kernels (numba caches them in the environment, so later processes load them instead of
+    compiling; ``make install`` runs this): for every DOCID_WIDTHS width the metrics, and for ``full_widths`` also
+    per-query scores, both significance tests and RRF and min-max fusion; TREC file reading and writing once."""
     import tempfile
 
     from ranx import Qrels as RQrels, Run as RRun, evaluate as ranx_evaluate, fuse
 
-    qrels = {"a": {"d1": 1, "d3": 2}, "b": {"d2": 1}, "c": {"d3": 0}}
-    runs = {n: {"a": [("d1", s), ("d2", 1.0)], "b": [("d2", 2.0), ("d1", s)]} for n, s in (("x", 2.0), ("y", 0.5))}
-    evaluate(qrels, runs["x"])
-    for metric in ("ndcg@10", "recall@100"):
-        per_query(qrels, runs["x"], metric)
-    significance(qrels, runs, ["x"], n_permutations=10)
-    first, second = (_ranx(qrels, runs[n], name=n)[1] for n in ("x", "y"))
-    with warnings.catch_warnings():
+    for width in DOCID_WIDTHS:
+        def doc(i: int) -> str:
+            return str(i).rjust(width, "d")
+
+        qrels = {"a": {doc(1): 1, doc(3): 2}, "b": {doc(2): 1}, "c": {doc(3): 0}}
+        runs = {n: {"a": [(doc(1), s), (doc(2), 1.0)], "b": [(doc(2), 2.0), (doc(1), s)]}
+                for n, s in (("x", 2.0), ("y", 0.5))}
+        evaluate(qrels, runs["x"])
+        if width not in full_widths:
+            continue
+        for metric in ("ndcg@10", "recall@100"):
+            per_query(qrels, runs["x"], metric)
+        significance(qrels, runs, ["x"], n_permutations=10)
+        first, second = (to_ranx_run(runs[n], name=n) for n in ("x", "y"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fuse([first, second], norm=None, method="rrf", params={"k": 60})
+            fuse([first, second], norm="min-max", method="wsum", params={"weights": [0.5, 0.5]})
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fuse([first, second], norm=None, method="rrf", params={"k": 60})
-        fuse([first, second], norm="min-max", method="wsum", params={"weights": [0.5, 0.5]})
-        with tempfile.TemporaryDirectory() as folder:
-            run_file, qrels_file = f"{folder}/run.trec", f"{folder}/qrels.txt"
-            fuse([first, second], method="rrf").save(run_file, kind="trec")
-            with open(qrels_file, "w", encoding="utf-8") as out:
-                out.writelines(f"{q} 0 {d} {r}\n" for q, docs in qrels.items() for d, r in docs.items())
-            ranx_evaluate(RQrels.from_file(qrels_file, kind="trec"), RRun.from_file(run_file, kind="trec"), "ndcg@10",
-                          make_comparable=True)
+        run_file, qrels_file = f"{folder}/run.trec", f"{folder}/qrels.txt"
+        fuse([first, second], method="rrf").save(run_file, kind="trec")
+        with open(qrels_file, "w", encoding="utf-8") as out:
+            out.writelines(f"{q} 0 {d} {r}\n" for q, docs in qrels.items() for d, r in docs.items())
+        ranx_evaluate(RQrels.from_file(qrels_file, kind="trec"), RRun.from_file(run_file, kind="trec"), "ndcg@10",
+                      make_comparable=True)

@@ -11,7 +11,9 @@ Hits = Sequence[tuple[str, float]]
 def rrf_fuse(runs: Sequence[Mapping[str, Hits]], k: int = 1000, rrf_k: int = 60) -> dict[str, list[tuple[str, float]]]:
     """Reciprocal rank fusion with ranx ``fuse(method="rrf")``: Σ 1/(rrf_k + rank); ``qid -> [(docid, score)]``
     top ``k``. A query with hits in only some runs is fused over those."""
-    from ranx import Run as RRun, fuse
+    from ranx import fuse
+
+    from pyserini_aligner.metrics import to_ranx_run
 
     qids = list(dict.fromkeys(q for run in runs for q in run))
     full = [q for q in qids if all(run.get(q) for run in runs)]
@@ -19,7 +21,7 @@ def rrf_fuse(runs: Sequence[Mapping[str, Hits]], k: int = 1000, rrf_k: int = 60)
     if full:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = fuse([RRun({q: dict(run[q]) for q in full}) for run in runs], norm=None, method="rrf",
+            result = fuse([to_ranx_run({q: run[q] for q in full}) for run in runs], norm=None, method="rrf",
                           params={"k": rrf_k})
         fused = {q: dict(result[q]) for q in full}
     for q in qids:
