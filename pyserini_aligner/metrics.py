@@ -37,6 +37,8 @@ def as_run(run: Run) -> dict[str, dict[str, float]]:
 # numba types ranx's docid arrays by their width in characters and compiles its kernels again for every new width;
 # ranx sizes them to the longest docid, so docids are held at the next of these widths instead (compiled at install)
 DOCID_WIDTHS = (8, 16, 32, 64, 128, 256)
+# ranx's TREC file readers keep exact docid widths: warm_up compiles these (the common lengths of BEIR docids)
+FILE_DOCID_WIDTHS = range(5, 10)
 
 
 def _ranx_object(cls, data: Mapping[str, Mapping[str, float]], dtype: type, name: str | None = None):
@@ -193,7 +195,8 @@ def _p_value(value) -> float | None:
 def warm_up(full_widths: Sequence[int] = (8, 16, 32)) -> None:
     """Compile ranx's numba kernels (numba caches them in the environment, so later processes load them instead of
     compiling; ``make install`` runs this): for every DOCID_WIDTHS width the metrics, and for ``full_widths`` also
-    per-query scores, both significance tests and RRF and min-max fusion; TREC file reading and writing once."""
+    per-query scores, both significance tests and RRF and min-max fusion; TREC file reading, evaluation, fusion
+    and writing (the README's and the fusion recipe's ranx lines) for docids of FILE_DOCID_WIDTHS characters."""
     import tempfile
 
     from ranx import Qrels as RQrels, Run as RRun, evaluate as ranx_evaluate, fuse
@@ -218,9 +221,13 @@ def warm_up(full_widths: Sequence[int] = (8, 16, 32)) -> None:
             fuse([first, second], norm="min-max", method="wsum", params={"weights": [0.5, 0.5]})
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_file, qrels_file = f"{folder}/run.trec", f"{folder}/qrels.txt"
-        fuse([first, second], method="rrf").save(run_file, kind="trec")
-        with open(qrels_file, "w", encoding="utf-8") as out:
-            out.writelines(f"{q} 0 {d} {r}\n" for q, docs in qrels.items() for d, r in docs.items())
-        ranx_evaluate(RQrels.from_file(qrels_file, kind="trec"), RRun.from_file(run_file, kind="trec"), "ndcg@10",
-                      make_comparable=True)
+        qrels_file, run_file = f"{folder}/qrels.txt", f"{folder}/run.trec"
+        for width in FILE_DOCID_WIDTHS:  # ranx's file readers size docids to the longest one
+            docs = [str(i).rjust(width, "d") for i in range(1, 4)]
+            with open(qrels_file, "w", encoding="utf-8") as out:
+                out.writelines(f"q 0 {d} {r}\n" for d, r in zip(docs, (1, 0, 2)))
+            with open(run_file, "w", encoding="utf-8") as out:
+                out.writelines(f"q Q0 {d} {rank} {1.0 / rank} x\n" for rank, d in enumerate(docs, 1))
+            run = RRun.from_file(run_file, kind="trec")
+            ranx_evaluate(RQrels.from_file(qrels_file, kind="trec"), run, "ndcg@10", make_comparable=True)
+            fuse([run, RRun.from_file(run_file, kind="trec")], method="rrf").save(run_file, kind="trec")
