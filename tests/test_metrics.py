@@ -69,3 +69,17 @@ def test_hit_lists_are_runs(data):
     assert as_run({"q": [("a", 2.0), ("b", 1.0), ("a", 0.5)]}) == {"q": {"a": 2.0, "b": 1.0}}  # first score wins
     with pytest.raises(ValueError, match="no judged queries"):
         evaluate({}, run)
+
+
+def test_ranx_objects_equal_ranx_constructors():
+    """Docids held at a fixed width (so numba reuses its compiled kernels) give ranx's own Qrels and Run."""
+    from ranx import Qrels, Run
+
+    from pyserini_aligner.metrics import DOCID_WIDTHS, _ranx_object
+
+    qrels = {"q1": {"MED-10": 2, "MED-3": 0}, "q2": {"x": 1}}
+    run = {"q1": {"MED-3": 0.5, "MED-10": 0.9, "long-" + "y" * 300: 0.1}, "q2": {"x": 1.0}}
+    for ours, theirs in ((_ranx_object(Qrels, qrels, int), Qrels(qrels)),
+                         (_ranx_object(Run, run, float, name="r"), Run(run, name="r"))):
+        assert ours.to_dict() == theirs.to_dict() and ours.sorted and ours.name == theirs.name
+    assert DOCID_WIDTHS == tuple(sorted(DOCID_WIDTHS))
