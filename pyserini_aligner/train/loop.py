@@ -158,9 +158,8 @@ class Trainer:
         self.teacher = None
         if cfg.anchor_weight > 0:  # a frozen copy of the starting model
             self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.init_weights = ({n: p.detach().clone() for n, p in self.model.backbone.named_parameters()
-                              if p.requires_grad} if cfg.l2_init_weight > 0 else {})
-        # every trained tensor at the start (after the projection's initialisation), for weight_interpolation
+        # every trained tensor at the start (after the projection's initialisation): weight_interpolation and the
+        # L2-to-init term (over its backbone tensors) measure from it
         self.start_state = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
         self.pools = self.positive_pools() if cfg.positive_top else None
         self._apply_pools()
@@ -321,9 +320,10 @@ class Trainer:
                                  cfg.anchor_temperature)
             loss = loss + cfg.anchor_weight * anchor
             extra["anchor"] = float(anchor.detach())
-        if self.init_weights:
-            params = dict(model.backbone.named_parameters())
-            drift = sum(((params[n] - w0) ** 2).sum() for n, w0 in self.init_weights.items())
+        if cfg.l2_init_weight > 0:
+            params = dict(model.named_parameters())
+            drift = sum(((params[n] - w0) ** 2).sum() for n, w0 in self.start_state.items()
+                        if n.startswith("backbone."))
             loss = loss + cfg.l2_init_weight * drift
             extra["l2_init"] = float(drift.detach())
         self.optimizer.zero_grad(set_to_none=True)

@@ -116,11 +116,11 @@ def prepare(output: Path, work: Path, depth: int = 50, heldout_fraction: float =
         stats[name] = {"docs": len(docs), "train_queries": len(queries),
                        "mean_negatives": sum(len(n) for n in negatives.values()) / max(1, len(negatives))}
         if pseudo_per_doc:
-            for suffix, queries in ((PSEUDO_SUFFIX, pseudo_queries([(d.docid, d.contents) for d in docs],
-                                                                   per_doc=pseudo_per_doc, seed=seed)),
-                                    (TITLES_SUFFIX, title_queries((d.docid, d.title, d.contents) for d in docs))):
-                if queries:
-                    train[name + suffix] = pseudo_rows(index, queries, pseudo_depth, threads)
+            for suffix, pseudo in ((PSEUDO_SUFFIX, pseudo_queries([(d.docid, d.contents) for d in docs],
+                                                                  per_doc=pseudo_per_doc, seed=seed)),
+                                   (TITLES_SUFFIX, title_queries((d.docid, d.title, d.contents) for d in docs))):
+                if pseudo:
+                    train[name + suffix] = pseudo_rows(index, pseudo, pseudo_depth, threads)
                     train_corpus[name + suffix] = name
                     stats[name + suffix] = {"train_queries": len(train[name + suffix])}
     for name, (corpus, spec) in DEV_SPLITS.items():

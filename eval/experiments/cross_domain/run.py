@@ -431,10 +431,9 @@ class Experiment:
 def targets(results: dict, recipe: str) -> dict[str, dict]:
     """The checks this experiment is read against (test nDCG@10, top-k:1)."""
     test = results["test"]
-    other = {"scifact": "nfcorpus", "nfcorpus": "scifact"}
     out = {}
     for source in DOMAINS:
-        target = other[source]
+        target = OTHER[source]
         off = test[f"{recipe}.{source}"][TEST[target]]
         floor = test["raw384"][TEST[target]]
         out[f"{source}-only on {target} test"] = {
