@@ -75,7 +75,8 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
 
     tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 16, "doc_maxlen": 24,
             "eval_batch_size": 16, "precision": "fp32", "prune_k_per_token": 4, "negatives_per_query": 1,
-            "negative_depth": 3, "negative_skip": 0, "train_layers": 1, "distill_rank": 20}
+            "negative_depth": 3, "negative_skip": 0, "train_layers": 1, "distill_rank": 20,
+            "projection_fit_steps": 5}
     sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
     export = tmp_path / "export"
     code = main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "work"), "--export", str(export),
@@ -87,11 +88,12 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     recipe = results["choice"]["recipe"]
     assert recipe == "anchor-mix-pseudo@0.5" and printed["choice"] == recipe
     assert set(results["single_domain"]) == {f"{recipe}.{d}" for d in ("scifact", "nfcorpus")}
-    assert set(results["test"]) == {"raw384", "pca128", f"{recipe}.scifact", f"{recipe}.nfcorpus", "final",
+    assert results["projection_fit"]["fit128"]["steps"] == 5
+    assert set(results["test"]) == {"raw384", "pca128", "fit128", f"{recipe}.scifact", f"{recipe}.nfcorpus", "final",
                                     "adapt.scifact-to-nfcorpus", "adapt.nfcorpus-to-scifact", "shipped"}
     for row in results["test"].values():
         assert set(row) == {"scifact-test", "nfcorpus-test"} and all(0.0 <= v <= 1.0 for v in row.values())
-    assert set(results["top_p"]) == {"raw384", "final"} and len(results["targets"]) == 8
+    assert set(results["top_p"]) == {"raw384", "final", "shipped"} and len(results["targets"]) == 10
     assert results["final"]["recipe"] == recipe and "Chosen recipe" in (export / "results.md").read_text()
     model = AlignerModel.from_pretrained(export / "checkpoint")  # the salience stage is tested in test_train
     assert model.config.dim == 128 and model.config.doc_maxlen == 24
@@ -127,3 +129,25 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     assert "test" not in results and "final" not in results and (tmp_path / "val" / "results.md").is_file()
     assert main(["--bundle", str(tmp_path), "--output", str(tmp_path / "w2"), "--quiet"]) == 2
     assert "bundle.json.gz is missing" in capsys.readouterr().err
+
+
+def test_top_p_only_measures_the_response_of_named_checkpoints(bundle_dir, tmp_path, capsys):
+    from eval.experiments.cross_domain.__main__ import main
+
+    code = main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "work"), "--top-p-only", "aligner",
+                 "--device", "cpu", "--quiet", "--set", "doc_maxlen=24", "--set", "query_maxlen=16"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    results = json.loads((tmp_path / "work" / "results.json").read_text())
+    assert set(results["top_p"]) == {"raw384", "aligner"} and "test" not in results
+    for domain in ("scifact", "nfcorpus"):
+        row = results["top_p"]["aligner"][domain]
+        assert set(row["test"]) == {"top-k:1", "top-p:0.01", "top-p:0.02", "top-p:0.03", "top-p:0.05"}
+        best = max(v for k, v in row["test"].items() if k != "top-k:1")
+        assert row["best_top_p_minus_top_k1"] == pytest.approx(best - row["test"]["top-k:1"], abs=1e-4)
+        check = results["targets"][f"top-p response of aligner on {domain} test"]
+        assert printed[f"top-p response of aligner on {domain} test"] == check["ok"]
+        assert check["ok"] == (check["aligner"] >= check["raw384"])
+    assert "Top-p response" in (tmp_path / "work" / "results.md").read_text()
+    assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "w2"), "--top-p-only", ",",
+                 "--device", "cpu", "--quiet"]) == 2

@@ -10,7 +10,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 PRECISIONS = ("bf16", "fp32")
 SALIENCE_MODES = ("lp", "relu", "hard")
-PROJECTION_INITS = ("random", "pca", "identity")
+PROJECTION_INITS = ("random", "pca", "maxsim", "identity")
 ANCHORS = ("backbone", "init")
 SELECT_METRICS = ("ndcg@10", "ndcg@10_pruned")
 OBJECTIVES = ("contrastive", "salience_distill")
@@ -40,7 +40,9 @@ class TrainConfig:
     strategy: str = "top-k:1"
     train_layers: int = 2  # top transformer layers fine-tuned (0 = heads only)
     projection_init: str = "random"  # with init "untrained": "random" (seed-0 Gaussian, as make_default) | "pca"
-    # | "identity" (dim = hidden size: raw backbone token states, the untrained MaxSim floor)
+    # | "maxsim" (PCA, then fitted without labels to keep the backbone's own token MaxSim ranking of the training
+    # corpora; see projection.py) | "identity" (dim = hidden size: raw backbone token states, the untrained MaxSim floor)
+    projection_fit_steps: int = 400  # projection_init "maxsim": optimisation steps of the fit
     description: str = ""
     # optimisation
     objective: str = "contrastive"  # or "salience_distill" (frozen encoder, salience heads only; see distill.py)
@@ -101,7 +103,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
         for name in ("train_layers", "max_steps", "negatives_per_query", "negative_skip", "positive_top", "eval_every",
-                     "checkpoint_every", "max_pseudo_queries"):
+                     "checkpoint_every", "max_pseudo_queries", "projection_fit_steps"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
         if self.query_maxlen < 3 or self.doc_maxlen < 3:

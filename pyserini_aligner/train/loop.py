@@ -146,8 +146,11 @@ class Trainer:
         self.sampler = BatchSampler(self.bundle, cfg.batch_queries, cfg.negatives_per_query, cfg.negative_depth,
                                     cfg.in_batch_negatives, cfg.seed, cfg.negative_skip, cfg.max_pseudo_queries)
         self._tokenize()
-        if cfg.projection_init == "pca" and cfg.init == UNTRAINED:
+        if cfg.projection_init in ("pca", "maxsim") and cfg.init == UNTRAINED:
             self.pca_projection()
+        self.projection_fit: dict[str, float] = {}
+        if cfg.projection_init == "maxsim" and cfg.init == UNTRAINED:
+            self.maxsim_projection()
         if cfg.projection_init == "identity" and cfg.init == "untrained":
             if cfg.dim != self.model.config.hidden_size:
                 raise ValueError(f"config field 'projection_init' = 'identity' needs dim = the backbone's hidden size "
@@ -211,6 +214,53 @@ class Trainer:
         vectors = torch.linalg.eigh(moment).eigenvectors[:, -model.config.dim:].flip(-1)  # [hidden, dim]
         with torch.no_grad():
             model.projection.weight.copy_(vectors.T.float())
+
+    def maxsim_projection(self, n_queries: int = 2048, n_docs: int = 3000, held_out: float = 0.1) -> None:
+        """Projection := the PCA projection refitted (``projection_fit_steps`` steps, see projection.py) to keep
+        the backbone's token MaxSim ranking of up to ``n_queries`` training queries (a seeded sample of the
+        labelled ones when there are any; only their text) against up to ``n_docs`` docs of their corpus (a seeded sample plus their positives). The fit is kept
+        only when its ranking KL on the sample's ``held_out`` share of queries (at least one per corpus) is below
+        PCA's (by more than 1e-6); ``self.projection_fit`` records both."""
+        from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, maxsim, ranking_kl
+
+        rng = random.Random(f"{self.cfg.seed}:maxsim")
+        queries, bs = self.sampler.queries, self.cfg.eval_batch_size
+        # real query texts where there are any: a span cut from a document ranks that document alone
+        pool = [i for i, q in enumerate(queries) if q.drop is None] or list(range(len(queries)))
+        picked = sorted(rng.sample(pool, min(n_queries, len(pool))))
+        groups, held = [], []
+        for name in sorted({queries[i].corpus for i in picked}):
+            mine = [i for i in picked if queries[i].corpus == name]
+            corpus, size = self.bundle.corpora[name], len(self.corpus_ids[name])
+            rows = set(rng.sample(range(size), min(n_docs, size)))
+            rows |= {corpus.row[d] for i in mine for d in queries[i].positives if d in corpus.row}
+            docs = backbone_states(self.model, [self.corpus_ids[name][r] for r in sorted(rows)], bs)
+            cut = max(1, round(held_out * len(mine))) if len(mine) > 1 else 0
+            held.append(FitGroup(backbone_states(self.model, [self.query_ids[i] for i in mine[:cut]], bs), docs)
+                        if cut else None)
+            groups.append(FitGroup(backbone_states(self.model, [self.query_ids[i] for i in mine[cut:]], bs), docs))
+        start = self.model.projection.weight.detach().clone()
+        bar = tqdm(total=self.cfg.projection_fit_steps, desc="fit projection", disable=not self.progress)
+        weight, losses = fit_projection(start, groups, self.cfg.projection_fit_steps, lr=self.cfg.lr_heads,
+                                        temperature=self.cfg.anchor_temperature, seed=self.cfg.seed, progress=bar)
+        bar.close()
+        held = [g for g in held if g is not None]
+        count = sum(len(g.queries) for g in held)
+
+        def kl(w: torch.Tensor) -> float:
+            with torch.no_grad():
+                return sum(len(g.queries) * float(ranking_kl(maxsim(g.queries, g.docs, w), maxsim(g.queries, g.docs),
+                                                             self.cfg.anchor_temperature)) for g in held) / count
+
+        self.projection_fit = {"steps": len(losses), "held_out_queries": count}
+        if count:
+            self.projection_fit.update(kl_pca=kl(start), kl_fitted=kl(weight))
+        keep = not count or self.projection_fit["kl_fitted"] < self.projection_fit["kl_pca"] - 1e-6
+        self.projection_fit["kept"] = "fitted" if keep else "pca"
+        if keep:
+            with torch.no_grad():
+                self.model.projection.weight.copy_(weight)
+        log.info("projection fitted to MaxSim: %s", self.projection_fit)
 
     def _train_scores(self):
         """Yield (corpus, training-query indices, exhaustive scores [len(indices), N] on the model's device)."""
@@ -478,6 +528,8 @@ class Trainer:
             export_checkpoint(self.model, self.backbone_names, self.out / "last")
         summary = {"finished": True, "steps": self.total, "best_step": self.best_step, "best_score": self.best,
                    "select_metric": cfg.select_metric}
+        if self.projection_fit:
+            summary["projection_fit"] = self.projection_fit
         if (self.out / "best").is_dir():  # the shipped form (fp16 delta) re-validated
             reloaded = load_model(self.out / "best", self.device, self.model.compute_dtype)
             summary["best_reloaded"] = self.validate(reloaded)

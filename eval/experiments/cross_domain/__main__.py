@@ -1,6 +1,8 @@
 """``python -m eval.experiments.cross_domain --bundle <dir> --output <dir> [--export <dir>]``: train candidate recipes
 on SciFact alone and NFCorpus alone, choose one by cross-domain validation, train it on both, adapt each
 single-domain model to the other corpus without labels, then evaluate on the test sets once (see run.py).
+``--top-p-only aligner[,<folder>]`` measures only the top-p response of those checkpoints and of the untrained
+backbone.
 
 <dir> of --bundle comes from ``python -m eval.experiments.cross_domain.prepare --output <dir>`` (CPU, Pyserini);
 this step needs neither Pyserini nor Java. --export gets results.json, results.md and checkpoint/ (config.json,
@@ -31,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-only", action="store_true",
                         help="stop after the recipe and adaptation choices on validation (no final run; the test "
                              "file is not opened)")
+    parser.add_argument("--top-p-only", metavar="CHECKPOINTS",
+                        help="comma-separated checkpoints (names or folders): measure only their top-p response "
+                             "and the untrained backbone's (validation and test, exhaustive) and stop")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a training config field in every run (value parsed as YAML); repeatable")
     parser.add_argument("--no-salience", action="store_true", help="skip training the final model's salience heads")
@@ -49,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                                 device=args.device, progress=not args.quiet, salience=not args.no_salience,
                                 export=args.export, adaptations=[a for a in args.adaptations.split(",") if a],
                                 validation_only=args.validation_only)
+        if args.top_p_only is not None:
+            checkpoints = [c for c in args.top_p_only.split(",") if c]
+            if not checkpoints:
+                raise ValueError("--top-p-only: name at least one checkpoint")
+            results = experiment.response_only(checkpoints)
+            print(json.dumps({k: v["ok"] for k, v in results["targets"].items()}, indent=2))
+            return 0
         results = experiment.run()
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """Cross-domain recipe choice (validation only), final training, label-free adaptation, then one test evaluation.
 
 Stages (each writes results.json so far):
-1. baselines on validation: the untrained backbone's raw 384-d token MaxSim (``raw384``) and 128-d MaxSim under a
-   PCA projection fitted on both corpora (``pca128``);
+1. baselines on validation: the untrained backbone's raw 384-d token MaxSim (``raw384``), 128-d MaxSim under a
+   PCA projection fitted on both corpora (``pca128``) and under that projection refitted to keep raw384's ranking of
+   both corpora's training query texts (``fit128``, no labels);
 2. per recipe, a SciFact-only and an NFCorpus-only run (last checkpoint, fp16 delta reloaded), each validated
    in-domain (SciFact held-out, NFCorpus dev) and off-domain (every labelled query of the other collection that the
    run never saw: ``OFF_VALIDATION``); a recipe named ``<recipe>@<alpha>`` is ``<recipe>``
@@ -50,7 +51,13 @@ TEST = {"scifact": "scifact-test", "nfcorpus": "nfcorpus-test"}
 # never saw (that collection's training queries and its validation queries), floors and adaptation gains likewise
 OFF_VALIDATION = {"scifact": "scifact-train-all", "nfcorpus": "nfcorpus-train-dev"}
 OTHER = {"scifact": "nfcorpus", "nfcorpus": "scifact"}
-TOP_P = (0.005, 0.01, 0.015, 0.02)
+# top-p values of the response check: p of a document's m tokens (at least 1), so with doc_maxlen 256 any p below
+# 2/256 aligns every query token with one doc token, as top-k:1 does
+TOP_P = (0.01, 0.02, 0.03, 0.05)
+# untrained baselines (fields over aligner_default.yaml): raw 384-d token MaxSim, 128-d under PCA, 128-d under the
+# projection fitted to keep raw384's ranking of both corpora's training query texts
+BASELINES: dict[str, dict[str, Any]] = {"raw384": {"projection_init": "identity"}, "pca128": {"projection_init": "pca"},
+                                        "fit128": {"projection_init": "maxsim"}}
 # per-batch strategies of the "mix" recipes: top-k:1 half the time, top-p the rest (the paper trains with several)
 MIX = ["top-k:1", "top-k:1", "top-p:0.01", "top-p:0.02"]
 _ANCHOR = {"anchor": "backbone", "anchor_weight": 1.0, "anchor_temperature": 0.02}
@@ -65,6 +72,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     "default-l1": {"train_layers": 1},
     "default-pseudo": {"label_free": ["pseudo", "titles"], "max_pseudo_queries": 512},
     "anchor-pseudo": {**_ANCHOR, "anchor_weight": 0.3, "label_free": ["pseudo", "titles"], "max_pseudo_queries": 512},
+    # the projection refitted (no labels) to keep the backbone's 384-d MaxSim ranking, then trained as the others
+    "fit": {"projection_init": "maxsim"},
+    "fit-anchor": {"projection_init": "maxsim", **_ANCHOR, "anchor_weight": 0.3},
+    "fit-anchor-pseudo": {"projection_init": "maxsim", **_ANCHOR, "anchor_weight": 0.3,
+                          "label_free": ["pseudo", "titles"], "max_pseudo_queries": 512},
     "distill-mix-pseudo": {"anchor": "backbone", "anchor_weight": 4.0, "anchor_temperature": 0.02,
                            "strategy_mix": MIX, "label_free": ["pseudo", "titles"], "max_pseudo_queries": 512},
 }
@@ -254,15 +266,24 @@ class Experiment:
         return {**fields, "train_sets": train_sets, "validation_sets": validation}
 
     # ------------------------------------------------------------------ stages
+    def untrained(self, name: str) -> AlignerModel:
+        """Baseline ``name`` of BASELINES: the untrained backbone with that projection (fitted on both corpora's
+        training texts, no labels), in fp32; its projection fit, if any, goes to results["projection_fit"]."""
+        fields = dict(BASELINES[name])
+        if fields.get("projection_init") == "identity":
+            fields["dim"] = self.hidden_size()
+        cfg = self.config(BASE_CONFIG, {**fields, "train_sets": list(DOMAINS), "validation_sets": [],
+                                        "positive_top": 0, "init": "untrained"})
+        trainer = Trainer(cfg, self.out / "runs" / name, device=str(self.device), progress=False)
+        if trainer.projection_fit:
+            self.results.setdefault("projection_fit", {})[name] = trainer.projection_fit
+        model = trainer.model
+        model.compute_dtype = None  # evaluated in fp32, as every reloaded checkpoint
+        return model
+
     def baselines(self) -> dict[str, AlignerModel]:
-        started, models = time.time(), {}
-        both = list(DOMAINS)
-        for name, fields in (("raw384", {"projection_init": "identity", "dim": self.hidden_size()}),
-                             ("pca128", {"projection_init": "pca"})):
-            cfg = self.config(BASE_CONFIG, {**fields, "train_sets": both, "validation_sets": [], "positive_top": 0,
-                                            "init": "untrained"})
-            models[name] = Trainer(cfg, self.out / "runs" / name, device=str(self.device), progress=False).model
-            models[name].compute_dtype = None  # evaluated in fp32, as every reloaded checkpoint
+        started = time.time()
+        models = {name: self.untrained(name) for name in BASELINES}
         self.results["baselines"] = {name: self.evaluator.ndcg(m, [*VALIDATION.values(), *OFF_VALIDATION.values()])
                                      for name, m in models.items()}
         self._stage("baselines", started)
@@ -296,8 +317,9 @@ class Experiment:
                     val = self.evaluator.ndcg(self.load(folder), [*VALIDATION.values(), other])
                     scores.setdefault(recipe, {})[domain] = {"in": val[VALIDATION[domain]]["top-k:1"],
                                                              "off": val[other]["top-k:1"]}
-                    self.results["single_domain"][f"{recipe}.{domain}"] = {"validation": val,
-                                                                          "steps": summary["steps"]}
+                    self.results["single_domain"][f"{recipe}.{domain}"] = {
+                        "validation": val, "steps": summary["steps"],
+                        **({"projection_fit": summary["projection_fit"]} if "projection_fit" in summary else {})}
                     self.save()
                 del trainer
                 if self.device.type == "cuda":
@@ -356,23 +378,28 @@ class Experiment:
             model = self.load(model) if isinstance(model, Path) else model
             self.results["test"][name] = {s: v["top-k:1"] for s, v in self.evaluator.ndcg(model, tests).items()}
             self.save()
-        strategies = ("top-k:1", *(f"top-p:{p}" for p in TOP_P))
         self.results["top_p"] = {}
         for name, model in response.items():
-            model = self.load(model) if isinstance(model, Path) else model
-            val = self.evaluator.ndcg(model, list(VALIDATION.values()), strategies)
-            test = self.evaluator.ndcg(model, tests, strategies)
-            row = {}
-            for domain in DOMAINS:
-                v, t = val[VALIDATION[domain]], test[TEST[domain]]
-                chosen = max(strategies[1:], key=lambda s: v[s])
-                best = max(strategies[1:], key=lambda s: t[s])
-                row[domain] = {"validation": v, "test": t, "p_chosen_on_validation": chosen,
-                               "test_at_chosen_p": t[chosen], "best_test_top_p": best,
-                               "best_top_p_minus_top_k1": round(t[best] - t["top-k:1"], 4)}
-            self.results["top_p"][name] = row
+            self.results["top_p"][name] = self.top_p_response(model)
             self.save()
         self._stage("test", started)
+
+    def top_p_response(self, model: AlignerModel | Path) -> dict[str, dict[str, Any]]:
+        """Per training domain: validation and test nDCG@10 at top-k:1 and each TOP_P value, the p chosen on
+        validation, the best test top-p and its difference to top-k:1 (the test sets must be loaded)."""
+        model = self.load(model) if isinstance(model, Path) else model
+        strategies = ("top-k:1", *(f"top-p:{p}" for p in TOP_P))
+        val = self.evaluator.ndcg(model, list(VALIDATION.values()), strategies)
+        test = self.evaluator.ndcg(model, list(TEST.values()), strategies)
+        row = {}
+        for domain in DOMAINS:
+            v, t = val[VALIDATION[domain]], test[TEST[domain]]
+            chosen = max(strategies[1:], key=lambda s: v[s])
+            best = max(strategies[1:], key=lambda s: t[s])
+            row[domain] = {"validation": v, "test": t, "p_chosen_on_validation": chosen,
+                           "test_at_chosen_p": t[chosen], "best_test_top_p": best,
+                           "best_top_p_minus_top_k1": round(t[best] - t["top-k:1"], 4)}
+        return row
 
     def salience_heads(self, final: Path) -> Path:
         """Salience heads for pruning on the final model (aligner_salience.yaml); returns the exported folder."""
@@ -394,6 +421,20 @@ class Experiment:
         return folder
 
     # ------------------------------------------------------------------ all
+    def response_only(self, checkpoints: list[str]) -> dict:
+        """Only the top-p response of raw384 and ``checkpoints`` (names or folders), with its checks."""
+        started = time.time()
+        self.evaluator.sets.update(load_test_sets(self.test_path))
+        models = {"raw384": self.untrained("raw384"),
+                  **{c: load_model(c, device=self.device, dtype=None) for c in checkpoints}}
+        self.results["top_p"] = {name: self.top_p_response(m) for name, m in models.items()}
+        self.results["targets"] = top_p_checks(self.results["top_p"])
+        self._stage("top_p", started)
+        write_markdown(self.results, self.out / "results.md")
+        if self.export is not None:
+            shutil.copy2(self.out / "results.md", self.export / "results.md")
+        return self.results
+
     def run(self) -> dict:
         baselines = self.baselines()
         scores = self.single_domain()
@@ -412,7 +453,7 @@ class Experiment:
         single = {f"{recipe}.{d}": self.out / "runs" / f"{recipe}.{d}" / "last" for d in DOMAINS}
         shipped = load_model("aligner", device=self.device, dtype=None)
         self.test({**baselines, **single, "final": final, **adapted, "shipped": shipped},
-                  {"raw384": baselines["raw384"], "final": final})
+                  {"raw384": baselines["raw384"], "final": final, "shipped": shipped})
         self.results["targets"] = targets(self.results, recipe)
         checkpoint = self.salience_heads(final) if self.salience else final
         self.save()
@@ -449,9 +490,18 @@ def targets(results: dict, recipe: str) -> dict[str, dict]:
         final = test["final"][TEST[source]]
         out[f"final on {source} test within 0.005 of the shipped"] = {"value": final, "shipped": shipped,
                                                                        "ok": final >= shipped - 0.005}
-        top_p = results["top_p"]
-        trained, backbone = (top_p[m][source]["best_top_p_minus_top_k1"] for m in ("final", "raw384"))
-        out[f"top-p response on {source} test"] = {"final": trained, "raw384": backbone, "ok": trained >= backbone}
+    out.update(top_p_checks(results["top_p"]))
+    return out
+
+
+def top_p_checks(top_p: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """Per trained model of ``top_p`` and domain: its best test top-p minus top-k:1 is not below raw384's."""
+    out = {}
+    for name in [m for m in top_p if m != "raw384"]:
+        for domain in DOMAINS:
+            trained, backbone = (top_p[m][domain]["best_top_p_minus_top_k1"] for m in (name, "raw384"))
+            out[f"top-p response of {name} on {domain} test"] = {name: trained, "raw384": backbone,
+                                                                 "ok": trained >= backbone}
     return out
 
 
@@ -460,13 +510,13 @@ def write_markdown(results: dict, path: Path) -> None:
     val = [*VALIDATION.values(), *OFF_VALIDATION.values()]
     lines = ["# Cross-domain recipe choice, final training and label-free adaptation", "",
              "All nDCG@10, exhaustive scoring, top-k:1 unless stated. Off-domain validation sets: "
-             + ", ".join(f"`{n}` ({d} training + validation queries)" for d, n in OFF_VALIDATION.items()) + ".",
-             "", "## Validation", "",
-             "| model | " + " | ".join(val) + " |", "|---|" + "---:|" * len(val)]
+             + ", ".join(f"`{n}` ({d} training + validation queries)" for d, n in OFF_VALIDATION.items()) + "."]
     rows = [(n, r) for n, r in results.get("baselines", {}).items()]
     rows += [(n, r["validation"]) for n, r in results.get("single_domain", {}).items()]
     rows += [("final", results["final"]["validation"])] if "final" in results else []
     rows += [(n, r["validation"]) for n, r in results.get("adaptation", {}).items()]
+    if rows:
+        lines += ["", "## Validation", "", "| model | " + " | ".join(val) + " |", "|---|" + "---:|" * len(val)]
     for name, row in rows:
         lines.append(f"| {name} | " + " | ".join(f"{row[s]['top-k:1']:.4f}" if s in row else "" for s in val) + " |")
     choice = results.get("choice")
@@ -474,8 +524,9 @@ def write_markdown(results: dict, path: Path) -> None:
         lines += ["", f"Chosen recipe: **{choice['recipe']}** ({choice['rule']}); fields: "
                       f"`{json.dumps(results['recipes'][choice['recipe']])}`."]
     tests = list(TEST.values())
-    lines += ["", "## Test (opened after the choice)", "", "| model | " + " | ".join(tests) + " |",
-              "|---|" + "---:|" * len(tests)]
+    if results.get("test"):
+        lines += ["", "## Test (opened after the choice)", "", "| model | " + " | ".join(tests) + " |",
+                  "|---|" + "---:|" * len(tests)]
     for name, row in results.get("test", {}).items():
         lines.append(f"| {name} | " + " | ".join(f"{row[s]:.4f}" for s in tests) + " |")
     if results.get("top_p"):
