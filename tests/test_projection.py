@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from pyserini_aligner.train.config import TrainConfig
 from pyserini_aligner.train.loop import Trainer
-from pyserini_aligner.train.projection import States, fit_projection, maxsim, nearest, ranking_kl, FitGroup
+from pyserini_aligner.train.projection import (FitGroup, States, fit_projection, held_out_kl, maxsim, nearest,
+                                               ranking_kl)
 from tests.test_train import bundle_path, tiny_config  # noqa: F401  (fixture)
 
 
@@ -69,6 +70,11 @@ def test_fit_keeps_the_ranking_that_the_largest_variance_directions_lose():
 
     def held_kl(weight):
         return float(ranking_kl(maxsim(held, docs, weight), maxsim(held, docs), 0.05))
+
+    groups = [FitGroup(States(held.vectors[:20], held.mask[:20]), docs),
+              FitGroup(States(held.vectors[20:], held.mask[20:]), docs)]
+    both = held_out_kl(groups, {"pca": pca, "fitted": fitted}, 0.05)  # query-weighted mean over the groups
+    assert both == pytest.approx({"pca": held_kl(pca), "fitted": held_kl(fitted)}, rel=1e-5)
 
     def top1(weight):  # how often the projected MaxSim ranks the query's own doc first
         return float((maxsim(held, docs, weight).argmax(-1) == targets[60:]).float().mean())

@@ -217,11 +217,11 @@ class Trainer:
 
     def maxsim_projection(self, n_queries: int = 2048, n_docs: int = 3000, held_out: float = 0.1) -> None:
         """Projection := the PCA projection refitted (``projection_fit_steps`` steps, see projection.py) to keep
-        the backbone's token MaxSim ranking of up to ``n_queries`` training queries (a seeded sample of the
-        labelled ones when there are any; only their text) against up to ``n_docs`` docs of their corpus (a seeded sample plus their positives). The fit is kept
-        only when its ranking KL on the sample's ``held_out`` share of queries (at least one per corpus) is below
-        PCA's (by more than 1e-6); ``self.projection_fit`` records both."""
-        from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, maxsim, ranking_kl
+        the backbone's token MaxSim ranking of up to ``n_queries`` training queries (a seeded sample of the labelled
+        ones when there are any; only their text) against up to ``n_docs`` docs of their corpus (a seeded sample plus
+        their positives). The fit is kept only when its ranking KL on the sample's ``held_out`` share of queries (at
+        least one per corpus) is below PCA's by more than 1e-6; ``self.projection_fit`` records both."""
+        from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, held_out_kl
 
         rng = random.Random(f"{self.cfg.seed}:maxsim")
         queries, bs = self.sampler.queries, self.cfg.eval_batch_size
@@ -236,26 +236,19 @@ class Trainer:
             rows |= {corpus.row[d] for i in mine for d in queries[i].positives if d in corpus.row}
             docs = backbone_states(self.model, [self.corpus_ids[name][r] for r in sorted(rows)], bs)
             cut = max(1, round(held_out * len(mine))) if len(mine) > 1 else 0
-            held.append(FitGroup(backbone_states(self.model, [self.query_ids[i] for i in mine[:cut]], bs), docs)
-                        if cut else None)
+            if cut:
+                held.append(FitGroup(backbone_states(self.model, [self.query_ids[i] for i in mine[:cut]], bs), docs))
             groups.append(FitGroup(backbone_states(self.model, [self.query_ids[i] for i in mine[cut:]], bs), docs))
         start = self.model.projection.weight.detach().clone()
         bar = tqdm(total=self.cfg.projection_fit_steps, desc="fit projection", disable=not self.progress)
         weight, losses = fit_projection(start, groups, self.cfg.projection_fit_steps, lr=self.cfg.lr_heads,
                                         temperature=self.cfg.anchor_temperature, seed=self.cfg.seed, progress=bar)
         bar.close()
-        held = [g for g in held if g is not None]
-        count = sum(len(g.queries) for g in held)
-
-        def kl(w: torch.Tensor) -> float:
-            with torch.no_grad():
-                return sum(len(g.queries) * float(ranking_kl(maxsim(g.queries, g.docs, w), maxsim(g.queries, g.docs),
-                                                             self.cfg.anchor_temperature)) for g in held) / count
-
-        self.projection_fit = {"steps": len(losses), "held_out_queries": count}
-        if count:
-            self.projection_fit.update(kl_pca=kl(start), kl_fitted=kl(weight))
-        keep = not count or self.projection_fit["kl_fitted"] < self.projection_fit["kl_pca"] - 1e-6
+        self.projection_fit = {"steps": len(losses), "held_out_queries": sum(len(g.queries) for g in held)}
+        if held:
+            kl = held_out_kl(held, {"pca": start, "fitted": weight}, self.cfg.anchor_temperature)
+            self.projection_fit.update(kl_pca=kl["pca"], kl_fitted=kl["fitted"])
+        keep = not held or self.projection_fit["kl_fitted"] < self.projection_fit["kl_pca"] - 1e-6
         self.projection_fit["kept"] = "fitted" if keep else "pca"
         if keep:
             with torch.no_grad():

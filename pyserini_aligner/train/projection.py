@@ -82,6 +82,20 @@ def ranking_kl(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
     return (log_t.exp() * (log_t - (student / temperature).log_softmax(-1))).sum(-1).mean()
 
 
+def held_out_kl(groups: list[FitGroup], weights: dict[str, Tensor], temperature: float) -> dict[str, float]:
+    """Per named weight [dim, H]: :func:`ranking_kl` of its projected MaxSim against the backbone's over every doc of
+    each group, averaged over all the groups' queries (each group's teacher scores computed once)."""
+    totals = dict.fromkeys(weights, 0.0)
+    count = sum(len(g.queries) for g in groups)
+    with torch.no_grad():
+        for group in groups:
+            teacher = maxsim(group.queries, group.docs)
+            for name, weight in weights.items():
+                kl = ranking_kl(maxsim(group.queries, group.docs, weight), teacher, temperature)
+                totals[name] += len(group.queries) * float(kl) / count
+    return totals
+
+
 def nearest(group: FitGroup, count: int, chunk: int = 256) -> Tensor:
     """Per query, the ``count`` docs of the group with the highest teacher MaxSim: [Q, count] rows (long)."""
     count = min(count, len(group.docs))
