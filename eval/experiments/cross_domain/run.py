@@ -231,6 +231,12 @@ class Experiment:
             self.export.mkdir(parents=True, exist_ok=True)
             shutil.copy2(self.out / "results.json", self.export / "results.json")
 
+    def report(self) -> None:
+        """results.md from the results so far (also under --export; save() keeps results.json there)."""
+        write_markdown(self.results, self.out / "results.md")
+        if self.export is not None:
+            shutil.copy2(self.out / "results.md", self.export / "results.md")
+
     def _stage(self, name: str, started: float) -> None:
         self.results["seconds"][name] = round(time.time() - started, 1)
         log.info("stage %s done in %.1f s", name, time.time() - started)
@@ -430,9 +436,7 @@ class Experiment:
         self.results["top_p"] = {name: self.top_p_response(m) for name, m in models.items()}
         self.results["targets"] = top_p_checks(self.results["top_p"])
         self._stage("top_p", started)
-        write_markdown(self.results, self.out / "results.md")
-        if self.export is not None:
-            shutil.copy2(self.out / "results.md", self.export / "results.md")
+        self.report()
         return self.results
 
     def run(self) -> dict:
@@ -445,9 +449,7 @@ class Experiment:
         self.save()
         adapted = self.adapt(recipe)
         if self.validation_only:
-            write_markdown(self.results, self.out / "results.md")
-            if self.export is not None:
-                shutil.copy2(self.out / "results.md", self.export / "results.md")
+            self.report()
             return self.results
         final = self.final(recipe)
         single = {f"{recipe}.{d}": self.out / "runs" / f"{recipe}.{d}" / "last" for d in DOMAINS}
@@ -457,11 +459,9 @@ class Experiment:
         self.results["targets"] = targets(self.results, recipe)
         checkpoint = self.salience_heads(final) if self.salience else final
         self.save()
-        write_markdown(self.results, self.out / "results.md")
+        self.report()
         export = self.export
         if export is not None:
-            for name in ("results.json", "results.md"):
-                shutil.copy2(self.out / name, export / name)
             (export / "checkpoint").mkdir(exist_ok=True)
             for name in ("config.json", "heads.safetensors"):
                 shutil.copy2(checkpoint / name, export / "checkpoint" / name)
