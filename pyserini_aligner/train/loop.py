@@ -30,6 +30,7 @@ from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, Al
 from pyserini_aligner.resolve import UNTRAINED, load_model
 from pyserini_aligner.train.config import TrainConfig
 from pyserini_aligner.train.data import BatchSampler, load_bundle, select
+from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, held_out_kl, ranking_kl
 from pyserini_aligner.train.validate import encode_ids, evaluate, pad_ids, score_all
 
 log = logging.getLogger(__name__)
@@ -117,10 +118,7 @@ def anchor_loss(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Ten
                 teacher_temperature: float) -> torch.Tensor:
     """Mean over queries of KL(p_teacher || p_student), each a softmax over the query's allowed docs; student and
     teacher scores [B, D], allowed [B, D] bool. Gradients reach ``student`` only."""
-    log_s = (student / temperature).masked_fill(~allowed, -math.inf).log_softmax(-1).masked_fill(~allowed, 0.0)
-    log_t = (teacher.detach() / teacher_temperature).masked_fill(~allowed, -math.inf).log_softmax(-1)
-    log_t = log_t.masked_fill(~allowed, 0.0)
-    return (log_t.exp() * allowed * (log_t - log_s)).sum(-1).mean()
+    return ranking_kl(student, teacher, temperature, teacher_temperature, allowed)
 
 
 class Trainer:
@@ -221,8 +219,6 @@ class Trainer:
         ones when there are any; only their text) against up to ``n_docs`` docs of their corpus (a seeded sample plus
         their positives). The fit is kept only when its ranking KL on the sample's ``held_out`` share of queries (at
         least one per corpus) is below PCA's by more than 1e-6; ``self.projection_fit`` records both."""
-        from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, held_out_kl
-
         rng = random.Random(f"{self.cfg.seed}:maxsim")
         queries, bs = self.sampler.queries, self.cfg.eval_batch_size
         # real query texts where there are any: a span cut from a document ranks that document alone

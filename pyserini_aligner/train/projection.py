@@ -9,6 +9,7 @@ normalise(h Wᵀ) (``dim``, e.g. 128). Only W is fitted; the backbone is frozen 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -76,10 +77,17 @@ def maxsim(queries: States, docs: States, weight: Tensor | None = None) -> Tenso
     return alignment_scores(project(queries, weight), queries.mask, project(docs, weight), docs.mask, "top-k:1")
 
 
-def ranking_kl(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
-    """Mean over rows of KL(softmax(teacher / τ) || softmax(student / τ)); both [Q, C]."""
-    log_t = (teacher / temperature).log_softmax(-1)
-    return (log_t.exp() * (log_t - (student / temperature).log_softmax(-1))).sum(-1).mean()
+def ranking_kl(student: Tensor, teacher: Tensor, temperature: float, teacher_temperature: float | None = None,
+               allowed: Tensor | None = None) -> Tensor:
+    """Mean over rows of KL(softmax(teacher / τ_t) || softmax(student / τ)), each softmax over the row's allowed
+    columns; student, teacher [Q, C], allowed [Q, C] bool (None = all), τ_t = τ unless given. Gradients reach
+    ``student`` only."""
+    if allowed is None:
+        allowed = torch.ones(student.shape, dtype=torch.bool, device=student.device)
+    tau_t = temperature if teacher_temperature is None else teacher_temperature
+    log_s = (student / temperature).masked_fill(~allowed, -math.inf).log_softmax(-1).masked_fill(~allowed, 0.0)
+    log_t = (teacher.detach() / tau_t).masked_fill(~allowed, -math.inf).log_softmax(-1).masked_fill(~allowed, 0.0)
+    return (log_t.exp() * allowed * (log_t - log_s)).sum(-1).mean()
 
 
 def held_out_kl(groups: list[FitGroup], weights: dict[str, Tensor], temperature: float) -> dict[str, float]:
