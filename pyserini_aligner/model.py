@@ -180,7 +180,8 @@ def resolve_backbone(backbone: str, checkpoint_dir: Path | None = None) -> str:
     return backbone
 
 
-def _load_backbone(source: str) -> nn.Module:
+def load_backbone(source: str) -> nn.Module:
+    """The backbone at ``source`` (a folder or HF name) as published, in fp32."""
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
@@ -204,7 +205,7 @@ class AlignerModel(nn.Module):
         config.validate()
         self.config = config
         self.backbone_source = resolve_backbone(config.backbone, checkpoint_dir)
-        self.backbone = _load_backbone(self.backbone_source)
+        self.backbone = load_backbone(self.backbone_source)
         self.tokenizer = AutoTokenizer.from_pretrained(self.backbone_source)
         hidden = self.backbone.config.hidden_size
         if hidden != config.hidden_size:
@@ -412,7 +413,7 @@ class AlignerModel(nn.Module):
 
     def backbone_delta(self) -> dict[str, Tensor]:
         """Backbone tensors that differ from the base backbone weights (empty for an untouched backbone)."""
-        base = _load_backbone(self.backbone_source).state_dict()
+        base = load_backbone(self.backbone_source).state_dict()
         delta = {}
         for name, tensor in self.backbone.state_dict().items():
             tensor = tensor.detach().to("cpu", torch.float32)

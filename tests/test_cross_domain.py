@@ -122,10 +122,17 @@ def test_experiment_end_to_end_on_cpu(bundle_dir, tmp_path, capsys):
     assert "- nfcorpus-titles" in (runs / "adapt-titles.scifact-to-nfcorpus" / "config.yaml").read_text()
     # validation only: the choices, no final run and no test set opened
     assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "val"), "--recipes", "default",
-                 "--adaptations", "anchored", "--validation-only", "--device", "cpu", "--quiet", *sets]) == 0
+                 "--adaptations", "fused-distill", "--validation-only", "--device", "cpu", "--quiet", *sets]) == 0
     printed = json.loads(capsys.readouterr().out)
     results = json.loads((tmp_path / "val" / "results.json").read_text())
-    assert printed["choice"] == "default" and printed["adaptation"]["setting"] == "anchored"
+    assert printed["choice"] == "default" and printed["adaptation"]["setting"] == "fused-distill"
+    # the fused teacher's parts were measured on each target's validation queries before adapting towards them
+    assert set(results["teachers"]) == {"scifact-to-nfcorpus", "nfcorpus-to-scifact"}
+    assert all(set(r) == {"model", "raw384", "bm25", "model+raw384", "model+bm25", "raw384+bm25", "fusion"}
+               and all(0.0 <= v <= 1.0 for v in r.values()) for r in results["teachers"].values())
+    assert "fused teacher and its parts" in (tmp_path / "val" / "results.md").read_text()
+    assert "anchor: fusion" in (tmp_path / "val" / "runs" / "adapt-fused-distill.nfcorpus-to-scifact" /
+                                "config.yaml").read_text()
     assert "test" not in results and "final" not in results and (tmp_path / "val" / "results.md").is_file()
     assert main(["--bundle", str(tmp_path), "--output", str(tmp_path / "w2"), "--quiet"]) == 2
     assert "bundle.json.gz is missing" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 PRECISIONS = ("bf16", "fp32")
 SALIENCE_MODES = ("lp", "relu", "hard")
 PROJECTION_INITS = ("random", "pca", "maxsim", "identity")
-ANCHORS = ("backbone", "init")
+ANCHORS = ("backbone", "init", "fusion")
 SELECT_METRICS = ("ndcg@10", "ndcg@10_pruned")
 OBJECTIVES = ("contrastive", "salience_distill")
 
@@ -58,10 +58,13 @@ class TrainConfig:
     in_batch_negatives: bool = True
     max_pseudo_queries: int = 0  # > 0: per epoch a fresh seeded sample of at most this many of each label-free set
     temperature: float = 0.02
+    contrastive_weight: float = 1.0  # weight of the cross-entropy on the labelled (or pseudo-) positive; 0 with an
+    # anchor trains on the teacher's ranking alone
     strategy_mix: list[str] = field(default_factory=list)  # per batch one of these (seeded); [] = always `strategy`
     # anchor: + anchor_weight * KL(teacher || student) over each query's batch candidates; the teacher is frozen:
     # "backbone" = the starting backbone's L2-normalised token states (hidden size), top-k:1 MaxSim;
-    # "init" = the starting model itself (its projection) under the batch's strategy
+    # "init" = the starting model itself (its projection) under the batch's strategy; "fusion" = the mean of per-query
+    # z-scores of "init", the untrained backbone's MaxSim and wordpiece BM25 (teacher.py), in "init"'s units
     anchor: str = "backbone"
     anchor_weight: float = 0.0
     anchor_temperature: float = 0.02  # the teacher's softmax temperature (the student's is `temperature`)
@@ -119,7 +122,7 @@ class TrainConfig:
         if not set(self.train_salience) <= {"q", "d"}:
             raise bad("train_salience", "may only list 'q' and 'd'")
         for name in ("lr_backbone", "lr_heads", "lr_salience", "weight_decay", "grad_clip", "anchor_weight",
-                     "l2_init_weight"):
+                     "l2_init_weight", "contrastive_weight"):
             if getattr(self, name) < 0.0:
                 raise bad(name, "must be >= 0")
         if not 0.0 < self.weight_interpolation <= 1.0:
@@ -138,6 +141,8 @@ class TrainConfig:
             raise bad("objective", f"must be one of {OBJECTIVES}")
         if self.objective == "salience_distill" and (self.init == "untrained" or not self.use_salience):
             raise bad("objective", "salience_distill needs a trained checkpoint as init and use_salience: true")
+        if self.objective == "contrastive" and self.contrastive_weight == 0 and self.anchor_weight == 0:
+            raise bad("contrastive_weight", "is 0 and so is anchor_weight: nothing would be trained")
         if self.distill_rank < 1:
             raise bad("distill_rank", "must be >= 1")
         if self.select_metric not in SELECT_METRICS:

@@ -26,11 +26,12 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
 from pyserini_aligner.checkpoints.make_default import SEED
-from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel
+from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel, load_backbone
 from pyserini_aligner.resolve import UNTRAINED, load_model
 from pyserini_aligner.train.config import TrainConfig
 from pyserini_aligner.train.data import BatchSampler, load_bundle, select
 from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, held_out_kl, ranking_kl
+from pyserini_aligner.train.teacher import WordpieceBM25, in_units_of, zscore_fusion
 from pyserini_aligner.train.validate import encode_ids, evaluate, pad_ids, score_all
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,13 @@ class Trainer:
         self.teacher = None
         if cfg.anchor_weight > 0:  # a frozen copy of the starting model
             self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # anchor "fusion": the untrained backbone (whatever the starting checkpoint fine-tuned) and BM25 per corpus
+        self.raw_backbone: torch.nn.Module | None = None
+        self.lexical: dict[str, WordpieceBM25] = {}
+        if self.teacher is not None and cfg.anchor == "fusion":
+            self.raw_backbone = load_backbone(self.model.backbone_source).to(self.device).eval().requires_grad_(False)
+            skip = self.model.special_ids.tolist()
+            self.lexical = {name: WordpieceBM25(ids, skip) for name, ids in self.corpus_ids.items()}
         # every trained tensor at the start (after the projection's initialisation): weight_interpolation and the
         # L2-to-init term (over its backbone tensors) measure from it
         self.start_state = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
@@ -315,25 +323,36 @@ class Trainer:
             return self.strategies[0]
         return random.Random(f"{self.cfg.seed}:strategy:{epoch}:{number}").choice(self.strategies)
 
-    def teacher_scores(self, q_in: tuple, d_in: tuple, strategy) -> torch.Tensor:
-        """The frozen teacher's scores [B, D] of the batch (see TrainConfig.anchor)."""
+    def _backbone_maxsim(self, backbone: torch.nn.Module, q_in: tuple, d_in: tuple) -> torch.Tensor:
+        """Top-k:1 MaxSim [B, D] over ``backbone``'s L2-normalised token states (the teacher's token mask)."""
+        dtype = self.teacher.compute_dtype
+        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        sides = []
+        for ids, att in (q_in, d_in):
+            with autocast:
+                hidden = backbone(input_ids=ids, attention_mask=att).last_hidden_state
+            mask = self.teacher.token_mask(ids, att)
+            sides.append((F.normalize(hidden.float(), dim=-1) * mask.unsqueeze(-1), mask))
+        return alignment_scores(sides[0][0], sides[0][1], sides[1][0], sides[1][1], "top-k:1")
+
+    def teacher_scores(self, q_in: tuple, d_in: tuple, strategy, texts: tuple | None = None,
+                       allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """The frozen teacher's scores [B, D] of the batch (see TrainConfig.anchor); anchor "fusion" also needs
+        ``texts`` = (corpus name, query id lists, doc id lists) and the ``allowed`` [B, D] candidates it fuses over."""
         teacher = self.teacher
         with torch.no_grad():
+            if self.cfg.anchor == "backbone":
+                return self._backbone_maxsim(teacher.backbone, q_in, d_in)
+            q, d = teacher(*q_in, is_query=True), teacher(*d_in, is_query=False)
+            sal = teacher.scores_with_salience
+            own = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, strategy,
+                                   q.salience if sal else None, d.salience if sal else None).float()
             if self.cfg.anchor == "init":
-                q, d = teacher(*q_in, is_query=True), teacher(*d_in, is_query=False)
-                sal = teacher.scores_with_salience
-                return alignment_scores(q.vectors, q.mask, d.vectors, d.mask, strategy,
-                                        q.salience if sal else None, d.salience if sal else None)
-            dtype = teacher.compute_dtype
-            autocast = (torch.autocast(self.device.type, dtype=dtype) if dtype is not None
-                        else contextlib.nullcontext())
-            sides = []
-            for ids, att in (q_in, d_in):
-                with autocast:
-                    hidden = teacher.backbone(input_ids=ids, attention_mask=att).last_hidden_state
-                mask = teacher.token_mask(ids, att)
-                sides.append((F.normalize(hidden.float(), dim=-1) * mask.unsqueeze(-1), mask))
-            return alignment_scores(sides[0][0], sides[0][1], sides[1][0], sides[1][1], "top-k:1")
+                return own
+            corpus, query_ids, doc_ids = texts
+            raw = self._backbone_maxsim(self.raw_backbone, q_in, d_in)
+            lexical = self.lexical[corpus].scores(query_ids, doc_ids).to(self.device)
+            return in_units_of(zscore_fusion([own, raw, lexical], allowed), own, allowed)
 
     def train_step(self, batch, strategy=None) -> dict[str, float]:
         """One optimisation step on a Batch (alignment ``strategy``, default the config's); returns loss, accuracy
@@ -352,11 +371,12 @@ class Trainer:
         scores = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, strategy,
                                   q.salience if sal else None, d.salience if sal else None)
         allowed = torch.tensor(batch.allowed, device=self.device)
-        loss = contrastive_loss(scores, allowed, cfg.temperature)
+        loss = cfg.contrastive_weight * contrastive_loss(scores, allowed, cfg.temperature)
         extra = {}
         if self.teacher is not None:
-            anchor = anchor_loss(scores, self.teacher_scores(q_in, d_in, strategy), allowed, cfg.temperature,
-                                 cfg.anchor_temperature)
+            texts = (batch.corpus, [self.query_ids[i] for i in batch.queries], docs)
+            teacher = self.teacher_scores(q_in, d_in, strategy, texts, allowed)
+            anchor = anchor_loss(scores, teacher, allowed, cfg.temperature, cfg.anchor_temperature)
             loss = loss + cfg.anchor_weight * anchor
             extra["anchor"] = float(anchor.detach())
         if cfg.l2_init_weight > 0:

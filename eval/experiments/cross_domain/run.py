@@ -10,8 +10,10 @@ Stages (each writes results.json so far):
    with ``weight_interpolation: alpha`` (WiSE-FT), exported from the same run as ``<recipe>``;
 3. the recipe choice (:func:`choose_recipe`);
 4. label-free adaptation of each single-domain model of that recipe to the other corpus (pseudo-queries of that
-   corpus, anchored to the model it starts from), one run per candidate setting in ``ADAPTATIONS``, validated on the
-   other corpus; the setting with the best mean validation gain is kept (``validation_only`` stops here);
+   corpus, anchored to the model it starts from or to the fused teacher), one run per candidate setting in
+   ``ADAPTATIONS``, validated on the other corpus; the setting with the best mean validation gain is kept
+   (``validation_only`` stops here); with a fused-teacher setting, the teacher and its parts are first ranked on
+   the target's validation queries (``Evaluator.teachers``);
 5. the final run of that recipe on both training sets (best checkpoint by the mean of both validation sets);
 6. only now the test file is opened: nDCG@10 on SciFact / NFCorpus test of every model above (and of the shipped
    checkpoint, for reference), and the top-p response (top-k:1 against top-p values, p chosen on validation) of
@@ -36,6 +38,7 @@ from pyserini_aligner.resolve import load_model
 from pyserini_aligner.train.config import TrainConfig, init_model_fields
 from pyserini_aligner.train.data import Bundle, ValidationSet, load_bundle, read_gzip_json
 from pyserini_aligner.train.loop import Trainer, export_checkpoint
+from pyserini_aligner.train.teacher import WordpieceBM25, zscore_fusion
 from pyserini_aligner.train.validate import Encoded, mean_ndcg10, score_all, top_docids
 
 log = logging.getLogger(__name__)
@@ -88,8 +91,15 @@ ADAPTATIONS: dict[str, dict[str, Any]] = {
     "strong": {"sets": ["pseudo"], "anchor_weight": 0.3, "lr_backbone": 3.0e-5, "lr_heads": 3.0e-4, "epochs": 3},
     "strong-titles": {"sets": ["pseudo", "titles"], "anchor_weight": 0.3, "lr_backbone": 3.0e-5, "lr_heads": 3.0e-4,
                       "epochs": 3},
+    # towards the fused teacher (the model, the untrained backbone's MaxSim and BM25; teacher.py), with and without
+    # the pseudo-positive's cross-entropy
+    "fused": {"sets": ["pseudo", "titles"], "anchor": "fusion", "lr_backbone": 3.0e-5, "lr_heads": 3.0e-4,
+              "epochs": 3},
+    "fused-distill": {"sets": ["pseudo", "titles"], "anchor": "fusion", "contrastive_weight": 0.0,
+                      "lr_backbone": 3.0e-5, "lr_heads": 3.0e-4, "epochs": 3},
 }
 DEFAULT_ADAPTATIONS = tuple(ADAPTATIONS)
+FUSION_POOL = 100  # the fused teacher's probe fuses each query's pool: the union of every scorer's top FUSION_POOL
 IN_DOMAIN_TOLERANCE = 0.005  # a recipe may lose at most this much mean in-domain validation nDCG@10 to "default"
 ADAPT_QUERIES = 2048  # pseudo-queries per adaptation epoch
 # README numbers this experiment is read against: dense MiniLM and the shipped checkpoint on test
@@ -186,6 +196,42 @@ class Evaluator:
                     run = top_docids(scores, list(vset.queries), self.bundle.corpora[corpus].docids)
                     out[name][strategy] = round(mean_ndcg10(run, vset.qrels), 4)
             del docs
+        return out
+
+    def matrix(self, model: AlignerModel, name: str) -> torch.Tensor:
+        """Top-k:1 scores [Q, N] (CPU, float32) of set ``name``'s queries against its whole corpus."""
+        model.to(self.device).eval()
+        vset = self.sets[name]
+        docs = self._encode(model, self._ids(model, ("doc", vset.corpus), self.bundle.corpora[vset.corpus].texts,
+                                             False), False)
+        queries = self._encode(model, self._ids(model, ("query", name), list(vset.queries.values()), True), True)
+        return score_all(model, queries, docs, "top-k:1").float().cpu()
+
+    def lexical(self, model: AlignerModel, name: str) -> torch.Tensor:
+        """BM25 scores [Q, N] over ``model``'s wordpieces (as the fused teacher scores) of set ``name``."""
+        vset = self.sets[name]
+        docs = self._ids(model, ("doc", vset.corpus), self.bundle.corpora[vset.corpus].texts, False)
+        queries = self._ids(model, ("query", name), list(vset.queries.values()), True)
+        return WordpieceBM25(docs, model.special_ids.tolist()).scores(queries, docs)
+
+    def rank(self, name: str, scores: torch.Tensor) -> float:
+        """Mean nDCG@10 of the ranking ``scores`` [Q, N] of set ``name``."""
+        vset = self.sets[name]
+        return round(mean_ndcg10(top_docids(scores, list(vset.queries), self.bundle.corpora[vset.corpus].docids),
+                                 vset.qrels), 4)
+
+    def teachers(self, model: AlignerModel, raw: AlignerModel, name: str) -> dict[str, float]:
+        """nDCG@10 on set ``name`` of the fused teacher's parts (the model, the untrained backbone's MaxSim, BM25),
+        of each pair of them and of all three ("fusion", the teacher itself); a fusion ranks each query's pool, the
+        union of its parts' top FUSION_POOL."""
+        parts = {"model": self.matrix(model, name), "raw384": self.matrix(raw, name), "bm25": self.lexical(model, name)}
+        out = {k: self.rank(name, v) for k, v in parts.items()}
+        for combo in (("model", "raw384"), ("model", "bm25"), ("raw384", "bm25"), tuple(parts)):
+            pool = torch.zeros(parts["model"].shape, dtype=torch.bool)
+            for part in combo:
+                pool.scatter_(1, parts[part].topk(min(FUSION_POOL, pool.shape[1]), dim=1).indices, True)
+            fused = zscore_fusion([parts[p] for p in combo], pool).masked_fill(~pool, -float("inf"))
+            out["fusion" if len(combo) == len(parts) else "+".join(combo)] = self.rank(name, fused)
         return out
 
 
@@ -343,12 +389,19 @@ class Experiment:
         self._stage("final", started)
         return folder
 
-    def adapt(self, recipe: str) -> dict[str, Path]:
-        """Each ADAPTATIONS setting in both directions; returns the chosen setting's models (named
+    def adapt(self, recipe: str, raw: AlignerModel) -> dict[str, Path]:
+        """Each ADAPTATIONS setting in both directions (after measuring the fused teacher's parts on the target's
+        validation queries, ``raw`` being the untrained 384-d baseline); returns the chosen setting's models (named
         ``adapt.<source>-to-<target>``)."""
         started, gains = time.time(), {}
         self.results["adaptation"] = {}
         single = self.results["single_domain"]
+        if any(ADAPTATIONS[a].get("anchor") == "fusion" for a in self.adaptations):
+            self.results["teachers"] = {
+                f"{source}-to-{target}": self.evaluator.teachers(
+                    self.load(self.out / "runs" / f"{recipe}.{source}" / "last"), raw, OFF_VALIDATION[target])
+                for source, target in (("scifact", "nfcorpus"), ("nfcorpus", "scifact"))}
+            self.save()
         for setting in self.adaptations:
             fields = dict(ADAPTATIONS[setting])
             kinds = fields.pop("sets")
@@ -447,7 +500,7 @@ class Experiment:
         recipe, why = choose_recipe(scores, floors)
         self.results["choice"] = {"recipe": recipe, "rule": why, "scores": scores, "floors": floors}
         self.save()
-        adapted = self.adapt(recipe)
+        adapted = self.adapt(recipe, baselines["raw384"])
         if self.validation_only:
             self.report()
             return self.results
@@ -543,6 +596,14 @@ def write_markdown(results: dict, path: Path) -> None:
         for name, row in results["targets"].items():
             values = ", ".join(f"{k} {v}" for k, v in row.items() if k != "ok")
             lines.append(f"| {name} | {values} | {'yes' if row['ok'] else 'no'} |")
+    if results.get("teachers"):
+        parts = ("model", "raw384", "bm25", "model+raw384", "model+bm25", "raw384+bm25", "fusion")
+        lines += ["", "## The fused teacher and its parts on the target (validation)", "",
+                  "| source to target | set | " + " | ".join(parts) + " |", "|---|---|" + "---:|" * len(parts)]
+        for direction, row in results["teachers"].items():
+            target = direction.split("-to-")[1]
+            lines.append(f"| {direction} | {OFF_VALIDATION[target]} | " + " | ".join(f"{row[p]:.4f}" for p in parts)
+                         + " |")
     if results.get("adaptation_choice"):
         choice = results["adaptation_choice"]
         lines += ["", f"Label-free adaptation setting kept: **{choice['setting']}** (mean validation gain on the "
