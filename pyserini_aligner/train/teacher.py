@@ -70,30 +70,33 @@ class WordpieceBM25:
         return torch.cat(out) if out else torch.zeros(0, weights.shape[0])
 
 
+def _row_stats(x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row mean and (population) standard deviation [Q, 1] of ``x`` [Q, C] over the allowed columns."""
+    count = allowed.sum(-1, keepdim=True).clamp(min=1)
+    x = x.float().masked_fill(~allowed, 0.0)
+    mean = x.sum(-1, keepdim=True) / count
+    return mean, (((x - mean) ** 2).masked_fill(~allowed, 0.0).sum(-1, keepdim=True) / count).sqrt()
+
+
+def _all(like: Tensor) -> Tensor:
+    return torch.ones(like.shape, dtype=torch.bool, device=like.device)
+
+
 def zscore_fusion(scores: Sequence[Tensor], allowed: Tensor | None = None) -> Tensor:
     """Mean over scorers of each row's z-scores, taken over the row's allowed columns: [Q, C] each in, [Q, C] out
     (disallowed columns 0). A scorer whose row is constant adds 0 to that row."""
     if not scores:
         raise ValueError("zscore_fusion needs at least one score matrix")
-    if allowed is None:
-        allowed = torch.ones(scores[0].shape, dtype=torch.bool, device=scores[0].device)
-    count = allowed.sum(-1, keepdim=True).clamp(min=1)
+    allowed = _all(scores[0]) if allowed is None else allowed
     fused = torch.zeros(scores[0].shape, device=scores[0].device)
     for s in scores:
-        s = s.float().masked_fill(~allowed, 0.0)
-        mean = s.sum(-1, keepdim=True) / count
-        std = (((s - mean) ** 2).masked_fill(~allowed, 0.0).sum(-1, keepdim=True) / count).sqrt()
-        fused += torch.where(std > 0, (s - mean) / std.clamp(min=1e-12), torch.zeros_like(s))
+        mean, std = _row_stats(s, allowed)
+        fused += torch.where(std > 0, (s.float() - mean) / std.clamp(min=1e-12), torch.zeros_like(fused))
     return (fused / len(scores)).masked_fill(~allowed, 0.0)
 
 
 def in_units_of(fused: Tensor, reference: Tensor, allowed: Tensor | None = None) -> Tensor:
     """``fused`` z-scores [Q, C] rescaled to ``reference``'s per-row mean and spread over the allowed columns, so
     that a softmax temperature set for ``reference``'s scores applies to the fusion too."""
-    if allowed is None:
-        allowed = torch.ones(reference.shape, dtype=torch.bool, device=reference.device)
-    count = allowed.sum(-1, keepdim=True).clamp(min=1)
-    ref = reference.float().masked_fill(~allowed, 0.0)
-    mean = ref.sum(-1, keepdim=True) / count
-    std = (((ref - mean) ** 2).masked_fill(~allowed, 0.0).sum(-1, keepdim=True) / count).sqrt()
+    mean, std = _row_stats(reference, _all(reference) if allowed is None else allowed)
     return fused * std + mean
