@@ -47,9 +47,9 @@ class WordpieceBM25:
                     rows.append(r)
                     cols.append(c)
                     vals.append(self.idf[c] * count / (count + norm))
-        return torch.sparse_coo_tensor(torch.tensor([rows, cols], dtype=torch.long).reshape(2, -1),
-                                       torch.tensor(vals, dtype=torch.float32), (len(docs), len(self.column)),
-                                       check_invariants=True)
+        with torch.sparse.check_sparse_tensor_invariants():  # explicit opt-in: torch warns otherwise
+            return torch.sparse_coo_tensor(torch.tensor([rows, cols], dtype=torch.long).reshape(2, -1),
+                                           torch.tensor(vals, dtype=torch.float32), (len(docs), len(self.column)))
 
     def query_counts(self, queries: Sequence[Sequence[int]]) -> Tensor:
         """Dense [Q, V] float32: how often each corpus term occurs in each query (other terms score nothing)."""
