@@ -192,9 +192,7 @@ class Evaluator:
                                        True)
                 out[name] = {}
                 for strategy in strategies:
-                    scores = score_all(model, queries, docs, strategy)
-                    run = top_docids(scores, list(vset.queries), self.bundle.corpora[corpus].docids)
-                    out[name][strategy] = round(mean_ndcg10(run, vset.qrels), 4)
+                    out[name][strategy] = self.rank(name, score_all(model, queries, docs, strategy))
             del docs
         return out
 
