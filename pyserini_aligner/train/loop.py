@@ -160,13 +160,15 @@ class Trainer:
         self.teacher = None
         if cfg.anchor_weight > 0:  # a frozen copy of the starting model
             self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
-        # anchor "fusion": the untrained backbone (whatever the starting checkpoint fine-tuned) and BM25 per corpus
+        # anchor "fusion": the untrained backbone (whatever the starting checkpoint fine-tuned) and BM25 per training
+        # corpus
         self.raw_backbone: torch.nn.Module | None = None
         self.lexical: dict[str, WordpieceBM25] = {}
         if self.teacher is not None and cfg.anchor == "fusion":
             self.raw_backbone = load_backbone(self.model.backbone_source).to(self.device).eval().requires_grad_(False)
             skip = self.model.special_ids.tolist()
-            self.lexical = {name: WordpieceBM25(ids, skip) for name, ids in self.corpus_ids.items()}
+            self.lexical = {name: WordpieceBM25(self.corpus_ids[name], skip)
+                            for name in sorted({q.corpus for q in self.sampler.queries})}
         # every trained tensor at the start (after the projection's initialisation): weight_interpolation and the
         # L2-to-init term (over its backbone tensors) measure from it
         self.start_state = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
