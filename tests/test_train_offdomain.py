@@ -45,6 +45,10 @@ def test_new_config_fields_are_checked():
                                 ("weight_interpolation", 1.5, "'weight_interpolation'")):
         with pytest.raises(ValueError, match=match):
             TrainConfig.from_dict({field: value})
+    with pytest.raises(ValueError, match="'anchor_strategy'.*top-q:2"):
+        TrainConfig.from_dict({"anchor": "init", "anchor_strategy": "top-q:2"})
+    with pytest.raises(ValueError, match="'anchor_strategy'.*'init' and 'fusion' only"):
+        TrainConfig.from_dict({"anchor": "backbone", "anchor_strategy": "top-k:1"})
 
 
 def test_anchor_loss_is_the_kl_over_allowed_docs():
@@ -123,6 +127,31 @@ def test_anchor_mix_and_l2_in_training(bundle_path, tmp_path):
     torch.testing.assert_close(raw.teacher_scores(q_in, d_in, raw.strategy), own, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="'identity' needs dim"):
         Trainer(tiny_config(bundle_path, projection_init="identity"), tmp_path / "c", device="cpu", progress=False)
+
+
+def test_anchor_strategy_fixes_the_teachers_alignment(bundle_path, tmp_path):
+    """With anchor_strategy top-k:1 a top-p batch is taught the starting model's top-k:1 scores; without it, its
+    top-p scores."""
+    from pyserini_aligner.alignment import alignment_scores
+    from pyserini_aligner.train.validate import pad_ids
+
+    mix = ["top-k:1", "top-p:0.1"]
+    fixed = Trainer(tiny_config(bundle_path, anchor="init", anchor_weight=1.0, strategy_mix=mix,
+                                anchor_strategy="top-k:1"), tmp_path / "a", device="cpu", progress=False)
+    free = Trainer(tiny_config(bundle_path, anchor="init", anchor_weight=1.0, strategy_mix=mix), tmp_path / "b",
+                   device="cpu", progress=False)
+    b = fixed.sampler.batch([0, 1, 2], 0, 0)
+    corpus = fixed.corpus_ids[b.corpus]
+    q_in = pad_ids([fixed.query_ids[i] for i in b.queries], fixed.model.pad_id, fixed.device)
+    d_in = pad_ids([corpus[r] for r in b.doc_rows], fixed.model.pad_id, fixed.device)
+    with torch.no_grad():
+        q, d = fixed.teacher(*q_in, is_query=True), fixed.teacher(*d_in, is_query=False)
+        own = {s: alignment_scores(q.vectors, q.mask, d.vectors, d.mask, s) for s in mix}
+    assert not torch.allclose(own["top-k:1"], own["top-p:0.1"], atol=1e-4)
+    top_p = fixed.strategies[1]
+    torch.testing.assert_close(fixed.teacher_scores(q_in, d_in, top_p), own["top-k:1"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(free.teacher_scores(q_in, d_in, top_p), own["top-p:0.1"], atol=1e-5, rtol=0)
+    assert fixed.train_step(b, top_p)["anchor"] > 0.0
 
 
 def test_interpolated_weights_are_start_plus_alpha_times_the_change():

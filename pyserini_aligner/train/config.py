@@ -67,6 +67,9 @@ class TrainConfig:
     # z-scores of "init", the untrained backbone's MaxSim and wordpiece BM25 (teacher.py), in "init"'s units
     anchor: str = "backbone"
     anchor_weight: float = 0.0
+    # anchor "init" / "fusion": the alignment the starting model scores with as teacher; "" = the batch's strategy.
+    # "top-k:1" with a strategy_mix teaches each top-p batch the starting model's top-k:1 ranking
+    anchor_strategy: str = ""
     anchor_temperature: float = 0.02  # the teacher's softmax temperature (the student's is `temperature`)
     l2_init_weight: float = 0.0  # + l2_init_weight * Σ ||θ − θ₀||² over the trained backbone weights (L2-SP)
     # validated and exported weights: θ₀ + weight_interpolation · (θ − θ₀) over every trained tensor (WiSE-FT);
@@ -153,7 +156,11 @@ class TrainConfig:
             raise bad("model_negatives_after_epoch", "must be -1 (never) or an epoch count >= 0")
         from pyserini_aligner.alignment import parse_strategy
 
-        for name, specs in (("strategy", [self.strategy]), ("strategy_mix", self.strategy_mix)):
+        if self.anchor_strategy and self.anchor == "backbone":
+            raise bad("anchor_strategy", "applies to anchor 'init' and 'fusion' only (the backbone anchor is "
+                                         "top-k:1 MaxSim)")
+        for name, specs in (("strategy", [self.strategy]), ("strategy_mix", self.strategy_mix),
+                            ("anchor_strategy", [self.anchor_strategy] if self.anchor_strategy else [])):
             for spec in specs:
                 try:
                     parse_strategy(spec)
@@ -211,10 +218,11 @@ INIT_MODEL_FIELDS = {"dim": "dim", "query_maxlen": "query_maxlen", "doc_maxlen":
 
 
 def init_model_fields(init: str | os.PathLike) -> dict[str, Any]:
-    """The INIT_MODEL_FIELDS of checkpoint ``init`` ("aligner" = the shipped one), as TrainConfig values."""
-    from pyserini_aligner.model import DEFAULT_CHECKPOINT, AlignerConfig
+    """The INIT_MODEL_FIELDS of checkpoint ``init`` (a folder or a shipped checkpoint's name), as TrainConfig
+    values."""
+    from pyserini_aligner.model import AlignerConfig, checkpoint_folder
 
-    folder = DEFAULT_CHECKPOINT if str(init) == "aligner" else Path(init)
+    folder = checkpoint_folder(init)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"init {init}: not an AligneR checkpoint folder (no config.json)")
     config = AlignerConfig.load(folder / "config.json").to_dict()

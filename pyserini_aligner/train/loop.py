@@ -157,6 +157,7 @@ class Trainer:
             with torch.no_grad():
                 self.model.projection.weight.copy_(torch.eye(cfg.dim))
         self.strategies = [parse_strategy(s) for s in cfg.strategy_mix] or [self.strategy]
+        self.anchor_strategy = parse_strategy(cfg.anchor_strategy) if cfg.anchor_strategy else None
         self.teacher = None
         if cfg.anchor_weight > 0:  # a frozen copy of the starting model
             self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -340,8 +341,10 @@ class Trainer:
     def teacher_scores(self, q_in: tuple, d_in: tuple, strategy, texts: tuple | None = None,
                        allowed: torch.Tensor | None = None) -> torch.Tensor:
         """The frozen teacher's scores [B, D] of the batch (see TrainConfig.anchor); anchor "fusion" also needs
-        ``texts`` = (corpus name, query id lists, doc id lists) and the ``allowed`` [B, D] candidates it fuses over."""
+        ``texts`` = (corpus name, query id lists, doc id lists) and the ``allowed`` [B, D] candidates it fuses over.
+        The starting model scores with ``anchor_strategy`` when it is set, else with the batch's ``strategy``."""
         teacher = self.teacher
+        strategy = self.anchor_strategy or strategy
         with torch.no_grad():
             if self.cfg.anchor == "backbone":
                 return self._backbone_maxsim(teacher.backbone, q_in, d_in)
