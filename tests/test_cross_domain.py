@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eval.experiments.cross_domain.prepare import TEST_FORMAT
-from eval.experiments.cross_domain.run import RECIPES, choose_recipe, split_recipe
+from eval.experiments.cross_domain.run import RECIPES, best_top_p_drop, choose_recipe, choose_refinement, split_recipe
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.train.data import write_bundle
 from pyserini_aligner.train.pseudo import pseudo_queries, title_queries
@@ -158,3 +158,57 @@ def test_top_p_only_measures_the_response_of_named_checkpoints(bundle_dir, tmp_p
     assert "Top-p response" in (tmp_path / "work" / "results.md").read_text()
     assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "w2"), "--top-p-only", ",",
                  "--device", "cpu", "--quiet"]) == 2
+
+
+def test_choose_refinement_rule():
+    def row(k1: float, *top_p: float) -> dict[str, float]:
+        return {"top-k:1": k1, **{f"top-p:{p}": v for p, v in zip((0.01, 0.02, 0.03, 0.05), top_p)}}
+
+    validation = {"raw384": {"a": row(0.70, 0.69, 0.68, 0.6, 0.5), "b": row(0.35, 0.34, 0.3, 0.3, 0.3)},
+                  "shipped": {"a": row(0.80, 0.77, 0.7, 0.7, 0.7), "b": row(0.37, 0.34, 0.3, 0.3, 0.3)},
+                  "keeps": {"a": row(0.798, 0.795, 0.7, 0.7, 0.7), "b": row(0.369, 0.362, 0.3, 0.3, 0.3)},
+                  "better": {"a": row(0.801, 0.8, 0.7, 0.7, 0.7), "b": row(0.37, 0.369, 0.3, 0.3, 0.3)},
+                  "loses": {"a": row(0.78, 0.79, 0.7, 0.7, 0.7), "b": row(0.36, 0.36, 0.3, 0.3, 0.3)}}
+    assert best_top_p_drop(validation["raw384"]["a"]) == pytest.approx(-0.01)
+    assert choose_refinement(validation)[0] == "better"  # "loses" keeps top-p but is 1.5 points below in-domain
+    del validation["better"]
+    assert choose_refinement(validation)[0] == "keeps"
+    validation["keeps"]["b"]["top-p:0.01"] = 0.355  # 1.4 points below its top-k:1, raw384 only 1
+    chosen, why = choose_refinement(validation)
+    assert chosen is None and "no refinement" in why
+
+
+def test_refine_trains_from_the_shipped_checkpoint_and_tests_only_the_chosen(bundle_dir, tmp_path, capsys,
+                                                                             monkeypatch):
+    from eval.experiments.cross_domain import run
+    from eval.experiments.cross_domain.__main__ import main
+
+    rule = {}
+
+    def first_setting(validation):  # the real rule's answer is recorded; the test stage runs for "mix-self"
+        rule["answer"] = choose_refinement(validation)
+        return "mix-self", "first setting"
+
+    monkeypatch.setattr(run, "choose_refinement", first_setting)
+    tiny = {"max_steps": 2, "batch_queries": 4, "query_maxlen": 16, "doc_maxlen": 24, "eval_batch_size": 16,
+            "precision": "fp32", "negatives_per_query": 1, "negative_depth": 3, "negative_skip": 0}
+    sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
+    export = tmp_path / "export"
+    assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "work"), "--export", str(export),
+                 "--refine", "mix-self,mix", "--no-salience", "--device", "cpu", "--quiet", *sets]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    results = json.loads((export / "results.json").read_text())
+    validation = results["refinement_choice"]["validation"]
+    assert set(validation) == {"raw384", "shipped", "mix-self", "mix"}
+    assert rule["answer"] == choose_refinement(validation) and printed["choice"] == "mix-self"
+    assert set(results["top_p"]) == {"raw384", "shipped", "mix-self"} and len(results["targets"]) == 6
+    assert printed["targets"] == {k: v["ok"] for k, v in results["targets"].items()}
+    config = (tmp_path / "work" / "runs" / "refine-mix-self" / "config.yaml").read_text()
+    assert "anchor_strategy: top-k:1" in config and "init: aligner" in config and "top-p:0.02" in config
+    assert "Refinements of the shipped checkpoint" in (export / "results.md").read_text()
+    model = AlignerModel.from_pretrained(export / "checkpoint")
+    assert model.config.dim == 128 and model.config.doc_maxlen == 24
+    assert "mix of alignments" in model.config.description
+    assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "w2"), "--refine", "nope",
+                 "--device", "cpu", "--quiet"]) == 2
+    assert "--refine: unknown setting" in capsys.readouterr().err

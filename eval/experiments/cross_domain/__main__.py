@@ -2,7 +2,8 @@
 on SciFact alone and NFCorpus alone, choose one by cross-domain validation, train it on both, adapt each
 single-domain model to the other corpus without labels, then evaluate on the test sets once (see run.py).
 ``--top-p-only aligner[,<folder>]`` measures only the top-p response of those checkpoints and of the untrained
-backbone.
+backbone; ``--refine <settings>`` continues training the shipped checkpoint under the alignment mix, chooses a
+setting on validation and tests only that one.
 
 <dir> of --bundle comes from ``python -m eval.experiments.cross_domain.prepare --output <dir>`` (CPU, Pyserini);
 this step needs neither Pyserini nor Java. --export gets results.json, results.md and checkpoint/ (config.json,
@@ -17,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from eval.cli import configure_logging
-from eval.experiments.cross_domain.run import ADAPTATIONS, DEFAULT_ADAPTATIONS, DEFAULT_RECIPES, RECIPES, Experiment
+from eval.experiments.cross_domain.run import (ADAPTATIONS, DEFAULT_ADAPTATIONS, DEFAULT_RECIPES, RECIPES, REFINEMENTS,
+                                               Experiment)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p-only", metavar="CHECKPOINTS",
                         help="comma-separated checkpoints (names or folders): measure only their top-p response "
                              "and the untrained backbone's (validation and test, exhaustive) and stop")
+    parser.add_argument("--refine", metavar="SETTINGS",
+                        help=f"comma-separated settings (known: {', '.join(REFINEMENTS)}): continue training the "
+                             "shipped checkpoint with each, choose on validation, then test only the chosen one, "
+                             "and stop")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a training config field in every run (value parsed as YAML); repeatable")
     parser.add_argument("--no-salience", action="store_true", help="skip training the final model's salience heads")
@@ -60,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--top-p-only: name at least one checkpoint")
             results = experiment.response_only(checkpoints)
             print(json.dumps({k: v["ok"] for k, v in results["targets"].items()}, indent=2))
+            return 0
+        if args.refine is not None:
+            results = experiment.refine([r for r in args.refine.split(",") if r])
+            print(json.dumps({"choice": results["refinement_choice"]["setting"],
+                              "targets": {k: v["ok"] for k, v in results.get("targets", {}).items()}}, indent=2))
             return 0
         results = experiment.run()
     except (ValueError, FileNotFoundError) as err:

@@ -84,6 +84,26 @@ RECIPES: dict[str, dict[str, Any]] = {
                            "strategy_mix": MIX, "label_free": ["pseudo", "titles"], "max_pseudo_queries": 512},
 }
 DEFAULT_RECIPES = ("default", "default-pseudo", "anchor-pseudo")
+# continued training of the shipped checkpoint on both training sets (fields over aligner_default.yaml) under the
+# alignment mix: its top-p batches learn from the labels alone ("mix") or also from the starting model's top-k:1
+# ranking ("mix-self": anchored to the shipped checkpoint as it scores with top-k:1)
+REFINED_DESCRIPTION = ("AligneR over all-MiniLM-L6-v2 trained under a mix of alignments: the shipped aligner "
+                       "checkpoint trained further on SciFact train + NFCorpus train with top-k:1 and top-p batches, "
+                       "each top-p batch also taught the starting checkpoint's top-k:1 ranking; salience heads "
+                       "trained for pruning by MaxSim-usage distillation with the encoder frozen; use_salience=true, "
+                       "salience_in_score=false (u chooses pruned tokens only). See README.md.")
+_REFINE = {"init": "aligner", "epochs": 2, "lr_backbone": 1.0e-5, "lr_heads": 1.0e-4,
+           "description": REFINED_DESCRIPTION}
+_SELF = {"anchor": "init", "anchor_weight": 1.0, "anchor_strategy": "top-k:1"}
+_MIX_P = ["top-k:1", "top-p:0.01", "top-p:0.02", "top-p:0.03"]  # top-p in three batches of four
+REFINEMENTS: dict[str, dict[str, Any]] = {
+    "mix": {**_REFINE, "strategy_mix": MIX},
+    "mix-self": {**_REFINE, **_SELF, "strategy_mix": MIX},
+    "mix-self-p": {**_REFINE, **_SELF, "strategy_mix": _MIX_P},
+    "mix-self-p-e4": {**_REFINE, **_SELF, "strategy_mix": _MIX_P, "epochs": 4},
+    "mix-self-p-a2": {**_REFINE, **_SELF, "strategy_mix": _MIX_P, "anchor_weight": 2.0},
+    "mix-self-p-a2-e4": {**_REFINE, **_SELF, "strategy_mix": _MIX_P, "anchor_weight": 2.0, "epochs": 4},
+}
 # label-free adaptation settings (fields over unsupervised.yaml; "sets": the target corpus's label-free sets used)
 ADAPTATIONS: dict[str, dict[str, Any]] = {
     "anchored": {"sets": ["pseudo"]},  # unsupervised.yaml as it is
@@ -159,6 +179,34 @@ def choose_recipe(scores: dict[str, dict[str, dict[str, float]]], floors: dict[s
         if pool:
             return max(sorted(pool), key=lambda r: mean(r, "off")), why
     raise ValueError("no recipe was run")
+
+
+def best_top_p_drop(scores: dict[str, float]) -> float:
+    """The best top-p nDCG@10 minus top-k:1 in ``scores`` (strategy -> nDCG@10 of one query set)."""
+    return max(v for s, v in scores.items() if s.startswith("top-p:")) - scores["top-k:1"]
+
+
+def choose_refinement(validation: dict[str, dict[str, dict[str, float]]],
+                      tolerance: float = IN_DOMAIN_TOLERANCE) -> tuple[str | None, str]:
+    """The refinement that keeps the backbone's top-p response without losing in-domain, and why.
+
+    validation: model -> in-domain validation set -> strategy -> nDCG@10, for "raw384", "shipped" and each
+    refinement. A refinement qualifies when, on every set, its best top-p is no further below its top-k:1 than
+    raw384's is, and its mean top-k:1 is at most ``tolerance`` below the shipped checkpoint's; the qualifying one
+    with the best mean top-k:1 wins. None when none qualifies.
+    """
+    def mean(name: str) -> float:
+        return sum(v["top-k:1"] for v in validation[name].values()) / len(validation[name])
+
+    qualifying = [r for r in sorted(validation) if r not in ("raw384", "shipped")
+                  and mean(r) >= mean("shipped") - tolerance
+                  and all(best_top_p_drop(v) >= best_top_p_drop(validation["raw384"][s])
+                          for s, v in validation[r].items())]
+    if not qualifying:
+        return None, ("no refinement kept raw384's top-p response on every validation set within tolerance of the "
+                      "shipped checkpoint's top-k:1")
+    return max(qualifying, key=mean), ("best mean top-k:1 among refinements keeping raw384's top-p response, within "
+                                       "tolerance of the shipped checkpoint")
 
 
 class Evaluator:
@@ -458,8 +506,9 @@ class Experiment:
                            "best_top_p_minus_top_k1": round(t[best] - t["top-k:1"], 4)}
         return row
 
-    def salience_heads(self, final: Path) -> Path:
-        """Salience heads for pruning on the final model (aligner_salience.yaml); returns the exported folder."""
+    def salience_heads(self, final: Path, description: str | None = None) -> Path:
+        """Salience heads for pruning on the final model (aligner_salience.yaml, with ``description`` when given);
+        returns the exported folder."""
         started = time.time()
         data = yaml.safe_load(SALIENCE_CONFIG.read_text(encoding="utf-8"))
         keep = {k: v for k, v in self.overrides.items() if k in ("epochs", "max_steps", "eval_batch_size",
@@ -467,6 +516,8 @@ class Experiment:
         data.update({"data": str(self.data), "init": str(final), **keep})
         for field in ("query_maxlen", "doc_maxlen"):
             data[field] = self.overrides.get(field, data[field])
+        if description is not None:
+            data["description"] = description
         cfg = TrainConfig.from_dict(data, source=f"{SALIENCE_CONFIG.name} + experiment fields")
         from pyserini_aligner.train.distill import SalienceDistiller
 
@@ -476,6 +527,61 @@ class Experiment:
         self.results["salience"] = {k: v for k, v in summary.items() if k != "pruning"}
         self._stage("salience", started)
         return folder
+
+    def refine(self, names: list[str]) -> dict:
+        """Each REFINEMENTS setting trained from the shipped checkpoint on both training sets (last step kept),
+        the choice on validation (:func:`choose_refinement`), then only for the chosen one: test nDCG@10 and
+        top-p response against raw384 and the shipped checkpoint, salience heads and export."""
+        unknown = [n for n in names if n not in REFINEMENTS]
+        if unknown or not names:
+            raise ValueError(f"--refine: unknown setting(s) {unknown}; known: {sorted(REFINEMENTS)}")
+        started = time.time()
+        self.results["refinements"] = {n: REFINEMENTS[n] for n in names}
+        strategies = ("top-k:1", *(f"top-p:{p}" for p in TOP_P))
+        models: dict[str, AlignerModel | Path] = {"raw384": self.untrained("raw384"),
+                                                  "shipped": load_model("aligner", device=self.device, dtype=None)}
+        for name in names:
+            cfg = self.config(BASE_CONFIG, {**init_model_fields("aligner"), **REFINEMENTS[name],
+                                            "train_sets": list(DOMAINS), "validation_sets": list(VALIDATION.values())})
+            summary = self.train(f"refine-{name}", cfg)
+            models[name] = self.out / "runs" / f"refine-{name}" / "last"
+            self.results.setdefault("refinement", {})[name] = {"steps": summary["steps"]}
+            self.save()
+        validation = {}
+        for name, model in models.items():
+            model = self.load(model) if isinstance(model, Path) else model
+            validation[name] = self.evaluator.ndcg(model, list(VALIDATION.values()), strategies)
+        chosen, why = choose_refinement(validation)
+        self.results["refinement_choice"] = {"setting": chosen, "rule": why, "validation": validation}
+        self._stage("refine", started)
+        if chosen is None:
+            self.report()
+            return self.results
+        started = time.time()
+        self.evaluator.sets.update(load_test_sets(self.test_path))
+        response = {n: models[n] for n in ("raw384", "shipped", chosen)}
+        self.results["top_p"] = {name: self.top_p_response(model) for name, model in response.items()}
+        targets = top_p_checks(self.results["top_p"])
+        for domain in DOMAINS:
+            value = self.results["top_p"][chosen][domain]["test"]["top-k:1"]
+            shipped = REFERENCE["shipped"][domain]
+            targets[f"{chosen} on {domain} test within 0.005 of the shipped"] = {
+                "value": value, "shipped": shipped, "ok": value >= shipped - 0.005}
+        self.results["targets"] = targets
+        self._stage("test", started)
+        checkpoint = self.salience_heads(models[chosen], REFINED_DESCRIPTION) if self.salience else models[chosen]
+        self.save()
+        self.report()
+        if self.export is not None:
+            self.export_checkpoint(checkpoint, models[chosen])
+        return self.results
+
+    def export_checkpoint(self, heads: Path, encoder: Path) -> None:
+        """``export``/checkpoint/: config and salience heads from ``heads``, the backbone delta from ``encoder``."""
+        (self.export / "checkpoint").mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "heads.safetensors"):
+            shutil.copy2(heads / name, self.export / "checkpoint" / name)
+        shutil.copy2(encoder / "backbone_delta.safetensors", self.export / "checkpoint" / "backbone_delta.safetensors")
 
     # ------------------------------------------------------------------ all
     def response_only(self, checkpoints: list[str]) -> dict:
@@ -511,12 +617,8 @@ class Experiment:
         checkpoint = self.salience_heads(final) if self.salience else final
         self.save()
         self.report()
-        export = self.export
-        if export is not None:
-            (export / "checkpoint").mkdir(exist_ok=True)
-            for name in ("config.json", "heads.safetensors"):
-                shutil.copy2(checkpoint / name, export / "checkpoint" / name)
-            shutil.copy2(final / "backbone_delta.safetensors", export / "checkpoint" / "backbone_delta.safetensors")
+        if self.export is not None:
+            self.export_checkpoint(checkpoint, final)
         return self.results
 
 
@@ -602,6 +704,18 @@ def write_markdown(results: dict, path: Path) -> None:
             target = direction.split("-to-")[1]
             lines.append(f"| {direction} | {OFF_VALIDATION[target]} | " + " | ".join(f"{row[p]:.4f}" for p in parts)
                          + " |")
+    if results.get("refinement_choice"):
+        choice = results["refinement_choice"]
+        sets = list(VALIDATION.values())
+        lines += ["", "## Refinements of the shipped checkpoint (validation)", "",
+                  "| model | set | top-k:1 | " + " | ".join(f"top-p:{p}" for p in TOP_P) + " | best top-p − top-k:1 |",
+                  "|---|---|---:|" + "---:|" * (len(TOP_P) + 1)]
+        for name, row in choice["validation"].items():
+            for s in sets:
+                lines.append(f"| {name} | {s} | {row[s]['top-k:1']:.4f} | "
+                             + " | ".join(f"{row[s][f'top-p:{p}']:.4f}" for p in TOP_P)
+                             + f" | {best_top_p_drop(row[s]):+.4f} |")
+        lines += ["", f"Refinement chosen: **{choice['setting']}** ({choice['rule']})."]
     if results.get("adaptation_choice"):
         choice = results["adaptation_choice"]
         lines += ["", f"Label-free adaptation setting kept: **{choice['setting']}** (mean validation gain on the "
