@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                          "qid<TAB>text (default with --corpus: <corpus>/test)")
     parser.add_argument("--output", required=True, type=Path, help="folder for bench_live.json/.md and the indexes")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: encoding and search")
-    parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
+    parser.add_argument("--encoder", default="aligner", help="'aligner', 'aligner-mix' or an AligneR checkpoint folder")
     parser.add_argument("--codec", default="auto", help="codec of the indexes built in corpus mode")
     parser.add_argument("--max-docs", type=int, default=None, help="use only the first N documents of --corpus")
     parser.add_argument("--max-queries", type=int, default=None, help="time only the first N queries")

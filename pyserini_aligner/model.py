@@ -25,14 +25,21 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from pyserini_aligner.checkpoints import SHIPPED
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "aligner"
+DEFAULT_CHECKPOINT = SHIPPED["aligner"]
 BACKBONE_ENV = "PYSERINI_ALIGNER_BACKBONE"
 CONFIG_FILE = "config.json"
 HEADS_FILE = "heads.safetensors"
 DELTA_FILE = "backbone_delta.safetensors"
+
+
+def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
+    """The folder of a shipped checkpoint's name (SHIPPED), else ``name_or_path`` as a path."""
+    return SHIPPED.get(str(name_or_path), Path(name_or_path))
 SALIENCE_MODES = ("lp", "relu", "hard")
 _DTYPES = {
     "fp32": None, "float32": None,
@@ -440,11 +447,12 @@ class AlignerModel(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike = "aligner", device: str | torch.device = "cpu",
                         dtype: str | torch.dtype | None = None) -> "AlignerModel":
-        """Load a checkpoint folder ("aligner" = the package's default checkpoint) onto ``device``.
+        """Load a checkpoint folder or a shipped checkpoint's name (SHIPPED; "aligner" = the default) onto
+        ``device``.
 
         ``dtype`` "fp16"/"bf16" runs the backbone under autocast (weights stay fp32; vectors are returned as fp32).
         """
-        folder = DEFAULT_CHECKPOINT if str(name_or_path) == "aligner" else Path(name_or_path)
+        folder = checkpoint_folder(name_or_path)
         if not folder.exists():
             raise FileNotFoundError(f"AligneR checkpoint folder not found: {folder}")
         if not folder.is_dir():

@@ -1,6 +1,7 @@
 """The one way from a model name, a checkpoint folder or a ready model to a loaded :class:`AlignerModel`.
 
-Names: ``"aligner"`` (the shipped checkpoint), ``"untrained"`` (the initialisation it was trained from: MiniLM as
+Names: ``"aligner"`` (the default shipped checkpoint), ``"aligner-mix"`` (the one trained further under a mix of
+alignments; :mod:`pyserini_aligner.checkpoints`), ``"untrained"`` (the initialisation it was trained from: MiniLM as
 is, seeded Gaussian projection, uniform salience; see :mod:`pyserini_aligner.checkpoints.make_default`). Any other
 string is a checkpoint folder, recognised by its ``config.json`` (:func:`is_checkpoint`). Every command and class
 that takes an encoder (index builder, live index, searchers, reranker, Pyserini encoders, evaluation) loads it
@@ -49,8 +50,8 @@ def load_model(source=DEFAULT, device: str | torch.device | None = None,
             model.compute_dtype = resolve_dtype(dtype)
         return model
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError("encoder must be 'aligner', 'untrained', an AligneR checkpoint folder or an AlignerModel, "
-                        f"got {type(source).__name__}")
+        raise TypeError("encoder must be a shipped checkpoint's name ('aligner', 'aligner-mix'), 'untrained', a "
+                        f"checkpoint folder or an AlignerModel, got {type(source).__name__}")
     device = device or "cpu"
     if dtype == AUTO:
         dtype = "fp16" if str(device).startswith("cuda") else None

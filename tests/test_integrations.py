@@ -100,6 +100,21 @@ def test_faiss_cli_with_aligner_encoder(setup, faiss_run):
     check_run(faiss_run, setup[1], remove_query=True)
 
 
+def test_faiss_cli_with_the_other_shipped_checkpoint(setup, faiss_run):
+    """``--encoder aligner-mix`` (a shipped name containing "aligner") indexes and searches through Pyserini's CLI."""
+    from pyserini_aligner.index.store import read_manifest
+
+    env, queries, out, _ = setup
+    index = Path(env["INDEX"]).parent / "index-mix"
+    assert run_module("pyserini_aligner.index", "--corpus", env["CORPUS"], "--index", index,
+                      "--encoder", "aligner-mix", "--quiet") == 0
+    assert read_manifest(index).model_name == "aligner-mix"
+    assert run_module("pyserini.search.faiss", "--index", index, "--encoder", "aligner-mix", "--topics",
+                      env["TOPICS"], "--output", out / "run.mix.trec", "--hits", "100", "--remove-query") == 0
+    mix, default = check_run(out / "run.mix.trec", queries, remove_query=True), read_run(faiss_run)
+    assert any(mix[qid] != default[qid] for qid in queries)  # another model's scores
+
+
 def test_lucene_habit_is_forwarded_to_aligner(setup, faiss_run):
     env, queries, out, recorder = setup
     recipe_in_process(env, recorder, "lucene_habit.sh")  # pyserini.search here; pyserini.search.lucene a child

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.model import (DEFAULT_CHECKPOINT, AlignerConfig, AlignerModel, EncodedText,
                                     resolve_dtype)
 
@@ -32,12 +33,15 @@ def _same(a: list[EncodedText], b: list[EncodedText], atol: float = 1e-5) -> Non
         assert x.truncated == y.truncated
 
 
-def test_default_checkpoint_files_are_small_and_documented():
-    files = {p.name: p.stat().st_size for p in DEFAULT_CHECKPOINT.iterdir()}
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_checkpoint_files_are_small_and_documented(name):
+    folder = SHIPPED[name]
+    files = {p.name: p.stat().st_size for p in folder.iterdir()}
     assert {"config.json", "heads.safetensors", "backbone_delta.safetensors", "README.md"} <= set(files)
     assert sum(files.values()) < 15_000_000  # a delta over the MiniLM backbone, not a copy of it
-    config = AlignerConfig.load(DEFAULT_CHECKPOINT / "config.json")
+    config = AlignerConfig.load(folder / "config.json")
     assert config.keep_special and config.default_strategy == "top-k:1"
+    assert folder == DEFAULT_CHECKPOINT or name in (folder / "README.md").read_text(encoding="utf-8")
 
 
 def test_vectors_unit_norm_shape_and_salience(model):

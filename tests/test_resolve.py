@@ -36,6 +36,29 @@ def test_names_and_folders_load_the_same_weights(model, untrained_folder):
     assert load_model().fingerprint() == model.fingerprint() != fingerprint
 
 
+def test_every_shipped_name_loads_its_own_checkpoint(model, monkeypatch):
+    """"aligner-mix" is the default checkpoint trained further: same model settings and frozen layers, other
+    trained weights; its name reaches Pyserini's CLIs as "aligner" does."""
+    from pyserini_aligner.checkpoints import SHIPPED
+    from pyserini_aligner.integration.hooks import _argv_uses_aligner
+    from pyserini_aligner.train.config import init_model_fields
+
+    mix = load_model("aligner-mix")
+    assert mix.fingerprint() != model.fingerprint() == load_model(SHIPPED["aligner"]).fingerprint()
+    assert mix.config.dim == model.config.dim and mix.config.doc_maxlen == model.config.doc_maxlen
+    embeddings = [m.backbone.embeddings.word_embeddings.weight for m in (model, mix)]
+    top_layer = [m.backbone.encoder.layer[5].output.dense.weight for m in (model, mix)]
+    assert torch.equal(*embeddings) and not torch.equal(*top_layer)
+    assert init_model_fields("aligner-mix")["description"] == mix.config.description != model.config.description
+    from pyserini_aligner.index.builder import model_name_of
+
+    assert model_name_of("aligner-mix") == "aligner-mix"  # what an index's manifest records, not the folder
+    for argv, uses in ((["--encoder", "aligner-mix"], True), (["--encoder=aligner"], True),
+                       (["--encoder", "bge-base-en-v1.5"], False)):
+        monkeypatch.setattr("sys.argv", ["pyserini.search.faiss", "--topics", "t", *argv])
+        assert _argv_uses_aligner() is uses, argv
+
+
 def test_ready_models_and_wrappers_are_used_as_they_are(model):
     encoder = AlignerQueryEncoder(model)
     assert load_model(model) is model and load_model(encoder) is model

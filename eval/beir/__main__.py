@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=".cache/indexes", help="folder for indexes (reused between runs)")
     parser.add_argument("--hits", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner' or a folder")
+    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner', 'aligner-mix' or a folder")
     parser.add_argument("--candidates", type=int, default=100,
                         help="aligner hits rescored by aligner-adapted to choose a strategy on each fold")
     parser.add_argument("--fold-size", type=int, default=8, help="queries per few-shot adaptation fold")

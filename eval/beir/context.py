@@ -20,7 +20,7 @@ class Context:
     hits: int = 1000
     threads: int = 2
     progress: bool = True
-    encoder: str = "aligner"  # AligneR checkpoint: "aligner" or a folder
+    encoder: str = "aligner"  # AligneR checkpoint: a shipped name ("aligner", "aligner-mix") or a folder
     candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a strategy
     fold_size: int = 8
     alpha: float = ALPHA  # aligner-adapted: significance level a strategy must reach to replace the default

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--betas", type=float, nargs="+", default=[0.4, 0.2, 0.1], help="β^d values")
     parser.add_argument("--query-prunes", type=float, nargs="+", default=[1.0, 0.5], help="β^q values")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"subset of {METHODS}")
-    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint ('aligner' or a folder)")
+    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint ('aligner', 'aligner-mix' or a folder)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds of the random baseline")
     parser.add_argument("--redundancy", type=redundancy_arg, nargs="+", default=[None, DEFAULT_PRUNE_REDUNDANCY],
                         help=f"pruning rules: 'off' and/or cosine thresholds (default: off {DEFAULT_PRUNE_REDUNDANCY})")

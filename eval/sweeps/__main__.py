@@ -19,7 +19,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset", required=True, help="ir_datasets id (beir/scifact/test) or a local BEIR folder")
     parser.add_argument("--output", required=True, help="folder for sweeps.json, sweeps.md and sweeps.png")
     parser.add_argument("--cache", default=".cache/indexes", help="folder for indexes and runs (shared with eval.beir)")
-    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner' or a folder")
+    parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner', 'aligner-mix' or a folder")
     parser.add_argument("--hits", type=int, default=1000, help="depth of the aligner run whose top --candidates are "
                                                                  "rescored (as in eval.beir, whose run is reused)")
     parser.add_argument("--pruning-hits", type=int, default=PRUNING_HITS, help="depth of the pruning sweep's searches")

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --compact: retrain the codec on the live tokens and re-quantise them")
     parser.add_argument("--strict", action="store_true", help="with --delete: fail on ids not in the index")
     parser.add_argument("--index", required=True, help="index folder")
-    parser.add_argument("--encoder", default="aligner", help="'aligner' or an AligneR checkpoint folder")
+    parser.add_argument("--encoder", default="aligner", help="'aligner', 'aligner-mix' or an AligneR checkpoint folder")
     parser.add_argument("--doc-prune", type=fraction, default=None, metavar="BETA",
                         help=f"fraction β^d of each document's most salient tokens indexed for candidate generation "
                              f"(default {DEFAULT_DOC_PRUNE} when building, the source's with --from-index)")

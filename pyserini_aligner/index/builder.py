@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.index import faults, store
 from pyserini_aligner.index.codec import (AUTO, CodecSpec, ResidualCodec, parse_codec, resolve_codec)
 from pyserini_aligner.index.corpus import Location
@@ -44,11 +45,12 @@ _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64"
 
 
 def model_name_of(encoder) -> str:
-    """Name to record in the manifest: "aligner", an absolute checkpoint folder, or for an in-memory model its
-    ``name_or_path`` attribute when it has one (else "": searchers must then be given the model)."""
+    """Name to record in the manifest: a shipped checkpoint's name ("aligner", "aligner-mix"), an absolute
+    checkpoint folder, or for an in-memory model its ``name_or_path`` attribute when it has one (else "": searchers
+    must then be given the model)."""
     if isinstance(encoder, (str, os.PathLike)):
         name = str(encoder)
-        return name if name == "aligner" or not Path(name).exists() else str(Path(name).resolve())
+        return name if name in SHIPPED or not Path(name).exists() else str(Path(name).resolve())
     model = getattr(encoder, "model", encoder)
     return str(getattr(model, "name_or_path", "") or "")
 

@@ -91,7 +91,7 @@ class SegmentInfo:
 class Manifest:
     """Contents of ``manifest.json``: index-wide settings plus the segment list of one commit generation."""
 
-    model_name: str  # what AlignerModel.from_pretrained was given ("aligner" or a checkpoint folder)
+    model_name: str  # what AlignerModel.from_pretrained was given (a shipped name or a checkpoint folder)
     model_fingerprint: str
     dim: int
     doc_prune: float  # β^d: fraction of each document's tokens indexed for candidate generation

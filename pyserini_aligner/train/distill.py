@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
-from pyserini_aligner.model import CONFIG_FILE, DEFAULT_CHECKPOINT, DELTA_FILE, FORMAT_VERSION, HEADS_FILE
+from pyserini_aligner.model import CONFIG_FILE, DELTA_FILE, FORMAT_VERSION, HEADS_FILE, checkpoint_folder
 from pyserini_aligner.train.loop import LOG_FILE, Trainer
 from pyserini_aligner.train.validate import (Encoded, encode_ids, mean_ndcg10, pad_ids, pruned_candidates, score_all,
                                              top_docids)
@@ -191,7 +191,7 @@ class SalienceDistiller(Trainer):
         self.model.config.save(path / CONFIG_FILE)
         save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.model.heads_state().items()},
                   str(path / HEADS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
-        source = (DEFAULT_CHECKPOINT if self.cfg.init == "aligner" else Path(self.cfg.init)) / DELTA_FILE
+        source = checkpoint_folder(self.cfg.init) / DELTA_FILE
         if source.is_file():
             shutil.copyfile(source, path / DELTA_FILE)
         for name in (HEADS_FILE, DELTA_FILE):
