@@ -209,6 +209,12 @@ def test_refine_trains_from_the_shipped_checkpoint_and_tests_only_the_chosen(bun
     model = AlignerModel.from_pretrained(export / "checkpoint")
     assert model.config.dim == 128 and model.config.doc_maxlen == 24
     assert "mix of alignments" in model.config.description
+    # validation only: the choice, no test set opened
+    assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "val"), "--refine", "mix",
+                 "--validation-only", "--device", "cpu", "--quiet", *sets]) == 0
+    capsys.readouterr()
+    results = json.loads((tmp_path / "val" / "results.json").read_text())
+    assert set(results["refinement_choice"]["validation"]) == {"raw384", "shipped", "mix"} and "top_p" not in results
     assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "w2"), "--refine", "nope",
                  "--device", "cpu", "--quiet"]) == 2
     assert "--refine: unknown setting" in capsys.readouterr().err

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adaptations", default=",".join(DEFAULT_ADAPTATIONS),
                         help=f"comma-separated label-free adaptation settings (known: {', '.join(ADAPTATIONS)})")
     parser.add_argument("--validation-only", action="store_true",
-                        help="stop after the recipe and adaptation choices on validation (no final run; the test "
-                             "file is not opened)")
+                        help="stop after the recipe and adaptation choices (or the --refine choice) on validation "
+                             "(no final run; the test file is not opened)")
     parser.add_argument("--top-p-only", metavar="CHECKPOINTS",
                         help="comma-separated checkpoints (names or folders): measure only their top-p response "
                              "and the untrained backbone's (validation and test, exhaustive) and stop")

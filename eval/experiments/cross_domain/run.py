@@ -531,7 +531,8 @@ class Experiment:
     def refine(self, names: list[str]) -> dict:
         """Each REFINEMENTS setting trained from the shipped checkpoint on both training sets (last step kept),
         the choice on validation (:func:`choose_refinement`), then only for the chosen one: test nDCG@10 and
-        top-p response against raw384 and the shipped checkpoint, salience heads and export."""
+        top-p response against raw384 and the shipped checkpoint, salience heads and export (``validation_only``
+        stops after the choice)."""
         unknown = [n for n in names if n not in REFINEMENTS]
         if unknown or not names:
             raise ValueError(f"--refine: unknown setting(s) {unknown}; known: {sorted(REFINEMENTS)}")
@@ -554,7 +555,7 @@ class Experiment:
         chosen, why = choose_refinement(validation)
         self.results["refinement_choice"] = {"setting": chosen, "rule": why, "validation": validation}
         self._stage("refine", started)
-        if chosen is None:
+        if chosen is None or self.validation_only:
             self.report()
             return self.results
         started = time.time()
