@@ -19,6 +19,8 @@ Stages (each writes results.json so far):
    checkpoint, for reference), and the top-p response (top-k:1 against top-p values, p chosen on validation) of
    raw384 and the final model;
 7. salience heads for pruning on the final model (as the shipped checkpoint), exported as ``checkpoint/``.
+Separately, :meth:`Experiment.refine` trains the shipped checkpoint further under alignment mixes (``REFINEMENTS``),
+chooses one on validation (:func:`choose_refinement`) and only then tests it (the ``aligner-mix`` checkpoint).
 All scoring is exhaustive (every query against every document, all tokens, fp32 vectors).
 """
 from __future__ import annotations
