@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "ir_datasets id")
     parser.add_argument("--bundle", help="with --unsupervised: a bundle from python -m pyserini_aligner.train.prepare "
                                          "--corpus ... --unsupervised")
-    parser.add_argument("--init", default="aligner", help="with --unsupervised: starting checkpoint (default aligner)")
+    parser.add_argument("--init", default="aligner", help="with --unsupervised: starting checkpoint, a shipped name "
+                             "(aligner, aligner-mix) or a folder (default aligner)")
     parser.add_argument("--threads", type=int, default=2, help="BM25 threads when preparing --corpus")
     parser.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")

@@ -25,7 +25,8 @@ class TrainConfig:
     train_sets: list[str] = field(default_factory=lambda: ["scifact", "nfcorpus"])
     validation_sets: list[str] = field(default_factory=lambda: ["nfcorpus-dev", "scifact-heldout"])
     output_dir: str = "runs/train"
-    # model: "untrained" = MiniLM + seeded Gaussian projection (make_default's init), or a checkpoint folder
+    # model: "untrained" = MiniLM + seeded Gaussian projection (make_default's init), or a checkpoint: a shipped
+    # name ("aligner", "aligner-mix") or a folder
     init: str = "untrained"
     dim: int = 128
     query_maxlen: int = 64

@@ -42,8 +42,8 @@ _RESUME_FREE = {"output_dir", "eval_every", "checkpoint_every", "log_every", "ev
 
 
 def build_model(cfg: TrainConfig) -> AlignerModel:
-    """The starting model: "untrained" (MiniLM, projection seed 0, salience W=0 b=1) or a checkpoint folder,
-    with the config's model fields applied."""
+    """The starting model: "untrained" (MiniLM, projection seed 0, salience W=0 b=1) or a checkpoint (a shipped
+    name or a folder), with the config's model fields applied."""
     fields = dict(dim=cfg.dim, query_maxlen=cfg.query_maxlen, doc_maxlen=cfg.doc_maxlen,
                   keep_special=cfg.keep_special, use_salience=cfg.use_salience,
                   salience_in_score=cfg.salience_in_score, salience_mode=cfg.salience_mode,
