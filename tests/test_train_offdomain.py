@@ -34,6 +34,26 @@ def bundle_path(tmp_path_factory):
                         tmp_path_factory.mktemp("offdomain") / "bundle.json.gz")
 
 
+def batch_inputs(trainer: Trainer) -> tuple:
+    """The trainer's first batch of queries 0-2, with its padded (ids, mask) query and document inputs."""
+    from pyserini_aligner.train.validate import pad_ids
+
+    b = trainer.sampler.batch([0, 1, 2], 0, 0)
+    corpus = trainer.corpus_ids[b.corpus]
+    q_in = pad_ids([trainer.query_ids[i] for i in b.queries], trainer.model.pad_id, trainer.device)
+    d_in = pad_ids([corpus[r] for r in b.doc_rows], trainer.model.pad_id, trainer.device)
+    return b, q_in, d_in
+
+
+def scores_of(model: AlignerModel, q_in: tuple, d_in: tuple, strategies: list[str]) -> dict[str, torch.Tensor]:
+    """``model``'s alignment scores [B, D] of the inputs under each strategy (no gradients)."""
+    from pyserini_aligner.alignment import alignment_scores
+
+    with torch.no_grad():
+        q, d = model(*q_in, is_query=True), model(*d_in, is_query=False)
+        return {s: alignment_scores(q.vectors, q.mask, d.vectors, d.mask, s) for s in strategies}
+
+
 def test_new_config_fields_are_checked():
     for field, value, match in (("anchor", "teacher", "'anchor'"), ("anchor_weight", -1.0, "'anchor_weight'"),
                                 ("strategy_mix", ["top-k:1", "top-q:2"], "'strategy_mix'.*top-q:2"),
@@ -113,17 +133,8 @@ def test_anchor_mix_and_l2_in_training(bundle_path, tmp_path):
     raw = Trainer(tiny_config(bundle_path, dim=384, projection_init="identity", anchor_weight=1.0, lr_backbone=0.0,
                               lr_heads=0.0), tmp_path / "b", device="cpu", progress=False)
     raw.model.eval()
-    b = raw.sampler.batch([0, 1, 2], 0, 0)
-    from pyserini_aligner.train.validate import pad_ids
-
-    corpus = raw.corpus_ids[b.corpus]
-    q_in = pad_ids([raw.query_ids[i] for i in b.queries], raw.model.pad_id, raw.device)
-    d_in = pad_ids([corpus[r] for r in b.doc_rows], raw.model.pad_id, raw.device)
-    from pyserini_aligner.alignment import alignment_scores
-
-    with torch.no_grad():
-        q, d = raw.model(*q_in, is_query=True), raw.model(*d_in, is_query=False)
-        own = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, "top-k:1")
+    _, q_in, d_in = batch_inputs(raw)
+    own = scores_of(raw.model, q_in, d_in, ["top-k:1"])["top-k:1"]
     torch.testing.assert_close(raw.teacher_scores(q_in, d_in, raw.strategy), own, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="'identity' needs dim"):
         Trainer(tiny_config(bundle_path, projection_init="identity"), tmp_path / "c", device="cpu", progress=False)
@@ -132,21 +143,13 @@ def test_anchor_mix_and_l2_in_training(bundle_path, tmp_path):
 def test_anchor_strategy_fixes_the_teachers_alignment(bundle_path, tmp_path):
     """With anchor_strategy top-k:1 a top-p batch is taught the starting model's top-k:1 scores; without it, its
     top-p scores."""
-    from pyserini_aligner.alignment import alignment_scores
-    from pyserini_aligner.train.validate import pad_ids
-
     mix = ["top-k:1", "top-p:0.1"]
     fixed = Trainer(tiny_config(bundle_path, anchor="init", anchor_weight=1.0, strategy_mix=mix,
                                 anchor_strategy="top-k:1"), tmp_path / "a", device="cpu", progress=False)
     free = Trainer(tiny_config(bundle_path, anchor="init", anchor_weight=1.0, strategy_mix=mix), tmp_path / "b",
                    device="cpu", progress=False)
-    b = fixed.sampler.batch([0, 1, 2], 0, 0)
-    corpus = fixed.corpus_ids[b.corpus]
-    q_in = pad_ids([fixed.query_ids[i] for i in b.queries], fixed.model.pad_id, fixed.device)
-    d_in = pad_ids([corpus[r] for r in b.doc_rows], fixed.model.pad_id, fixed.device)
-    with torch.no_grad():
-        q, d = fixed.teacher(*q_in, is_query=True), fixed.teacher(*d_in, is_query=False)
-        own = {s: alignment_scores(q.vectors, q.mask, d.vectors, d.mask, s) for s in mix}
+    b, q_in, d_in = batch_inputs(fixed)
+    own = scores_of(fixed.teacher, q_in, d_in, mix)
     assert not torch.allclose(own["top-k:1"], own["top-p:0.1"], atol=1e-4)
     top_p = fixed.strategies[1]
     torch.testing.assert_close(fixed.teacher_scores(q_in, d_in, top_p), own["top-k:1"], atol=1e-5, rtol=0)
