@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import CodeType, ModuleType
 
+from pyserini_aligner.checkpoints import SHIPPED
+
 MANIFEST = "manifest.json"
 FORMAT_NAME = "pyserini-aligner"
 CHECKPOINT_CONFIG = "config.json"
@@ -164,8 +166,6 @@ def _argv_checkpoints() -> list[str]:
 def _argv_uses_aligner() -> bool:
     """An AligneR index among the --index flags, --encoder with a shipped checkpoint's name (aligner, aligner-mix)
     or an AligneR checkpoint folder (hybrid runs have two --index flags)."""
-    from pyserini_aligner.checkpoints import SHIPPED
-
     return (any(encoder in SHIPPED for encoder in _argv_encoders()) or bool(_argv_checkpoints())
             or any(is_aligner_index(index) for index in _argv_indexes()))
 
