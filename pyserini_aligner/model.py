@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from pyserini_aligner.checkpoints import SHIPPED
+from pyserini_aligner.checkpoints import SHIPPED, checkpoint_folder
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,6 @@ BACKBONE_ENV = "PYSERINI_ALIGNER_BACKBONE"
 CONFIG_FILE = "config.json"
 HEADS_FILE = "heads.safetensors"
 DELTA_FILE = "backbone_delta.safetensors"
-
-
-def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
-    """The folder of a shipped checkpoint's name (SHIPPED), else ``name_or_path`` as a path."""
-    return SHIPPED.get(str(name_or_path), Path(name_or_path))
 SALIENCE_MODES = ("lp", "relu", "hard")
 _DTYPES = {
     "fp32": None, "float32": None,

@@ -8,7 +8,13 @@ Kept free of heavy imports: the start-up hook reads the names.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 SHIPPED = {"aligner": _HERE / "aligner", "aligner-mix": _HERE / "aligner_mix"}
+
+
+def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
+    """The folder of a shipped checkpoint's name (SHIPPED), else ``name_or_path`` as a path."""
+    return SHIPPED.get(str(name_or_path), Path(name_or_path))

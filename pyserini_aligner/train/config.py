@@ -221,7 +221,8 @@ INIT_MODEL_FIELDS = {"dim": "dim", "query_maxlen": "query_maxlen", "doc_maxlen":
 def init_model_fields(init: str | os.PathLike) -> dict[str, Any]:
     """The INIT_MODEL_FIELDS of checkpoint ``init`` (a folder or a shipped checkpoint's name), as TrainConfig
     values."""
-    from pyserini_aligner.model import AlignerConfig, checkpoint_folder
+    from pyserini_aligner.checkpoints import checkpoint_folder
+    from pyserini_aligner.model import AlignerConfig
 
     folder = checkpoint_folder(init)
     if not (folder / "config.json").is_file():

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
-from pyserini_aligner.model import CONFIG_FILE, DELTA_FILE, FORMAT_VERSION, HEADS_FILE, checkpoint_folder
+from pyserini_aligner.checkpoints import checkpoint_folder
+from pyserini_aligner.model import CONFIG_FILE, DELTA_FILE, FORMAT_VERSION, HEADS_FILE
 from pyserini_aligner.train.loop import LOG_FILE, Trainer
 from pyserini_aligner.train.validate import (Encoded, encode_ids, mean_ndcg10, pad_ids, pruned_candidates, score_all,
                                              top_docids)
