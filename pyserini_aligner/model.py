@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from pyserini_aligner.checkpoints import SHIPPED, checkpoint_folder
+from pyserini_aligner.textio import check_collection
 
 logger = logging.getLogger(__name__)
 
@@ -325,6 +326,7 @@ class AlignerModel(nn.Module):
         ``device`` moves the model there first; ``dtype`` ("fp16"/"bf16") overrides the model's autocast dtype for
         this call; ``maxlen`` overrides query_maxlen/doc_maxlen.
         """
+        check_collection(texts, "texts")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if device is not None and torch.device(device) != self.device:
@@ -358,6 +360,7 @@ class AlignerModel(nn.Module):
         """Like :meth:`encode` but without leaving the device: one TokenOutput (vectors [B, n, dim], mask [B, n],
         salience [B, n]) on the model's device, in input order (n = longest text; mask False at padding and at
         tokens the model drops). ``maxlen`` overrides query_maxlen/doc_maxlen."""
+        check_collection(texts, "texts")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         ids, truncated = self.tokenize(list(texts), is_query, maxlen)

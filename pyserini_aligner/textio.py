@@ -14,6 +14,14 @@ class InputError(ValueError):
     """Bad input file; the message names the file and line."""
 
 
+def check_collection(value, name: str) -> None:
+    """TypeError when ``value``, an argument that takes a collection (docids, texts, documents), is a single str or
+    bytes: iterating it would take each character for an item (``delete("12")`` would delete "1" and "2")."""
+    if isinstance(value, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be a list or other collection, not a single {type(value).__name__}; "
+                        f"wrap one item in a list: [{value!r:.60}]")
+
+
 def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     """``(line number, line without its newline)`` for every line of a UTF-8 file (a BOM is dropped).
 

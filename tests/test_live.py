@@ -16,7 +16,7 @@ import pytest
 from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index import StoredIndex, build_index, read_manifest, store
 from pyserini_aligner.index.faults import ENV as FAULT_ENV
-from pyserini_aligner.index.live import AlignerIndex
+from pyserini_aligner.index.live import AlignerIndex, DeleteReport
 from pyserini_aligner.search.searcher import AlignerSearcher
 from pyserini_aligner.trec import read_run
 
@@ -210,6 +210,31 @@ def test_refused_add_leaves_no_folder(tmp_path, full, model, docs, extra):
     with pytest.raises(ValueError, match=repr(docs[7][0])):
         AlignerIndex(index, encoder=model).add([extra[0], docs[7]])
     assert sorted(p.name for p in index.iterdir()) == entries
+
+
+@pytest.mark.parametrize("single", ["12", b"12"])
+def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, model, single):
+    from pyserini_aligner.search import AlignmentReranker
+
+    index = copy_index(full, tmp_path / "index")
+    AlignerIndex(index, encoder=model).add([("1", "one"), ("2", "two"), ("12", NEW_TEXT)])
+    before = (index / store.MANIFEST).read_bytes()
+    live = AlignerIndex(index, encoder=model)
+    searcher = AlignerSearcher(index, encoder=model)
+    calls = {"docids": lambda: live.delete(single), "docs": lambda: live.add(single),
+             "docs ": lambda: live.upsert(single),
+             "candidates": lambda: AlignmentReranker(index, encoder=model).rerank("bees", single),
+             "queries": lambda: searcher.batch_search(single, ["1", "2"]), "queries ": lambda: searcher.rank(single),
+             "texts": lambda: model.encode(single, is_query=True)}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=rf"^{name.strip()} must be a list .* not a single {type(single).__name__}"):
+            call()
+    assert (index / store.MANIFEST).read_bytes() == before  # "1" and "2" are still there
+    assert {"1", "2", "12"} <= set(live_docids(index))
+    assert live.delete(["12"]) == DeleteReport(deleted=1, unknown=[])
+    assert {"1", "2"} <= set(live_docids(index)) and "12" not in live_docids(index)
+    with pytest.raises(TypeError, match="not a path"):
+        build_index(str(tmp_path / "corpus.jsonl"), tmp_path / "other", model, progress=False)
 
 
 def test_adding_with_another_model_is_refused(tmp_path, full, model, extra):

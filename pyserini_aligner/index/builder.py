@@ -344,6 +344,9 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
     """
     from pyserini_aligner.salience import keep_count
 
+    if isinstance(corpus, (str, bytes, os.PathLike)):
+        raise TypeError(f"corpus must be (docid, text) items, not a path or a single string ({corpus!r:.60}); read "
+                        "a file or folder with pyserini_aligner.index.read_corpus(path)")
     keep_count(1, doc_prune)  # validates β^d
     _check_redundancy(prune_redundancy)
     if batch_size < 1:

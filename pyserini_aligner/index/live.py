@@ -25,6 +25,7 @@ from pyserini_aligner.index import faults, store
 from pyserini_aligner.index.builder import DocidRegistry, EncodedChunk, checked_items, encode_chunks, train_codec
 from pyserini_aligner.index.segment import SegmentWriter, write_codec, write_files
 from pyserini_aligner.resolve import check_index_model, load_model
+from pyserini_aligner.textio import check_collection
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ class AlignerIndex:
 
     def add(self, docs: Iterable, upsert: bool = False) -> store.Manifest:
         """Encode ``docs`` ((docid, text) or (docid, text, Location) items) into a new segment and commit it.
-        A docid already live is refused unless ``upsert``, which replaces that document."""
+        A docid already live is refused unless ``upsert``, which replaces that document. ``docs`` must be a
+        collection of items: a single str is refused (TypeError)."""
+        check_collection(docs, "docs")
         with store.IndexLock(self.index_dir):
             manifest, current = self._begin()
             model = self._model_for(manifest)
@@ -100,7 +103,9 @@ class AlignerIndex:
         return self.add(docs, upsert=True)
 
     def delete(self, docids: Iterable[str], strict: bool = False) -> DeleteReport:
-        """Tombstone the live documents ``docids``; unknown ids are reported (ValueError with ``strict``)."""
+        """Tombstone the live documents ``docids``, a collection of docids (a single str is refused with TypeError,
+        never read as its characters); unknown ids are reported (ValueError with ``strict``)."""
+        check_collection(docids, "docids")
         with store.IndexLock(self.index_dir):
             manifest, current = self._begin()
             wanted = list(dict.fromkeys(docids))

@@ -14,6 +14,7 @@ from pyserini_aligner.index.store import StoredIndex, Workspace
 from pyserini_aligner.search.engine import CodeShard
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, is_blank
+from pyserini_aligner.textio import check_collection
 
 _BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (query tokens × document tokens)
 
@@ -80,6 +81,7 @@ class ExhaustiveScorer:
     def scores(self, queries: list[str]) -> torch.Tensor:
         """Scores [len(queries), num_docs] of every query against every document row (0 for blank queries, −inf
         for deleted documents)."""
+        check_collection(queries, "queries")
         out = torch.zeros(len(queries), self.store.num_docs)
         blank = torch.tensor([is_blank(text) for text in queries])
         for rows, block in self._scores_blocks(queries):
@@ -89,6 +91,7 @@ class ExhaustiveScorer:
     def rank(self, queries: list[str], k: int = 10) -> list[list[tuple[str, float]]]:
         """Top-k (docid, score) per query, best first (equal scores to the lower row), keeping only a running top-k
         per block (never [queries, documents] in memory)."""
+        check_collection(queries, "queries")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         best_scores = torch.full((len(queries), 0), -torch.inf, device=self.device)
@@ -110,6 +113,8 @@ class ExhaustiveScorer:
 
     def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int = 1) -> dict[str, list]:
         """{q_id: top-k DenseSearchResult}; equal scores go to the lower document row (as in AlignerSearcher)."""
+        check_collection(queries, "queries")
+        check_collection(q_ids, "q_ids")
         if len(queries) != len(q_ids):
             raise ValueError(f"{len(queries)} queries but {len(q_ids)} q_ids")
         dense, _ = dense_result_classes()

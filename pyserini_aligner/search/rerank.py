@@ -13,6 +13,7 @@ from pyserini_aligner.index.store import MANIFEST, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model, model_for_index
 from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, pad_encoded
+from pyserini_aligner.textio import check_collection
 
 
 def _text_of_raw(raw: str) -> str | None:
@@ -87,7 +88,8 @@ class AlignmentReranker:
     def rerank(self, query: str, candidates: Sequence, k: int | None = None, threads: int = 1) -> list:
         """DenseSearchResult list of the candidates (first occurrence of each docid) sorted by AligneR score, best
         first (equal scores keep the input order); ``k`` (None or >= 1) keeps the top k. [] for an empty query or no
-        candidates."""
+        candidates. ``candidates`` must be a collection: a single docid string is refused (TypeError)."""
+        check_collection(candidates, "candidates")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be None or an integer >= 1, got {k!r}")
         dense, _ = dense_result_classes()

@@ -30,6 +30,7 @@ from pyserini_aligner.model import EncodedText
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
 from pyserini_aligner.search.engine import CodeShard, merge_probes, narrow, select_candidates, top_hits
+from pyserini_aligner.textio import check_collection
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +319,8 @@ class AlignerSearcher:
 
         With return_vector, returns ({q_id: query vectors [n, d]}, {q_id: [PrfDenseSearchResult]}).
         """
+        check_collection(queries, "queries")
+        check_collection(q_ids, "q_ids")
         if len(queries) != len(q_ids):
             raise ValueError(f"{len(queries)} queries but {len(q_ids)} q_ids")
         if k < 1:
@@ -339,6 +342,7 @@ class AlignerSearcher:
     def rank(self, queries: list[str], k: int = 10, threads: int | None = None) -> list[list[tuple[str, float]]]:
         """Top-k (docid, score) lists, best first, one per query: ``batch_search`` over plain data (no Pyserini
         result objects, so it also runs where Pyserini is not installed)."""
+        check_collection(queries, "queries")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         ranked = []
