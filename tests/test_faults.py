@@ -191,6 +191,34 @@ def test_adapt_refuses_to_save_when_every_strategy_scores_zero(index, topics, tm
     assert (index / "manifest.json").read_bytes() == before
 
 
+
+def test_adapt_keeps_the_stored_default_when_nothing_beats_it(index, topics, tmp_path, capsys):
+    import shutil
+
+    from pyserini_aligner.adapt.__main__ import main
+    from pyserini_aligner.index.store import set_default_strategy
+
+    copy = Path(shutil.copytree(index, tmp_path / "idx"))
+    set_default_strategy(copy, "top-p:0.02")
+    before = (copy / "manifest.json").read_bytes()
+    assert set_default_strategy(copy, "top-p:0.02").generation == read_manifest(copy).generation
+    assert (copy / "manifest.json").read_bytes() == before  # the same strategy again writes nothing
+    qrels = tmp_path / "qrels.txt"  # one judged query, every document relevant: no strategy can do better
+    qid = topics.read_text().split("\t", 1)[0]
+    qrels.write_text("".join(f"{qid} 0 {docid} 1\n" for docid in read_docids(copy)))
+    assert main(["--index", str(copy), "--topics", str(topics), "--qrels", str(qrels), "--candidates", "20",
+                 "--strategies", "top-k:1", "top-k:2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split()[0] == "top-p:0.02"  # the index's default is the baseline, not the model's
+    assert "keeping top-p:0.02: no strategy beats it" in out and "keeps default strategy top-p:0.02" in out
+    assert (copy / "manifest.json").read_bytes() == before  # not rewritten: same setting, same generation
+
+
+def read_docids(index: Path) -> list[str]:
+    from pyserini_aligner.index.store import StoredIndex
+
+    return list(StoredIndex(index).docids)
+
 # 4. one-line errors for bad flag values; Ctrl-C while indexing
 
 

@@ -237,6 +237,16 @@ def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, mod
         build_index(str(tmp_path / "corpus.jsonl"), tmp_path / "other", model, progress=False)
 
 
+def test_updates_that_change_nothing_commit_nothing(tmp_path, full, model):
+    index = copy_index(full, tmp_path / "index")
+    before = (index / store.MANIFEST).read_bytes()
+    live = AlignerIndex(index, encoder=model)
+    assert live.add([]).generation == live.upsert(iter([])).generation == read_manifest(index).generation
+    assert live.delete([]) == DeleteReport(deleted=0, unknown=[])
+    assert live.delete(["no-such-doc"]) == DeleteReport(deleted=0, unknown=["no-such-doc"])
+    assert (index / store.MANIFEST).read_bytes() == before and unreferenced(index) == []
+
+
 def test_adding_with_another_model_is_refused(tmp_path, full, model, extra):
     other = copy.deepcopy(model)
     other.reset_heads(seed=1)

@@ -1,11 +1,12 @@
 """``python -m pyserini_aligner.adapt --index <dir> --topics <file | ir_datasets id> --qrels <file | ir_datasets id>``
 
-Few-shot alignment adaptation: retrieve candidates for a handful of labelled queries with the checkpoint's default
+Few-shot alignment adaptation: retrieve candidates for a handful of labelled queries with the index's current default
 strategy (the baseline), rescore them with every candidate alignment strategy and print each strategy's nDCG@10,
 its gain over the baseline and the p-value of that gain (one-sided paired randomisation test over the queries,
 corrected for trying several strategies). The best strategy replaces the baseline only when it gains at least
---min-gain with p <= --alpha; the result is saved as the index's default strategy (used by AlignerSearcher,
-``FaissSearcher(<index>)`` and Pyserini's search CLIs from then on).
+--min-gain with p <= --alpha, and is then saved as the index's default strategy (used by AlignerSearcher,
+``FaissSearcher(<index>)`` and Pyserini's search CLIs from then on). When nothing beats the baseline the index is
+left as it is (its manifest is not rewritten).
 """
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         qrels = read_qrels(args.qrels)
         topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
         strategies = [str(parse_strategy(s)) for s in args.strategies]
-        model = model_for_index(args.encoder, read_manifest(args.index), args.index)
-        baseline = str(parse_strategy(model.config.default_strategy))  # the checkpoint's, whatever the index says
+        manifest = read_manifest(args.index)
+        model = model_for_index(args.encoder, manifest, args.index)
+        baseline = str(parse_strategy(manifest.default_strategy))  # the strategy the index uses now
         searcher = AlignerSearcher(args.index, encoder=model, strategy=baseline)
         strategies = list(dict.fromkeys([baseline, *strategies]))
         qids = list(topics)
@@ -99,12 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: every strategy scores {METRIC} 0 on these {len(qids)} queries (no relevant document among "
               f"the top {args.candidates} candidates); {args.index} is left unchanged", file=sys.stderr)
         return 1
-    previous = searcher.manifest.default_strategy
-    if args.dry_run:
-        print(f"dry run: {args.index} keeps default strategy {previous}")
+    if not choice.changed:
+        print(f"{args.index} keeps default strategy {baseline} (unchanged)")
+    elif args.dry_run:
+        print(f"dry run: {args.index} keeps default strategy {baseline}")
     else:
         set_default_strategy(args.index, choice.strategy)
-        print(f"saved default strategy {choice.strategy} in {args.index}/manifest.json (was {previous})")
+        print(f"saved default strategy {choice.strategy} in {args.index}/manifest.json (was {baseline})")
     return 0
 
 

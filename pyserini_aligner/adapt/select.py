@@ -1,7 +1,7 @@
 """Few-shot alignment adaptation (AligneR §4.3): pick the alignment strategy from a handful of labelled queries.
 
 Candidates are rescored with every strategy over the stored document vectors (no new search). The baseline (the
-checkpoint's default strategy) is kept unless a candidate beats it clearly on the labelled queries: a mean nDCG@10
+strategy in use, e.g. the index's default) is kept unless a candidate beats it clearly on the labelled queries: a mean nDCG@10
 gain of at least ``min_gain`` and a one-sided paired randomisation test (sign flips of the per-query differences,
 max-T over the candidates so that picking the best of several is accounted for) with p <= ``alpha``. The same
 functions evaluate adaptation in the harness: folds of ``fold_size`` test queries, each choosing a strategy that

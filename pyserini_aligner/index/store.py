@@ -255,14 +255,17 @@ def write_manifest(index_dir: str | os.PathLike, manifest: Manifest) -> None:
 
 
 def set_default_strategy(index_dir: str | os.PathLike, strategy) -> Manifest:
-    """Record ``strategy`` (spec string or Strategy) as the index's default alignment strategy; returns the manifest."""
+    """Record ``strategy`` (spec string or Strategy) as the index's default alignment strategy; returns the manifest.
+    When it is the default already, nothing is written (no new generation)."""
     from pyserini_aligner.alignment import parse_strategy
 
     with IndexLock(index_dir):
         manifest = read_manifest(index_dir)
-        manifest.default_strategy = str(parse_strategy(strategy))
-        manifest.generation += 1
-        write_manifest(index_dir, manifest)
+        spec = str(parse_strategy(strategy))
+        if spec != manifest.default_strategy:
+            manifest.default_strategy = spec
+            manifest.generation += 1
+            write_manifest(index_dir, manifest)
     return manifest
 
 
