@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pyserini_aligner.textio import InputError, json_records, text_lines
-from pyserini_aligner.topics import FILE_SUFFIXES, Qrels, Topics, read_qrels_file, read_topics_file
+from pyserini_aligner.topics import FILE_SUFFIXES, Qrels, Topics, check_qid, read_qrels_file, read_topics_file
 
 BEIR_DIR_ENV = "PYSERINI_ALIGNER_BEIR_DIR"
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Dataset:
             wanted = self.qrels()
             queries, lines = {}, {}
             for number, record in _read_jsonl(path):
-                qid = _field(record, "_id", path, number)
+                qid = check_qid(_field(record, "_id", path, number), f"{path}, line {number}")
                 if qid in lines:
                     raise DataError(f"{path}, line {number}: query id {qid!r} already given on line {lines[qid]}")
                 lines[qid] = number
@@ -170,7 +170,8 @@ class Dataset:
             return queries
         if not self._ir.has_queries():
             raise DataError(f"{self.spec!r} has no queries (name a split, e.g. {self.spec}/test)")
-        return {query.query_id: query.text for query in self._ir.queries_iter()}
+        return {check_qid(query.query_id, f"{self.spec}, query {number}"): query.text
+                for number, query in enumerate(self._ir.queries_iter(), 1)}
 
     def qrels(self) -> dict[str, dict[str, int]]:
         """Query id → {docid: relevance}."""
@@ -234,7 +235,8 @@ def load_topics(spec: str | os.PathLike, split: str = "test") -> Topics:
     except (ValueError, FileNotFoundError):
         raise InputError(f"topics {spec!r}: no such file, and not an ir_datasets id (e.g. beir/scifact/test) "
                          "or a Pyserini topics name") from None
-    return {str(qid): text for qid, text in iterator}
+    return {check_qid(str(qid), f"topics {spec}, topic {number}"): text
+            for number, (qid, text) in enumerate(iterator, 1)}
 
 
 def read_qrels(spec: str | os.PathLike, split: str = "test") -> Qrels:

@@ -23,7 +23,25 @@ TEXT_FIELDS = ("query", "text", "title")
 BEIR_QRELS_HEADER = ["query-id", "corpus-id", "score"]
 
 
+def check_qid(qid: str, where: str) -> str:
+    """``qid`` when a TREC run can hold it: InputError naming ``where`` (file and line) for an empty query id or one
+    with spaces, tabs or line breaks (as docids: TREC runs separate fields by white space)."""
+    if not qid or any(c.isspace() for c in qid):
+        raise InputError(f"{where}: query id {qid!r} must be a non-empty string without spaces, tabs or line breaks "
+                         "(TREC runs separate fields by white space)")
+    return qid
+
+
+def check_tsv_qids(path: str | os.PathLike) -> None:
+    """:func:`check_qid` on the query id (text before the first tab) of every line of a TSV topics file, for topics
+    that Pyserini's own readers parse (they take such ids as they are); lines without a tab are left to them."""
+    for number, line in text_lines(path):
+        if "\t" in line:
+            check_qid(line.split("\t", 1)[0].strip(), f"{path}, line {number}")
+
+
 def _add(topics: Topics, lines: dict[str, int], qid: str, text: str, path, number: int) -> None:
+    check_qid(qid, f"{path}, line {number}")
     if qid in lines:
         raise InputError(f"{path}, line {number}: query id {qid!r} already given on line {lines[qid]}")
     lines[qid] = number
@@ -35,8 +53,9 @@ def read_topics_file(path: str | os.PathLike) -> Topics:
     ``query``/``text``/``title``); other suffixes (.json, .trec, .gz) are read by Pyserini.
 
     As Pyserini's TSV topic reader, a TSV line keeps its second field: text after a second tab (extra columns)
-    is ignored. A line without a tab, an empty query id, a repeated query id or a byte that is not UTF-8 raises
-    InputError naming the file and line(s). Blank lines are skipped.
+    is ignored. A line without a tab, an empty query id or one holding white space (a TREC run could not hold it), a
+    repeated query id or a byte that is not UTF-8 raises InputError naming the file and line(s). Blank lines are
+    skipped.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -61,7 +80,8 @@ def read_topics_file(path: str | os.PathLike) -> Topics:
     else:
         from pyserini.query_iterator import TopicsFormat, get_query_iterator
 
-        topics = {str(qid): text for qid, text in get_query_iterator(str(path), TopicsFormat.DEFAULT)}
+        topics = {check_qid(str(qid), f"{path}, topic {number}"): text
+                  for number, (qid, text) in enumerate(get_query_iterator(str(path), TopicsFormat.DEFAULT), 1)}
     if not topics:
         raise InputError(f"{path}: no topics")
     return topics

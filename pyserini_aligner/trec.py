@@ -18,6 +18,16 @@ Run = dict[str, dict[str, float]]  # qid -> {docid: score}
 OUTPUT_FORMATS = ("trec", "msmarco")
 
 
+def check_run_ids(qid, docids: Sequence[str], path: str | os.PathLike) -> None:
+    """ValueError naming the run file when a query id or docid would break its lines: empty, or holding spaces, tabs
+    or line breaks (fields are separated by white space). Topics readers and the indexer refuse such ids first."""
+    for kind, value in (("query id", str(qid)), *(("docid", str(docid)) for docid in docids)):
+        if not value or any(c.isspace() for c in value):
+            raise ValueError(f"run {path}: {kind} {value!r} of query {str(qid)!r} can't be written: ids must be "
+                             "non-empty without spaces, tabs or line breaks (TREC runs separate fields by white "
+                             "space)")
+
+
 class Hit(NamedTuple):
     """What Pyserini's writers read from a hit."""
 
@@ -32,10 +42,13 @@ def write_run(hits: Mapping[str, Sequence[tuple[str, float]]], path: str | os.Pa
 
     Written to a temporary file next to ``path`` and renamed into place, so that an error never leaves a partial
     run under ``path`` (nor a temporary file). OutputPathError when ``path`` can't be written; ValueError for an
-    ``output_format`` not in OUTPUT_FORMATS.
+    ``output_format`` not in OUTPUT_FORMATS, or a query id or docid that would break a line (:func:`check_run_ids`;
+    nothing is written).
     """
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"output format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
+    for qid, ranked in hits.items():
+        check_run_ids(qid, [docid for docid, _ in ranked], path)
     from pyserini.output_writer import OutputFormat, get_output_writer
 
     with atomic_path(path) as temporary:

@@ -4,6 +4,7 @@ One tiny index (20 SciFact documents, built from a local BEIR folder through the
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -306,6 +307,43 @@ def test_topics_file_lines(tmp_path):
         load_topics(str(path))
     path.write_text("1\tquery text\textra column\n")  # as Pyserini's TSV reader: the second field only
     assert load_topics(str(path)) == {"1": "query text"}
+
+
+def test_query_ids_with_white_space_are_refused(index, beir, tmp_path, capsys):
+    import shutil
+
+    from pyserini_aligner.data import load_topics
+    from pyserini_aligner.search.__main__ import main as search
+    from pyserini_aligner.textio import InputError
+    from pyserini_aligner.trec import write_run
+
+    message = "query id 'q 1' must be a non-empty string without spaces, tabs or line breaks"
+    tsv, jsonl = tmp_path / "topics.tsv", tmp_path / "topics.jsonl"
+    tsv.write_text("q0\tvitamin D\nq 1\tcancer cells\n")
+    jsonl.write_text('{"_id": "q0", "text": "vitamin D"}\n{"_id": "q 1", "text": "cancer cells"}\n')
+    folder = Path(shutil.copytree(beir, tmp_path / "beir"))
+    first = json.loads((folder / "queries.jsonl").read_text().splitlines()[0])["_id"]
+    for name in ("queries.jsonl", "qrels/test.tsv"):
+        (folder / name).write_text((folder / name).read_text().replace(first, "q 1"))
+    for spec, where in ((tsv, f"{tsv}, line 2"), (jsonl, f"{jsonl}, line 2"),
+                        (folder, f"{folder / 'queries.jsonl'}, line 1")):
+        with pytest.raises(InputError, match=re.escape(f"{where}: {message}")):
+            load_topics(str(spec))
+
+    output = stale_run(tmp_path)  # each CLI: one line naming the file and line, no run
+    assert search(["--index", str(index), "--topics", str(tsv), "--output", str(output)]) == 2
+    assert f"{tsv}, line 2: {message}" in capsys.readouterr().err and not output.exists()
+    output = stale_run(tmp_path)
+    assert run_module("pyserini.search.faiss", "--index", str(index), "--encoder", "aligner", "--topics", str(tsv),
+                      "--output", str(output)) == 1
+    err = capsys.readouterr().err
+    assert f"{tsv}, line 2: {message}" in err and "Traceback" not in err
+    assert not output.exists() and leftovers(tmp_path) == []
+
+    for qid, docid in (("q 1", "d1"), ("q1", "d\t1")):  # the run writer's last guard: nothing written
+        with pytest.raises(ValueError, match="without spaces, tabs or line breaks"):
+            write_run({"q0": [("d0", 2.0)], qid: [(docid, 1.0)]}, tmp_path / "guard.trec", tag="t")
+        assert not (tmp_path / "guard.trec").exists() and leftovers(tmp_path) == []
 
 
 def test_reranker_k_must_be_none_or_positive(index):

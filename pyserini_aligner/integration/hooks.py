@@ -227,8 +227,15 @@ def forward_to_lucene() -> None:
 
 
 def _atomic_output_writers(output_writer: ModuleType) -> None:
-    """Pyserini's run writers (mode "w") write to a temporary file renamed into place when the run completes."""
+    """Pyserini's run writers (mode "w") write to a temporary file renamed into place when the run completes; the
+    TREC and MS MARCO writers refuse a query id or docid that would break a line (:func:`~pyserini_aligner.trec.
+    check_run_ids`)."""
     from pyserini_aligner.textio import atomic_output
+    from pyserini_aligner.trec import check_run_ids
+
+    for line_writer in (output_writer.TrecWriter, output_writer.MsMarcoWriter):
+        if not getattr(line_writer.write, "checks_ids", False):
+            line_writer.write = _checking_ids(line_writer.write, check_run_ids)
 
     writer = output_writer.OutputWriter
     enter, leave = writer.__enter__, writer.__exit__
@@ -249,23 +256,38 @@ def _atomic_output_writers(output_writer: ModuleType) -> None:
     writer.__enter__, writer.__exit__ = __enter__, __exit__
 
 
+def _checking_ids(write, check):
+    """``write(self, topic, hits)`` of a Pyserini run writer, refusing ids that would break a run line first."""
+    def checked(self, topic, hits):
+        hits = list(hits)
+        check(topic, [hit.docid for hit in hits], self.file_path)
+        return write(self, topic, hits)
+
+    checked.checks_ids = True
+    return checked
+
+
 def guard_pyserini_main(name: str, namespace: dict) -> None:
     """Run Pyserini's ``__main__`` code of ``name`` in ``namespace`` with an AligneR index or encoder involved.
 
-    The --output path is checked before any query runs; the run file appears only when complete; a plugin error
-    (ValueError, OSError) prints one line and exits 1, Ctrl-C prints "interrupted" and exits 130; after a failure no
-    run (not even an earlier one) is left under --output.
+    The --output path and the query ids of a TSV --topics file are checked before any query runs; the run file
+    appears only when complete; a plugin error (ValueError, OSError) prints one line and exits 1, Ctrl-C prints
+    "interrupted" and exits 130; after a failure no run (not even an earlier one) is left under --output.
     """
     import pyserini.output_writer
 
     from pyserini_aligner.cli import INTERRUPTED_EXIT, flag_value
     from pyserini_aligner.textio import check_output_path, discard_output
+    from pyserini_aligner.topics import TSV_SUFFIXES, check_tsv_qids
 
     output = flag_value(sys.argv[1:], "--output")
+    topics = flag_value(sys.argv[1:], "--topics")
     status: int | str | None = 1
     try:
         if output:
             check_output_path(output)
+        if topics and Path(topics).suffix.lower() in TSV_SUFFIXES and Path(topics).is_file():
+            check_tsv_qids(topics)
         _atomic_output_writers(pyserini.output_writer)
         checkpoints = _argv_checkpoints()
         if checkpoints:
