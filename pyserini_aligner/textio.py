@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import unicodedata
 import uuid
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -12,6 +13,16 @@ from typing import IO, Iterable, Iterator
 
 class InputError(ValueError):
     """Bad input file; the message names the file and line."""
+
+
+_BLANK_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})  # controls (NUL), zero-width/format, separators
+_FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")  # Hangul fillers and the blank Braille pattern
+
+
+def is_blank(text: str) -> bool:
+    """True for a text with nothing to index or search: only white space, control characters (NUL), format
+    characters (zero-width spaces and joiners, BOM, soft hyphen, direction marks) and blank fillers."""
+    return all(c.isspace() or c in _FILLERS or unicodedata.category(c) in _BLANK_CATEGORIES for c in text)
 
 
 def check_collection(value, name: str) -> None:

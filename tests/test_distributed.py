@@ -119,6 +119,24 @@ def test_torchrun_build_and_search_equal_one_process(tmp_path, single, corpus):
     assert run == (tmp_path / "one.trec").read_text() and len(run.splitlines()) == 10 * len(QUERIES)
 
 
+def test_torchrun_skips_blank_documents_as_one_process(tmp_path, model):
+    """Blank documents in both ranks' slices are skipped, as by a one-process build: the same index."""
+    records = short_records(8, words=8)
+    for position, text in ((1, ""), (3, "\u200b\x00"), (6, "  "), (9, "\ufeff")):
+        records.insert(position, {"id": f"blank-{position}", "contents": text})
+    blank_corpus = write_jsonl(tmp_path / "docs.jsonl", records)
+    one = tmp_path / "one"
+    build_index(read_json_collection(blank_corpus), one, model, codec="IVF8,PQ4", progress=False,
+                model_name="aligner")
+    result = torchrun("pyserini_aligner.index", "--corpus", blank_corpus, "--index", tmp_path / "dist",
+                      "--codec-from", one, "--dist-timeout", "60")
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert "not indexed: blank-1, blank-3" in result.stderr and "not indexed: blank-6, blank-9" in result.stderr
+    same_index(one, tmp_path / "dist")
+    assert read_manifest(tmp_path / "dist").num_empty == read_manifest(one).num_empty == 4
+    assert not any(d.startswith("blank") for d in StoredIndex(tmp_path / "dist").docids)
+
+
 def test_shards_and_merge_equal_one_process(tmp_path, single, corpus):
     shards = [tmp_path / f"shard_{i}" for i in range(3)]
     for i, shard in enumerate(shards):

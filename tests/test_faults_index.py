@@ -203,6 +203,40 @@ def test_docids_that_would_break_a_trec_run_are_refused(tmp_path, model, docid):
     assert not (tmp_path / "idx").exists()
 
 
+BLANK_TEXTS = {"empty": "", "spaces": " \t\n ", "nul": "\x00\x00", "zero-width": "\u200b\u200c\u200d\u2060",
+               "format": "\ufeff\u00ad \u200e", "filler": "\u3164\u2800"}
+
+
+def test_blank_documents_are_skipped_with_a_warning(tmp_path, model, caplog):
+    from pyserini_aligner.index.live import AlignerIndex
+
+    docs = short_docs(8)
+    blank = [(f"blank-{name}", text) for name, text in BLANK_TEXTS.items()]
+    with caplog.at_level("WARNING"):
+        manifest = build_index(docs[:4] + blank + docs[4:], tmp_path / "idx", model, progress=False,
+                               model_name="aligner")
+    assert ("skipped 6 document(s) with no text (empty, white space or invisible characters only), not indexed: "
+            "blank-empty, blank-spaces, blank-nul, blank-zero-width, blank-format, ...") in caplog.text
+    assert StoredIndex(tmp_path / "idx").docids == [d for d, _ in docs]
+    assert manifest.num_docs == 8 and manifest.num_empty == 6
+    query = "\u3164"  # a query of invisible characters has no hits, as a blank document has no tokens
+    assert AlignerSearcher(tmp_path / "idx", encoder=model).search(query, k=5) == []
+
+    index = AlignerIndex(tmp_path / "idx", encoder=model)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        manifest = index.add([("new-blank", "\u200b \x00"), ("new", "vitamin D and bone density")])
+    assert "skipped 1 document(s)" in caplog.text and "not indexed: new-blank" in caplog.text
+    assert "new" in StoredIndex(tmp_path / "idx").docids and "new-blank" not in StoredIndex(tmp_path / "idx").docids
+    assert manifest.num_docs == 9 and manifest.num_empty == 7
+    generation = manifest.generation
+    assert index.add([("only-blank", " \u200d ")]).generation == generation  # nothing to add: no commit
+    manifest = index.upsert([(docs[0][0], "\x00")])  # upserted blank: skipped, and the earlier version goes
+    live = StoredIndex(tmp_path / "idx")
+    assert manifest.generation == generation + 1 and manifest.num_docs == 8
+    assert docs[0][0] not in [d for d, alive in zip(live.docids, live.live) if alive]
+
+
 @pytest.mark.parametrize("query", ["", "   ", "\x00", "\u200b\u200d", "\ufeff \x00"])
 def test_blank_queries_have_no_hits(built, model, query):
     assert AlignerSearcher(built, encoder=model).search(query, k=5) == []

@@ -32,6 +32,7 @@ from pyserini_aligner.index.segment import SegmentWriter, write_codec
 from pyserini_aligner.index.store import check_factory_string, faiss_factory_string
 from pyserini_aligner.resolve import load_model
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
+from pyserini_aligner.textio import is_blank
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ DEFAULT_INDEX_TYPE = "Flat"
 DEFAULT_CODEC = AUTO
 DEFAULT_DOC_PRUNE = 0.2
 CODEC_POINTS_PER_CENTROID = 32  # k-means sample: this many tokens per coarse centroid (all tokens when fewer)
+BLANK_EXAMPLES = 5  # docids named in the warning about documents skipped for blank text
 _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
              "docids.txt", "token_centroids.u16", "token_residuals.u8", "kept.bits", "codec_centroids.i8",
              "codec_scales.f32", "codec_codebooks.f32")
@@ -56,12 +58,15 @@ def model_name_of(encoder) -> str:
 
 
 class DocidRegistry:
-    """Refuses duplicate or malformed docids; remembers where each docid was first seen, compactly."""
+    """Refuses duplicate or malformed docids; remembers where each docid was first seen, compactly, and counts the
+    documents skipped for blank text (``blank``, the first few in ``blank_docids``)."""
 
     def __init__(self, existing: Iterable[str] = ()):
         self.first: dict[str, int] = {docid: -1 for docid in existing}
         self.sources: list[str] = []
         self._source_ids: dict[str, int] = {}
+        self.blank = 0
+        self.blank_docids: list[str] = []
 
     def _pack(self, where: Location) -> int:
         source, number, unit = where
@@ -88,7 +93,10 @@ class DocidRegistry:
 
 
 def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str]]:
-    """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids."""
+    """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
+
+    A document whose text is blank (empty, white space, NUL, zero-width or other invisible characters only) has
+    nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
     for position, item in enumerate(islice(corpus, max_docs), 1):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
             raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
@@ -100,7 +108,16 @@ def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry)
         docids.add(docid, where)
         if not isinstance(text, str):
             raise ValueError(f"{where}: text of docid {docid!r} must be a string, got {type(text).__name__}")
+        if is_blank(text):
+            docids.blank += 1
+            if len(docids.blank_docids) < BLANK_EXAMPLES:
+                docids.blank_docids.append(docid)
+            continue
         yield docid, text
+    if docids.blank:
+        log.warning("skipped %d document(s) with no text (empty, white space or invisible characters only), not "
+                    "indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
+                    ", ..." if docids.blank > len(docids.blank_docids) else "")
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
@@ -118,7 +135,6 @@ class EncodedChunk:
     mask: torch.Tensor  # [B, L] bool
     salience: torch.Tensor  # [B, L]
     truncated: int
-    empty: int
     seconds: float  # encoding time
 
     @property
@@ -137,21 +153,20 @@ def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxl
         chunk = next(chunks, None)
         if chunk is None:
             return None
-        texts = [text for _, text in chunk]
-        return chunk, texts, *model.tokenize(texts, is_query=False, maxlen=maxlen)
+        return chunk, *model.tokenize([text for _, text in chunk], is_query=False, maxlen=maxlen)
 
     with ThreadPoolExecutor(1, thread_name_prefix="aligner-tokenize") as pool:
         pending = pool.submit(read_next)
         while (ready := pending.result()) is not None:
             pending = pool.submit(read_next)
             begin = time.perf_counter()
-            chunk, texts, ids, truncated = ready
+            chunk, ids, truncated = ready
             model._report_truncation("doc", sum(truncated), len(ids), maxlen)
             out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
             yield EncodedChunk([docid for docid, _ in chunk], out.vectors, out.mask, out.salience, sum(truncated),
-                               sum(not text.strip() for text in texts), time.perf_counter() - begin)
+                               time.perf_counter() - begin)
 
 
 def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, seed: int) -> ResidualCodec:
@@ -399,6 +414,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                                  prune_redundancy, trained, index_type, train_size, seed, progress, bar.update)
         finally:
             bar.close()
+        info.num_empty = docids.blank
         if spec.compressed:
             record_codec_training(info.build_stats, codec_seconds)
         info.build_stats["total_s"] = time.perf_counter() - started
@@ -456,7 +472,7 @@ def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_pr
     try:
         for chunk in chunks:
             encode_seconds += chunk.seconds
-            writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated, chunk.empty)
+            writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated)
             if on_chunk is not None:
                 on_chunk(len(chunk.docids))
         if writer.num_docs == 0:
@@ -466,8 +482,6 @@ def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_pr
         writer.abort()
         raise
     info.build_stats["encode_s"] = encode_seconds
-    if info.num_empty:
-        log.warning("%d of %d documents have empty text", info.num_empty, info.num_docs)
     return info
 
 
@@ -517,7 +531,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
             part = rows[start:start + step]
             vectors, mask, salience = source.gather(part)
             yield EncodedChunk([source.docids[r] for r in part], vectors.to(dev), mask.to(dev), salience.to(dev),
-                               0, 0, 0.0)
+                               0, 0.0)
 
     def write(root: Path, generation: int) -> store.Manifest:
         trained, codec_dir, codec_files = None, None, {}
@@ -527,7 +541,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
             positions = np.sort(rng.choice(old.num_tokens, size=count, replace=False))
             sample = source.token_vectors(positions).to(dev)
             mask = torch.ones(1, len(sample), dtype=torch.bool, device=dev)
-            trained = train_codec(spec, [EncodedChunk([], sample[None], mask, mask.float(), 0, 0, 0.0)],
+            trained = train_codec(spec, [EncodedChunk([], sample[None], mask, mask.float(), 0, 0.0)],
                                   train_size, seed)
             codec_dir = store.new_name("codec", generation)
             codec_files = write_codec(root / codec_dir, trained)

@@ -236,7 +236,8 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
         items, start, end, total = _slice(corpus, 0, world, max_docs)
         bar = tqdm(total=total, unit="doc", desc=f"index ({world} ranks)", disable=not progress, smoothing=0.05)
         try:
-            stream = encode_chunks(model, checked_items(items, None, DocidRegistry()), batch_size, max_length)
+            registry = DocidRegistry()
+            stream = encode_chunks(model, checked_items(items, None, registry), batch_size, max_length)
             chunks, trained, codec_dir, codec_files, codec_seconds = [], None, None, {}, 0.0
             spec = CodecSpec()
             if spec_text.strip().lower() != "fp16":
@@ -264,6 +265,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
                                  prune_redundancy, None if trained is None else trained.to(model.device),
                                  index_type, train_size, seed, progress=False, on_chunk=advance)
             record_codec_training(info.build_stats, codec_seconds)
+            info.num_empty = registry.blank
             info.build_stats["total_s"] = time.perf_counter() - started
             _wait_for_ranks(job, bar, own, timeout_s)
         except BaseException as err:
@@ -365,7 +367,8 @@ def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, in
             raise error
         status.write(state="running", done=0)
         items, start, end, _ = _slice(corpus, rank, world, max_docs, header["total"])
-        stream = encode_chunks(model, checked_items(items, None, DocidRegistry()), batch_size, max_length)
+        registry = DocidRegistry()
+        stream = encode_chunks(model, checked_items(items, None, registry), batch_size, max_length)
         trained = header["codec"].to(model.device) if header["codec"] is not None else None
         done = [0]
 
@@ -376,6 +379,7 @@ def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, in
         info = write_segment(job.root / store.new_name("seg", header["generation"]), stream, model.config.dim,
                              doc_prune, prune_redundancy, trained, index_type, train_size, seed, progress=False,
                              on_chunk=advance)
+        info.num_empty = registry.blank
         status.write(state="done", done=done[0])
         outcome = (True, asdict(info))
     except Exception as err:

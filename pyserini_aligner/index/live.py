@@ -67,8 +67,9 @@ class AlignerIndex:
 
     def add(self, docs: Iterable, upsert: bool = False) -> store.Manifest:
         """Encode ``docs`` ((docid, text) or (docid, text, Location) items) into a new segment and commit it.
-        A docid already live is refused unless ``upsert``, which replaces that document. ``docs`` must be a
-        collection of items: a single str is refused (TypeError)."""
+        A docid already live is refused unless ``upsert``, which replaces that document. A document with blank text
+        is skipped with a warning (upserted, its earlier version is deleted). ``docs`` must be a collection of
+        items: a single str is refused (TypeError). Nothing to add or replace commits nothing."""
         check_collection(docs, "docs")
         with store.IndexLock(self.index_dir):
             manifest, current = self._begin()
@@ -83,18 +84,21 @@ class AlignerIndex:
             try:
                 for chunk in encode_chunks(model, checked_items(docs, None, registry), self.batch_size,
                                            manifest.doc_maxlen):
-                    writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated, chunk.empty)
-                if writer.num_docs == 0:
+                    writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated)
+                replaced = [d for d in registry.first if d in live] if upsert else []
+                info = writer.finish() if writer.num_docs else None
+                if info is None:
                     writer.abort()
-                    return manifest
-                info = writer.finish()
+                    if not replaced:  # nothing to commit: no new generation
+                        return manifest
             except BaseException:
                 writer.abort()
                 raise
-            replaced = [d for d in registry.first if d in live] if upsert else []
-            if replaced:
+            if replaced:  # a document upserted with blank text is skipped: its earlier version goes all the same
                 self._tombstone(manifest, current, replaced, generation)
-            manifest.segments.append(info)
+            if info is not None:
+                info.num_empty = registry.blank
+                manifest.segments.append(info)
             manifest.generation = generation
             return self._commit(manifest)
 
@@ -158,7 +162,7 @@ class AlignerIndex:
                     codec.centroids))), replace=False))
                 vectors = current.token_vectors(positions[sample])
                 mask = torch.ones(1, len(vectors), dtype=torch.bool)
-                new_codec = train_codec(codec.spec, [EncodedChunk([], vectors[None], mask, mask.float(), 0, 0, 0.0)],
+                new_codec = train_codec(codec.spec, [EncodedChunk([], vectors[None], mask, mask.float(), 0, 0.0)],
                                         train_size, seed)
                 codec_dir = store.new_name("codec", generation)
                 codec_files = write_codec(self.index_dir / codec_dir, new_codec)

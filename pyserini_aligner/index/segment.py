@@ -80,7 +80,7 @@ class SegmentWriter:
                  else [store.VECTORS, store.SALIENCE, store.KEPT])
         self.sinks = {name: _Sink(folder / name) for name in names + [store.OFFSETS, store.DOCIDS]}
         self.sinks[store.OFFSETS].write(np.zeros(1, dtype=np.int64).tobytes())
-        self.num_docs = self.num_tokens = self.num_kept = self.num_truncated = self.num_empty = 0
+        self.num_docs = self.num_tokens = self.num_kept = self.num_truncated = 0
         self._bits_carry = np.zeros(0, dtype=bool)
         self._ivf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centroid, doc row, code) of kept tokens
         self.seconds = {"prune_s": 0.0, "codec_s": 0.0, "write_s": 0.0}
@@ -91,10 +91,9 @@ class SegmentWriter:
         if codec is not None and codec.codebooks.shape[1] != PQ_CENTROIDS:
             raise ValueError("codec codebooks must have 256 entries per sub-quantizer")
 
-    def add(self, docids: list[str], vectors: Tensor, mask: Tensor, salience: Tensor, truncated: int = 0,
-            empty: int = 0) -> None:
+    def add(self, docids: list[str], vectors: Tensor, mask: Tensor, salience: Tensor, truncated: int = 0) -> None:
         """Append documents: vectors [B, L, d] (L2-normalised, any device and float dtype), mask [B, L] bool,
-        salience [B, L]; ``truncated``/``empty``: how many of them were cut at the length limit / had no text."""
+        salience [B, L]; ``truncated``: how many of them were cut at the length limit."""
         from pyserini_aligner.salience import prune_mask
 
         device = vectors.device
@@ -108,10 +107,10 @@ class SegmentWriter:
         _sync(device)
         self.seconds["prune_s"] += time.perf_counter() - begin
         self.add_tokens(docids, lengths, flat, flat_kept.cpu().numpy(), salience=salience.float()[mask],
-                        truncated=truncated, empty=empty)
+                        truncated=truncated)
 
     def add_tokens(self, docids: list[str], lengths: np.ndarray, vectors, kept: np.ndarray, salience=None,
-                   codes: tuple[np.ndarray, np.ndarray] | None = None, truncated: int = 0, empty: int = 0) -> None:
+                   codes: tuple[np.ndarray, np.ndarray] | None = None, truncated: int = 0) -> None:
         """Append documents given as flat tokens: lengths [B], vectors [t, d] (tensor or array; None when ``codes``
         = (centroid ids [t], residual codes [t, M]) are given), kept [t] bool, salience [t] (fp16 store only)."""
         begin = time.perf_counter()
@@ -151,7 +150,6 @@ class SegmentWriter:
         self.num_tokens += int(lengths.sum())
         self.num_kept += int(kept.sum())
         self.num_truncated += truncated
-        self.num_empty += empty
         self.seconds["write_s"] += time.perf_counter() - begin
         faults.point("segment-add")
 
@@ -170,7 +168,7 @@ class SegmentWriter:
             self.seconds["reconstruction_mse"] = self._error / self._error_tokens
         faults.point("segment-finish")
         return store.SegmentInfo(name=self.folder.name, num_docs=self.num_docs, num_tokens=self.num_tokens,
-                                 num_kept=self.num_kept, num_truncated=self.num_truncated, num_empty=self.num_empty,
+                                 num_kept=self.num_kept, num_truncated=self.num_truncated,
                                  files=files, build_stats=dict(self.seconds))
 
     def abort(self) -> None:

@@ -80,7 +80,7 @@ class SegmentInfo:
     num_tokens: int
     num_kept: int
     num_truncated: int = 0
-    num_empty: int = 0
+    num_empty: int = 0  # documents skipped for blank text (not indexed)
     deletes: str | None = None  # tombstone file inside the segment folder
     num_deleted: int = 0
     files: dict = field(default_factory=dict)  # file name -> {"bytes": int, "crc32": int}

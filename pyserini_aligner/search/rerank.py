@@ -13,7 +13,7 @@ from pyserini_aligner.index.store import MANIFEST, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model, model_for_index
 from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, pad_encoded
-from pyserini_aligner.textio import check_collection
+from pyserini_aligner.textio import check_collection, is_blank
 
 
 def _text_of_raw(raw: str) -> str | None:
@@ -100,7 +100,7 @@ class AlignmentReranker:
                 seen.add(docid)
                 docids.append(docid)
                 picked.append(candidate)
-        if not query.strip() or not docids:
+        if is_blank(query) or not docids:
             return []
         with compute_threads(threads):
             scores = self._scores(query, docids, picked)

@@ -30,7 +30,7 @@ from pyserini_aligner.model import EncodedText
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
 from pyserini_aligner.search.engine import CodeShard, merge_probes, narrow, select_candidates, top_hits
-from pyserini_aligner.textio import check_collection
+from pyserini_aligner.textio import check_collection, is_blank
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,6 @@ DEFAULT_QUERY_PRUNE = 0.5
 DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_EF_SEARCH = 128
-_INVISIBLE = dict.fromkeys(map(ord, "\x00\u200b\u200c\u200d\u2060\ufeff\u00ad"))
-
-
-def is_blank(text: str) -> bool:
-    """True for a query with nothing to search: white space, NUL and zero-width characters only."""
-    return not text.translate(_INVISIBLE).strip()
-
-
 def split_devices(store: StoredIndex, devices: Sequence, numbers: Sequence[int] | None = None) -> list[list[int]]:
     """Consecutive segment numbers (of ``numbers``, default all) per device, balanced by token count (a device
     may get none)."""
