@@ -430,6 +430,23 @@ def test_json_collection_reader(tmp_path):
         list(read_json_collection(tmp_path / "missing.jsonl"))
 
 
+def test_an_old_index_inside_the_corpus_folder_is_skipped(tmp_path, caplog):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "docs.jsonl", short_records(3))
+    cli.main(["--corpus", str(folder), "--index", str(tmp_path / "old"), "--codec", "fp16", "--quiet"])
+    shutil.move(tmp_path / "old", folder / "old-idx")  # an earlier index kept beside the documents
+    (folder / ".idx.building-x1y2").mkdir()  # and a build folder a killed build left there
+    (folder / ".idx.building-x1y2" / "manifest.json").write_text("{}")
+    with caplog.at_level("WARNING"):
+        cli.main(["--corpus", str(folder), "--index", str(tmp_path / "new"), "--codec", "fp16", "--quiet"])
+    assert read_manifest(tmp_path / "new").num_docs == 3
+    assert f"skipping {folder / 'old-idx'}, a pyserini-aligner index" in caplog.text
+    assert StoredIndex(tmp_path / "new").docids == [r["id"] for r in short_records(3)]
+    with pytest.raises(SystemExit, match="is a pyserini-aligner index, not a JsonCollection"):
+        cli.main(["--corpus", str(folder / "old-idx"), "--index", str(tmp_path / "other"), "--quiet"])
+
+
 def test_cli_builds_and_reports_errors(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(4))
     cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "fp16", "--index-type", "HNSW8",

@@ -5,6 +5,7 @@ Each reader yields ``(docid, text, Location)``; the location ("file, line N") is
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -25,17 +26,42 @@ class Location(NamedTuple):
 
 CorpusItem = tuple[str, str, Location]
 JSON_SUFFIXES = (".jsonl", ".json")
+log = logging.getLogger(__name__)
 
 
 class CorpusError(ValueError):
     """Bad corpus input; the message names the file and line."""
 
 
-def collection_files(path: Path) -> list[Path]:
-    """The .jsonl/.json files of a JsonCollection: ``path`` itself, or those under the folder (sorted, recursive)."""
+def _is_index_folder(folder: Path) -> bool:
+    """A pyserini-aligner index, or the temporary folder of a build into one (``.<name>.building-*``)."""
+    from pyserini_aligner.index.store import is_index
+
+    return is_index(folder) or (folder.name.startswith(".") and ".building-" in folder.name)
+
+
+def collection_files(path: Path, warn: bool = True) -> list[Path]:
+    """The .jsonl/.json files of a JsonCollection: ``path`` itself, or those under the folder (sorted, recursive).
+
+    An index of this package inside the folder (say an earlier ``--index`` put there) holds no documents: it is
+    skipped (with a warning unless ``warn`` is False). A folder that is itself such an index is refused
+    (CorpusError)."""
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in JSON_SUFFIXES)
+    if _is_index_folder(path):
+        raise CorpusError(f"corpus folder {path} is a pyserini-aligner index, not a JsonCollection; pass the folder "
+                          "of the documents' .jsonl/.json files")
+    files = []
+    for folder, subfolders, names in os.walk(path, followlinks=True):
+        for name in sorted(subfolders):
+            if _is_index_folder(Path(folder, name)):
+                if warn:
+                    log.warning("corpus folder %s: skipping %s, a pyserini-aligner index (not documents)", path,
+                                Path(folder, name))
+                subfolders.remove(name)
+        files += [Path(folder, name) for name in names
+                  if Path(name).suffix in JSON_SUFFIXES and Path(folder, name).is_file()]
+    files.sort()
     if not files:
         raise CorpusError(f"no .jsonl or .json files in the corpus folder {path}")
     return files
@@ -134,7 +160,7 @@ def count_corpus(spec: str | os.PathLike) -> int | None:
 
     path = Path(spec)
     if path.exists():
-        files = [path / "corpus.jsonl"] if is_beir_folder(path) else collection_files(path)
+        files = [path / "corpus.jsonl"] if is_beir_folder(path) else collection_files(path, warn=False)
         counts = [_count_file(f) for f in files]
         return None if None in counts else sum(counts)
     try:
