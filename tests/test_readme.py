@@ -86,8 +86,13 @@ def test_python_snippets_run(quick_start):
     out = done.stdout
     assert out.count("--- snippet") == len(snippets)
     assert "AlignerSearcher" in out  # FaissSearcher on an AligneR index
-    assert "DeleteReport(deleted=1, unknown=[])" in out
-    assert out.rstrip().endswith("True")  # reopen() found the new generation
+    assert out.rstrip().endswith("True\nDeleteReport(deleted=1, unknown=[])")  # reopen() found the new generation
+    live = [code for code in snippets if "AlignerIndex(" in code]
+    assert len(live) == 1
+    again = subprocess.run([sys.executable, "-c", live[0]], cwd=folder, env=env_with_this_python(),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]  # the live-index snippet runs again as it is
+    assert again.stdout == "True\nDeleteReport(deleted=1, unknown=[])\n"
 
 
 def test_example_data_is_derived_from_scifact(tmp_path):
