@@ -7,6 +7,7 @@ from pyserini.encode import DocumentEncoder, QueryEncoder
 
 from pyserini_aligner.model import AlignerModel, EncodedText
 from pyserini_aligner.resolve import AUTO, load_model
+from pyserini_aligner.textio import check_collection
 
 
 def _load(model: str | AlignerModel, device: str, dtype: str | torch.dtype | None, fp16: bool) -> AlignerModel:
@@ -48,8 +49,10 @@ class AlignerDocumentEncoder(DocumentEncoder):
     def encode(self, texts: list[str], titles: list[str] | None = None, max_length: int | None = None,
                progress: bool = False, **kwargs) -> list[EncodedText]:
         """Titles are prepended as "title text" (Pyserini's convention); ``max_length`` may only lower doc_maxlen."""
+        check_collection(texts, "texts")
         texts = list(texts)
         if titles is not None:
+            check_collection(titles, "titles")
             if len(titles) != len(texts):
                 raise ValueError(f"titles has {len(titles)} entries but texts has {len(texts)}")
             texts = [f"{title} {text}" if title else text for title, text in zip(titles, texts)]

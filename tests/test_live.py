@@ -214,6 +214,10 @@ def test_refused_add_leaves_no_folder(tmp_path, full, model, docs, extra):
 
 @pytest.mark.parametrize("single", ["12", b"12"])
 def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, model, single):
+    from pyserini_aligner.adapt.select import rescore
+    from pyserini_aligner.encoders import AlignerDocumentEncoder
+    from pyserini_aligner.explain import explain
+    from pyserini_aligner.index.shards import merge_indexes
     from pyserini_aligner.search import AlignmentReranker
 
     index = copy_index(full, tmp_path / "index")
@@ -225,7 +229,11 @@ def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, mod
              "docs ": lambda: live.upsert(single),
              "candidates": lambda: AlignmentReranker(index, encoder=model).rerank("bees", single),
              "queries": lambda: searcher.batch_search(single, ["1", "2"]), "queries ": lambda: searcher.rank(single),
-             "texts": lambda: model.encode(single, is_query=True)}
+             "texts": lambda: model.encode(single, is_query=True),
+             "texts ": lambda: AlignerDocumentEncoder(model).encode(single),
+             "inputs": lambda: merge_indexes(single, tmp_path / "merged", progress=False),
+             "docids ": lambda: explain(index, "bees", docids=single, encoder=model),
+             "candidates of a query": lambda: rescore(StoredIndex(index), model, {"q": "bees"}, {"q": single})}
     for name, call in calls.items():
         with pytest.raises(TypeError, match=rf"^{name.strip()} must be a list .* not a single {type(single).__name__}"):
             call()

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
 from pyserini_aligner.metrics import per_query
+from pyserini_aligner.textio import check_collection
 
 # the paper's grid: top-k k ∈ {1, 2, 4, 6, 8} and top-p p ∈ {0.5, 1, 1.5, 2}%
 CANDIDATE_STRATEGIES = ("top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8",
@@ -43,6 +44,8 @@ def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, S
     as in ``AlignerSearcher``. A docid missing from the index raises ValueError.
     """
     specs = [str(parse_strategy(s)) for s in strategies]
+    for docids in candidates.values():
+        check_collection(docids, "candidates of a query")
     qids = [q for q in candidates if q in queries]
     runs: dict[str, Hits] = {s: {q: [] for q in qids} for s in specs}  # empty query or no candidates: no hits
     live = [q for q in qids if queries[q].strip() and len(candidates[q])]

@@ -16,6 +16,7 @@ import torch
 from pyserini_aligner.alignment import Strategy, alignment_scores_paired, alignment_weights, parse_strategy
 from pyserini_aligner.explain.render import Explanation, Token, render_html, render_png
 from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.textio import check_collection
 
 __all__ = ["Explanation", "Token", "explain", "explain_document", "load_texts", "text_tokens", "render_html",
            "render_png"]
@@ -67,6 +68,7 @@ def load_texts(corpus: str | os.PathLike, docids: list[str]) -> dict[str, str]:
     """Text of each of ``docids`` from a JsonCollection file/folder or an ir_datasets id (scans until all found)."""
     from pyserini_aligner.index.corpus import read_corpus
 
+    check_collection(docids, "docids")
     wanted, texts = set(docids), {}
     for docid, text, _ in read_corpus(corpus):
         if docid in wanted:
@@ -141,6 +143,8 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
     """
     from pyserini_aligner.index.store import StoredIndex
 
+    if docids is not None:
+        check_collection(docids, "docids")
     store = StoredIndex(index_dir)
     source = corpus or getattr(store.manifest, "corpus", "")  # indexes that record their corpus need no --corpus
     if not source:

@@ -118,7 +118,9 @@ def merge_indexes(inputs: Sequence[str | os.PathLike], index_dir: str | os.PathL
     re-encoding; returns its manifest. Segment files are hard-linked (copied where the file system refuses), so
     the inputs may be deleted afterwards. ValueError naming the input and field when they are not compatible."""
     from pyserini_aligner.index.builder import write_index
+    from pyserini_aligner.textio import check_collection
 
+    check_collection(inputs, "inputs")
     if not inputs:
         raise ValueError("--inputs: give at least one index to merge")
     paths = [Path(p).absolute() for p in inputs]
