@@ -13,6 +13,9 @@ modules are imported. Hooks, by module name:
 - ``pyserini.search.faiss.__main__``, ``pyserini.search.hybrid.__main__``: with an AligneR index or encoder (``aligner``
   or a checkpoint folder, told by its config.json), errors give one line and a non-zero exit and the run file appears
   only when complete.
+- ``pyserini.server.models``, ``.search_controller``, ``.rest.routes.indexes``, ``.rest.app``: Pyserini's REST and MCP
+  servers serve AligneR indexes; ``pyserini.encode.optional._uniir`` imports without its optional package (M-BEIR
+  encoders) so that they start (``pyserini_aligner.serve.pyserini_server``).
 """
 import importlib.machinery
 import sys
@@ -26,6 +29,11 @@ _HOOKED = frozenset({
     "pyserini.search.__main__",
     "pyserini.search.faiss.__main__",
     "pyserini.search.hybrid.__main__",
+    "pyserini.encode.optional._uniir",
+    "pyserini.server.models",
+    "pyserini.server.search_controller",
+    "pyserini.server.rest.routes.indexes",
+    "pyserini.server.rest.app",
 })
 
 

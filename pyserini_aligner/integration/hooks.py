@@ -320,6 +320,11 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
         with _openai_key_placeholder():
             inner.exec_module(module)
         return
+    if name.startswith("pyserini.server.") or name == "pyserini.encode.optional._uniir":
+        from pyserini_aligner.serve.pyserini_server import exec_server_module
+
+        exec_server_module(name, inner, module)
+        return
     inner.exec_module(module)
     if name == "pyserini.encode":
         register_encoders(module)

@@ -1,0 +1,113 @@
+"""``python -m pyserini_aligner.serve --index NAME=PATH [--bm25 NAME=PATH] --rest|--mcp [--host H] [--port P]``:
+Pyserini's own REST app or MCP server (its routes and tools) serving the registered indexes."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pyserini_aligner.cli import HelpFormatter, non_negative, positive_int, run_main
+from pyserini_aligner.serve.config import (DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUERY_CHARS,
+                                           DEFAULT_RELOAD_S, ConfigError, ServeConfig, configure, parse_pair)
+
+DEFAULT_CONCURRENCY = 256  # requests searched at once (worker threads); the rest wait without a thread
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pyserini_aligner.serve", formatter_class=HelpFormatter,
+        description="Serve AligneR indexes (and BM25 hybrids) from Pyserini's REST API or MCP server.\n\n"
+                    "  python -m pyserini_aligner.serve --index scifact=indexes/scifact --rest --port 8081\n"
+                    "  python -m pyserini_aligner.serve --index scifact=indexes/scifact --mcp --transport http")
+    server = parser.add_mutually_exclusive_group(required=True)
+    server.add_argument("--rest", action="store_true", help="Pyserini's REST API (FastAPI on uvicorn)")
+    server.add_argument("--mcp", action="store_true", help="Pyserini's MCP server (FastMCP)")
+    parser.add_argument("--index", action="append", default=[], metavar="NAME=PATH", required=True,
+                        help="serve the AligneR index at PATH as NAME (repeatable)")
+    parser.add_argument("--bm25", action="append", default=[], metavar="NAME=PATH",
+                        help="a Lucene index (built with --storeRaw) of the same corpus as AligneR index NAME: "
+                             "served as NAME.bm25, fused with NAME as NAME.hybrid, and the source of NAME's "
+                             "document texts")
+    parser.add_argument("--qrels", action="append", default=[], metavar="NAME=QRELS",
+                        help="judgements (TREC or BEIR qrels file, BEIR folder, ir_datasets id) for eval_hits on NAME")
+    parser.add_argument("--device", default="cpu", help="where queries are encoded and searched: cpu or cuda[:N]")
+    parser.add_argument("--batch-wait-ms", type=non_negative, default=DEFAULT_BATCH_WAIT_MS, metavar="MS",
+                        help="how long a batch waits for more concurrent queries after its first one")
+    parser.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
+                        help="most queries searched in one batch")
+    parser.add_argument("--reload-interval", type=non_negative, default=DEFAULT_RELOAD_S, metavar="SECONDS",
+                        help="how often each index's manifest is checked for a new generation (0: never)")
+    parser.add_argument("--max-query-chars", type=positive_int, default=DEFAULT_MAX_QUERY_CHARS,
+                        help="longer queries are refused")
+    parser.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY,
+                        help="requests handled at once (worker threads; more wait their turn)")
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                        help="with --mcp: stdio (the client starts the server) or http")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=positive_int, default=None,
+                        help="port to listen on (default: 8081 for --rest, 8000 for --mcp, as Pyserini's)")
+    return parser
+
+
+def parse_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServeConfig:
+    try:
+        pairs = {field: dict(parse_pair(text, f"--{field}") for text in getattr(args, field))
+                 for field in ("index", "bm25", "qrels")}
+        for field, flag in (("index", "--index"), ("bm25", "--bm25"), ("qrels", "--qrels")):
+            if len(pairs[field]) != len(getattr(args, field)):
+                raise ConfigError(f"{flag}: a name is given twice")
+        return ServeConfig(indexes=pairs["index"], bm25=pairs["bm25"], qrels=pairs["qrels"], device=args.device,
+                           batch_wait_ms=args.batch_wait_ms, max_batch=args.max_batch,
+                           reload_s=args.reload_interval, max_query_chars=args.max_query_chars).check()
+    except ConfigError as error:
+        parser.error(str(error))
+
+
+def serve_rest(host: str, port: int, concurrency: int) -> None:
+    import asyncio
+
+    import anyio.to_thread
+    import uvicorn
+    from pyserini.server.rest.app import app
+
+    async def serve() -> None:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = concurrency
+        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+    asyncio.run(serve())
+
+
+def serve_mcp(transport: str, host: str, port: int, concurrency: int) -> None:
+    import anyio
+    import anyio.to_thread
+    from fastmcp import FastMCP
+    from pyserini.server.mcp.tools import register_tools
+    from pyserini.server.search_controller import get_controller
+
+    mcp = FastMCP("mcpyserini")  # as python -m pyserini.server.mcp builds it
+    register_tools(mcp, get_controller())
+
+    async def serve() -> None:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = concurrency
+        if transport == "http":
+            await mcp.run_async("http", show_banner=False, host=host, port=port)
+        else:
+            await mcp.run_async("stdio", show_banner=False)
+
+    anyio.run(serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.transport != "stdio" and not args.mcp:
+        parser.error("--transport goes with --mcp")
+    configure(parse_config(parser, args))
+    if args.rest:
+        serve_rest(args.host, args.port or 8081, args.concurrency)
+    else:
+        serve_mcp(args.transport, args.host, args.port or 8000, args.concurrency)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

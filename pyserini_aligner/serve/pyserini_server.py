@@ -1,0 +1,240 @@
+"""What the start-up hook does to Pyserini's server modules (``pyserini.server.*``), by module:
+
+- ``models``: the index type ``aligner`` lists the served names; ``IndexStatus`` and ``IndexSetting`` carry the
+  AligneR fields (documents, generation, strategy, depth, fusion settings), and the settings a request posts beyond
+  Pyserini's reach the controller;
+- ``search_controller``: ``SearchController`` serves the indexes of :mod:`.served` (others go to Pyserini's own
+  code; an unknown name is a 404), and the default prebuilt index is not loaded when AligneR indexes are registered;
+- ``rest.routes.indexes``: the routes (their bodies call the controller synchronously) run in FastAPI's worker
+  threads, so that the event loop never waits for a search and concurrent searches can be batched;
+- ``rest.app``: a refused request gets its 4xx with a one-line message, an internal error a 500 without traceback;
+- ``pyserini.encode.optional._uniir`` imports without its optional package (M-BEIR encoders), as the server needs.
+
+MCP tools are plain functions, which FastMCP already runs in worker threads.
+"""
+from __future__ import annotations
+
+import ast
+import contextvars
+import logging
+import sys
+from types import ModuleType
+from typing import Any
+
+from pyserini_aligner.serve import config as serve_config
+from pyserini_aligner.serve.config import ConfigError, RequestError, UnknownIndex
+
+log = logging.getLogger(__name__)
+INDEX_TYPE = "aligner"
+UNIIR_PACKAGE = "uniir_for_pyserini"
+LISTED: dict[str, dict] = {}  # served name -> description: Pyserini's INDEX_TYPE["aligner"]
+POSTED_SETTINGS: contextvars.ContextVar[dict] = contextvars.ContextVar("posted_settings", default={})
+_REGISTRY: list = []
+
+
+def registry():
+    """The :class:`.served.Registry` of this process (opened on first use)."""
+    if not _REGISTRY:
+        from pyserini_aligner.serve.served import Registry
+
+        _REGISTRY.append(Registry(serve_config.current(), LISTED))
+    return _REGISTRY[0]
+
+
+def _exec_transformed(name: str, inner, module: ModuleType, transform) -> None:
+    """Execute module ``name``'s source after ``transform(tree)``, under its own file name."""
+    filename = inner.get_filename(name)
+    tree = ast.parse(inner.get_source(name), filename=filename)
+    transform(tree)
+    exec(compile(tree, filename, "exec"), module.__dict__)
+
+
+def _without_default_index(tree: ast.Module) -> None:
+    """Drop the module-level ``controller.initialize_default_index()`` (the prebuilt index it loads is loaded on
+    first use instead)."""
+    tree.body = [node for node in tree.body if not (
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "initialize_default_index")]
+
+
+def _sync_endpoints(tree: ast.Module) -> None:
+    """Module-level ``async def`` functions that await nothing become plain functions (FastAPI then runs them in
+    its worker threads)."""
+    for position, node in enumerate(tree.body):
+        if isinstance(node, ast.AsyncFunctionDef) and not any(
+                isinstance(inside, (ast.Await, ast.AsyncFor, ast.AsyncWith)) for inside in ast.walk(node)):
+            tree.body[position] = ast.copy_location(
+                ast.FunctionDef(**{field: getattr(node, field) for field in node._fields}), node)
+
+
+def _exec_uniir(inner, module: ModuleType) -> None:
+    """Pyserini's M-BEIR (UniIR) encoders, or, without their optional package, stand-ins that say it is missing
+    when used (the server imports them for M-BEIR indexes only)."""
+    try:
+        inner.exec_module(module)
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith(UNIIR_PACKAGE):
+            raise
+
+        class _Missing:
+            def __init__(self, *args, **kwargs):
+                raise ImportError(f"M-BEIR indexes need the {UNIIR_PACKAGE} package: pip install uniir-for-pyserini")
+
+        for missing in ("UniIRCorpusEncoder", "UniIRQueryEncoder"):
+            setattr(module, missing, type(missing, (_Missing,), {"__module__": module.__name__}))
+
+
+def exec_server_module(name: str, inner, module: ModuleType) -> None:
+    """Execute Pyserini's server module ``name`` with the plugin's changes (see the module docstring)."""
+    if name == "pyserini.encode.optional._uniir":
+        _exec_uniir(inner, module)
+    elif name == "pyserini.server.search_controller":
+        try:
+            registered = bool(serve_config.current().indexes)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        _exec_transformed(name, inner, module, _without_default_index if registered else lambda tree: None)
+        patch_controller(module)
+    elif name == "pyserini.server.rest.routes.indexes":
+        _exec_transformed(name, inner, module, _sync_endpoints)
+    else:
+        inner.exec_module(module)
+        if name == "pyserini.server.models":
+            patch_models(module)
+        elif name == "pyserini.server.rest.app":
+            patch_app(module)
+
+
+def patch_models(models: ModuleType) -> None:
+    """List the served names under index type "aligner"; let status and settings carry fields of their own."""
+    from pydantic import ConfigDict, model_validator
+
+    models.INDEX_TYPE[INDEX_TYPE] = LISTED
+
+    class IndexStatus(models.IndexStatus):
+        model_config = ConfigDict(extra="allow")
+
+    class IndexSetting(models.IndexSetting):
+        model_config = ConfigDict(extra="allow")
+
+        @model_validator(mode="after")
+        def _posted(self):
+            POSTED_SETTINGS.set(dict(self.model_extra or {}))
+            return self
+
+    for patched in (IndexStatus, IndexSetting):
+        patched.__module__ = models.__name__
+        setattr(models, patched.__name__, patched)
+
+
+def patch_controller(module: ModuleType) -> None:
+    """``SearchController`` serves the indexes of the registry first, then Pyserini's prebuilt ones."""
+    cls = module.SearchController
+    prebuilt = [module.TF_INDEX_INFO, module.LUCENE_FLAT_INDEX_INFO, module.LUCENE_HNSW_INDEX_INFO,
+                module.IMPACT_INDEX_INFO, module.FAISS_INDEX_INFO, module.FAISS_INDEX_INFO_M_BEIR]
+    original = {method: getattr(cls, method) for method in (
+        "_add_index", "search", "get_document", "get_status", "update_settings", "get_settings", "eval_hits")}
+    registry()  # open the registered indexes before the server listens
+
+    def known(name: str) -> bool:
+        return any(name in info for info in prebuilt) or ("shard" in name and "msmarco" in name)
+
+    def pyserini_index(name: str) -> None:
+        """Refuse a name that is neither served nor prebuilt."""
+        if not known(name):
+            raise UnknownIndex(registry().unknown_message(name))
+
+    def _add_index(self, config):
+        pyserini_index(config.name)
+        return original["_add_index"](self, config)
+
+    def search(self, query, index_name, k=10, qid="", ef_search=None, encoder=None, query_generator=None,
+               instruction_config=None):
+        served = registry().get(index_name)
+        if served is None:
+            return original["search"](self, query, index_name, k, qid, ef_search, encoder, query_generator,
+                                      instruction_config)
+        return served.search(query, k, qid)
+
+    def get_document(self, docid, index_name):
+        served = registry().get(index_name)
+        return served.document(docid) if served else original["get_document"](self, docid, index_name)
+
+    def get_status(self, index_name):
+        served = registry().get(index_name)
+        if served is not None:
+            return served.status()
+        pyserini_index(index_name)
+        return original["get_status"](self, index_name)
+
+    def get_settings(self, index_name):
+        served = registry().get(index_name)
+        if served is not None:
+            return served.settings()
+        pyserini_index(index_name)
+        if index_name not in self.indexes:
+            raise UnknownIndex(f"index {index_name} is not loaded yet: search it first")
+        return original["get_settings"](self, index_name)
+
+    def update_settings(self, index_name, ef_search=None, encoder=None, query_generator=None):
+        posted, served = POSTED_SETTINGS.get(), registry().get(index_name)
+        POSTED_SETTINGS.set({})
+        if served is None:
+            get_settings(self, index_name)
+            return original["update_settings"](self, index_name, ef_search, encoder, query_generator)
+        given = [flag for flag, value in (("efSearch", ef_search), ("encoder", encoder),
+                                          ("queryGenerator", query_generator)) if value is not None]
+        if given:
+            raise RequestError(f"setting {given[0]} does not apply to index {index_name}; its settings are "
+                               f"{', '.join(served.settings_keys) or 'none'}")
+        served.update(posted)
+
+    def eval_hits(self, index_name, metric, query_id, hits, cutoff=10):
+        served = registry().get(index_name)
+        if served is None:
+            return original["eval_hits"](self, index_name, metric, query_id, hits, cutoff)
+        if not hasattr(served, "evaluate"):
+            raise RequestError(f"index {index_name} has no qrels; evaluate on its AligneR index")
+        if metric not in module.EVAL_METRICS:
+            raise RequestError(f"unknown metric {metric!r}; one of {', '.join(module.EVAL_METRICS)}")
+        return served.evaluate(metric, query_id, hits, cutoff, module.EVAL_METRICS[metric])
+
+    for method in (_add_index, search, get_document, get_status, get_settings, update_settings, eval_hits):
+        method.__doc__ = original[method.__name__].__doc__
+        setattr(cls, method.__name__, method)
+
+
+def _first_line(text: Any, limit: int = 300) -> str:
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line[:limit]
+
+
+def patch_app(app_module: ModuleType) -> None:
+    """Errors of Pyserini's REST app: a refused request (:class:`RequestError`, also when a route wrapped it in an
+    HTTPException) gets its status and message; a 500 carries one line and the traceback goes to the log."""
+    from fastapi.exception_handlers import http_exception_handler
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    async def refused(request, error: RequestError):
+        return JSONResponse({"detail": str(error)}, status_code=error.status)
+
+    async def http_error(request, error: HTTPException):
+        cause = error.__context__
+        if isinstance(cause, RequestError):
+            return await refused(request, cause)
+        if error.status_code >= 500:
+            log.error("%s %s failed", request.method, request.url.path, exc_info=cause or error)
+            return JSONResponse({"detail": f"internal error: {_first_line(error.detail)}"},
+                                status_code=error.status_code)
+        return await http_exception_handler(request, error)
+
+    async def internal(request, error: Exception):
+        log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        return JSONResponse({"detail": f"internal error: {type(error).__name__}"}, status_code=500)
+
+    app = app_module.app
+    app.add_exception_handler(RequestError, refused)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, internal)

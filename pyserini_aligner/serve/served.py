@@ -1,0 +1,359 @@
+"""The indexes a server serves: AligneR indexes (batched searches, reloaded when a new generation is committed),
+the Lucene BM25 index registered with one (``NAME.bm25``, also the source of its document texts) and their hybrid
+(``NAME.hybrid``, Pyserini's HybridSearcher fusion). Each answers in the shapes of Pyserini's SearchController."""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from pyserini_aligner.serve.batching import QueryBatcher
+from pyserini_aligner.serve.config import (BM25_SUFFIX, HYBRID_SUFFIX, NotFound, RequestError, ServeConfig,
+                                           UnknownIndex)
+
+log = logging.getLogger(__name__)
+DEFAULT_FUSION_HITS = 100  # hits taken from each side of a hybrid before fusion (Pyserini's fusion --hits)
+
+
+def query_text(query: Any, max_chars: int) -> str:
+    """The text of a Pyserini search query (a string or {"query_txt": ...}), checked: not blank, not too long."""
+    from pyserini_aligner.search.searcher import is_blank
+
+    if isinstance(query, dict):
+        query = query.get("query_txt")
+    if not isinstance(query, str):
+        raise RequestError("query must be a string or an object with a string query_txt")
+    if is_blank(query):
+        raise RequestError("query is empty")
+    if len(query) > max_chars:
+        raise RequestError(f"query is {len(query)} characters long; at most {max_chars} are accepted")
+    return query
+
+
+def check_hits(k: Any, size: int, name: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise RequestError(f"hits must be an integer, got {k!r}")
+    if not 1 <= k <= size:
+        raise RequestError(f"hits must be between 1 and {size} (the documents of index {name}), got {k}")
+    return k
+
+
+def candidates(served, hits) -> list[dict[str, Any]]:
+    """Pyserini's candidate records for ``hits`` (document text from the index's docstore; "" where it has none)."""
+    out = []
+    for hit in hits:
+        doc = served.document_or_none(hit.docid) or {}
+        out.append({"docid": hit.docid, "score": float(hit.score),
+                    "document_txt": doc.get("contents") or doc.get("text") or doc.get("segment") or "",
+                    "document_img_path": None, "encoded_img": None})
+    return out
+
+
+class LuceneDocs:
+    """Raw documents of a Lucene index (built with ``--storeRaw``) and its BM25 searcher."""
+
+    def __init__(self, path: str):
+        from pyserini.search.lucene import LuceneSearcher
+
+        self.path = path
+        self.searcher = LuceneSearcher(str(path))
+
+    def get(self, docid: str) -> dict[str, str] | None:
+        doc = self.searcher.doc(docid)
+        if doc is None:
+            return None
+        raw = doc.raw()
+        if raw is None:
+            return {"id": docid, "contents": doc.contents() or ""}
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            return {"id": docid, "contents": raw}
+        return {key: value if isinstance(value, str) else json.dumps(value) for key, value in parsed.items()} \
+            if isinstance(parsed, dict) else {"id": docid, "contents": raw}
+
+
+class ServedIndex:
+    """What every served index answers; ``name`` as clients call it."""
+
+    kind = ""
+    settings_keys: tuple[str, ...] = ()
+
+    def __init__(self, name: str, config: ServeConfig, docs: LuceneDocs | None):
+        self.name, self.config, self.docs = name, config, docs
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def hits(self, text: str, k: int) -> list:
+        raise NotImplementedError
+
+    def search(self, query: Any, k: int, qid: str = "") -> dict[str, Any]:
+        """Pyserini's search answer: {"query": {"qid", "query_txt"}, "candidates": [...]}."""
+        text = query_text(query, self.config.max_query_chars)
+        found = self.hits(text, check_hits(k, self.size, self.name))
+        return {"query": {"qid": qid, "query_txt": text}, "candidates": candidates(self, found)}
+
+    def document_or_none(self, docid: str) -> dict[str, str] | None:
+        return self.docs.get(docid) if self.docs is not None else None
+
+    def document(self, docid: str) -> dict[str, str]:
+        if self.docs is None:
+            raise NotFound(f"index {self.name} keeps no document texts: register a Lucene index of the same corpus "
+                           f"(built with --storeRaw) with --bm25 {self.name.split('.')[0]}=PATH")
+        doc = self.docs.get(docid)
+        if doc is None:
+            raise NotFound(f"document {docid} not found in index {self.name}")
+        return doc
+
+    def settings(self) -> dict[str, Any]:
+        return {}
+
+    def update(self, values: dict[str, Any]) -> None:
+        unknown = sorted(set(values) - set(self.settings_keys))
+        if unknown:
+            raise RequestError(f"unknown setting {unknown[0]!r} for index {self.name}; its settings are "
+                               f"{', '.join(self.settings_keys) or 'none'}")
+
+    def status(self) -> dict[str, Any]:
+        return {"downloaded": True, "type": self.kind, **self.settings()}
+
+    def close(self) -> None:
+        """Stop background threads."""
+
+
+class ServedAligner(ServedIndex):
+    """An AligneR index: searches batched by a :class:`QueryBatcher`, reloaded when its manifest's generation
+    changes (polled every ``config.reload_s`` seconds); settings ``strategy`` (alignment) and ``depth`` (documents
+    refined per query)."""
+
+    kind = "aligner"
+    settings_keys = ("strategy", "depth")
+
+    def __init__(self, name: str, path: str, config: ServeConfig, docs: LuceneDocs | None = None,
+                 qrels: str | None = None):
+        from pyserini_aligner.search.searcher import AlignerSearcher
+
+        super().__init__(name, config, docs)
+        self.path, self.qrels = Path(path), qrels
+        self.searcher = AlignerSearcher(path, device=config.device, batch_size=config.max_batch)
+        self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name)
+        self._stop = threading.Event()
+        self._watcher = None
+        if config.reload_s > 0:
+            self._watcher = threading.Thread(target=self._watch, name=f"aligner-reload-{name}", daemon=True)
+            self._watcher.start()
+
+    @property
+    def size(self) -> int:
+        return self.searcher.num_docs
+
+    def _search_batch(self, queries: list[str], k: int) -> list[list]:
+        ids = [str(i) for i in range(len(queries))]
+        found = self.searcher.batch_search(queries, ids, k=k)
+        return [found[i] for i in ids]
+
+    def hits(self, text: str, k: int) -> list:
+        return self.batcher.search(text, k)
+
+    def _watch(self) -> None:
+        from pyserini_aligner.index.store import read_manifest
+
+        while not self._stop.wait(self.config.reload_s):
+            try:
+                if read_manifest(self.path).generation != self.searcher.manifest.generation:
+                    self.searcher.reopen()
+                    log.info("index %s: serving generation %d (%d documents)", self.name,
+                             self.searcher.manifest.generation, self.searcher.num_docs)
+            except Exception as error:  # noqa: BLE001 - keep serving the generation open
+                log.warning("index %s: keeps serving generation %d; reading %s failed: %s", self.name,
+                            self.searcher.manifest.generation, self.path, error)
+
+    def settings(self) -> dict[str, Any]:
+        return {"strategy": str(self.searcher.strategy), "depth": self.searcher.max_candidates}
+
+    def update(self, values: dict[str, Any]) -> None:
+        from pyserini_aligner.alignment import parse_strategy
+
+        super().update(values)
+        depth = values.get("depth")
+        if "depth" in values and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+            raise RequestError(f"depth must be an integer >= 1, got {depth!r}")
+        strategy = None
+        if "strategy" in values:
+            try:
+                strategy = parse_strategy(values["strategy"])
+            except ValueError as error:
+                raise RequestError(f"unknown strategy: {error}") from None
+        searcher = self.searcher
+        with searcher._lock:  # between batches: a batch runs on one setting
+            if depth is not None:
+                searcher.max_candidates = depth
+            if strategy is not None and strategy != searcher.strategy:
+                searcher._strategy_arg = str(strategy)
+                searcher._load(searcher.store, None)  # the engines (and a captured GPU plan) on the new strategy
+
+    def status(self) -> dict[str, Any]:
+        manifest = self.searcher.manifest
+        size = sum(record["bytes"] for info in manifest.segments for record in info.files.values())
+        size += sum(record["bytes"] for record in manifest.codec_files.values())
+        return {**super().status(), "size_bytes": str(size), "path": str(self.path),
+                "generation": manifest.generation, "documents": self.searcher.num_docs,
+                "segments": len(manifest.segments), "codec": manifest.codec, "model": manifest.model_name,
+                "device": self.searcher.device, "batch_wait_ms": self.config.batch_wait_ms,
+                "max_batch": self.config.max_batch, "batches": self.batcher.batches,
+                "batched_queries": self.batcher.queries}
+
+    def evaluate(self, metric: str, query_id: str, hits: dict[str, float], cutoff: int, args: list[str]) -> float:
+        """Pyserini's trec_eval ``args`` (from its EVAL_METRICS) of ``hits`` against the registered qrels."""
+        from pyserini.eval.trec_eval import trec_eval
+
+        from pyserini_aligner.data import read_qrels
+
+        if self.qrels is None:
+            raise RequestError(f"index {self.name} has no qrels: register them with --qrels {self.name}=QRELS")
+        judged = read_qrels(self.qrels).get(str(query_id))
+        if not judged:
+            raise RequestError(f"query {query_id} has no judgements in the qrels of index {self.name}")
+        if isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1:
+            raise RequestError(f"cutoff must be an integer >= 1, got {cutoff!r}")
+        args = list(args)
+        if metric in ("ndcg", "recall"):
+            args[-1] += f".{cutoff}"
+        else:
+            args.insert(3, str(cutoff))
+        ranked = sorted(hits.items(), key=lambda item: item[1], reverse=True)
+        with tempfile.TemporaryDirectory(prefix="aligner-eval-") as folder:
+            qrels_file, run_file = Path(folder) / "qrels.txt", Path(folder) / "run.txt"
+            qrels_file.write_text("".join(f"{query_id} 0 {docid} {rel}\n" for docid, rel in judged.items()))
+            run_file.write_text("".join(f"{query_id} Q0 {docid} {rank} {score} aligner\n"
+                                        for rank, (docid, score) in enumerate(ranked, start=1)))
+            return trec_eval(args + [str(qrels_file), str(run_file)], query_id=str(query_id))
+
+    def close(self) -> None:
+        self._stop.set()
+        self.batcher.close()
+
+
+class ServedLucene(ServedIndex):
+    """The Lucene index registered with an AligneR index, searched with BM25 (Pyserini's defaults)."""
+
+    kind = "bm25"
+
+    @property
+    def size(self) -> int:
+        return self.docs.searcher.num_docs
+
+    def hits(self, text: str, k: int) -> list:
+        return self.docs.searcher.search(text, k)
+
+    def status(self) -> dict[str, Any]:
+        size = sum(f.stat().st_size for f in Path(self.docs.path).iterdir() if f.is_file())
+        return {**super().status(), "size_bytes": str(size), "path": str(self.docs.path), "documents": self.size}
+
+
+class ServedHybrid(ServedIndex):
+    """AligneR + BM25 fused by Pyserini's HybridSearcher rule: settings ``hits`` (taken from each side, as
+    ``fusion --hits``), ``alpha``, ``normalization``, ``weight_on_dense``, and the AligneR side's."""
+
+    kind = "hybrid"
+    settings_keys = ("hits", "alpha", "normalization", "weight_on_dense", "strategy", "depth")
+
+    def __init__(self, name: str, dense: ServedAligner, sparse: ServedLucene):
+        super().__init__(name, dense.config, dense.docs)
+        self.dense, self.sparse = dense, sparse
+        self.fusion = {"hits": DEFAULT_FUSION_HITS, "alpha": 0.1, "normalization": False, "weight_on_dense": False}
+
+    @property
+    def size(self) -> int:
+        return self.dense.size
+
+    def hits(self, text: str, k: int) -> list:
+        from pyserini.search.hybrid import HybridSearcher
+
+        fusion = dict(self.fusion)
+        dense = self.dense.batcher.submit(text, fusion["hits"])
+        sparse = self.sparse.hits(text, fusion["hits"])
+        return HybridSearcher._hybrid_results(dense.result(), sparse, fusion["alpha"], k, fusion["normalization"],
+                                              fusion["weight_on_dense"])
+
+    def settings(self) -> dict[str, Any]:
+        return {**self.fusion, **self.dense.settings()}
+
+    def update(self, values: dict[str, Any]) -> None:
+        super().update(values)
+        fusion = dict(self.fusion)
+        for key in ("normalization", "weight_on_dense"):
+            if key in values:
+                if not isinstance(values[key], bool):
+                    raise RequestError(f"{key} must be true or false, got {values[key]!r}")
+                fusion[key] = values[key]
+        if "alpha" in values:
+            alpha = values["alpha"]
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha != alpha:
+                raise RequestError(f"alpha must be a number, got {alpha!r}")
+            fusion["alpha"] = float(alpha)
+        if "hits" in values:
+            hits = values["hits"]
+            if isinstance(hits, bool) or not isinstance(hits, int) or hits < 1:
+                raise RequestError(f"hits must be an integer >= 1, got {hits!r}")
+            fusion["hits"] = hits
+        self.dense.update({key: values[key] for key in ("strategy", "depth") if key in values})
+        self.fusion = fusion
+
+    def status(self) -> dict[str, Any]:
+        dense, sparse = self.dense.status(), self.sparse.status()
+        return {**dense, **super().status(), "size_bytes": str(int(dense["size_bytes"]) + int(sparse["size_bytes"])),
+                "bm25_path": sparse["path"]}
+
+
+class Registry:
+    """The served indexes by name: those of ``config`` (opened now) and AligneR index folders named by their path
+    (opened on first use). ``listed`` maps every served name to a short description (Pyserini's index list)."""
+
+    def __init__(self, config: ServeConfig, listed: dict[str, dict]):
+        self.config, self.listed = config, listed
+        self._served: dict[str, ServedIndex] = {}
+        self._lock = threading.Lock()
+        for name, path in config.indexes.items():
+            docs = LuceneDocs(config.bm25[name]) if name in config.bm25 else None
+            aligner = ServedAligner(name, path, config, docs, config.qrels.get(name))
+            self._add(aligner, f"AligneR index {path}")
+            if docs is not None:
+                sparse = ServedLucene(name + BM25_SUFFIX, config, docs)
+                self._add(sparse, f"BM25 over Lucene index {docs.path}")
+                self._add(ServedHybrid(name + HYBRID_SUFFIX, aligner, sparse), f"AligneR {name} + BM25 hybrid")
+
+    def _add(self, served: ServedIndex, description: str) -> None:
+        self._served[served.name] = served
+        self.listed[served.name] = {"description": description, "type": served.kind}
+
+    def get(self, name: str) -> ServedIndex | None:
+        """The served index ``name``; an AligneR index folder not yet served is opened under its path."""
+        from pyserini_aligner.integration.hooks import is_aligner_index
+
+        served = self._served.get(name)
+        if served is not None or not isinstance(name, str) or not is_aligner_index(name):
+            return served
+        with self._lock:
+            if name not in self._served:
+                self._add(ServedAligner(name, name, self.config), f"AligneR index {name}")
+        return self._served[name]
+
+    def require(self, name: str) -> ServedIndex:
+        served = self.get(name)
+        if served is None:
+            raise UnknownIndex(self.unknown_message(name))
+        return served
+
+    def unknown_message(self, name: str) -> str:
+        return (f"unknown index {name!r}: not a served index ({', '.join(self._served) or 'none registered'}), an "
+                "AligneR index folder or a Pyserini prebuilt index")
+
+    def close(self) -> None:
+        for served in self._served.values():
+            served.close()
