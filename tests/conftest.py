@@ -167,7 +167,7 @@ def index_dir(tmp_path_factory, model, corpus_file) -> Path:
 
 @pytest.fixture(scope="session")
 def default_index(tmp_path_factory, index_dir) -> Path:
-    """The same 200 documents stored as build_index's defaults store them (codec auto = IVF<nlist>,PQ4, β^d 0.2 with
+    """The same 200 documents stored as build_index's defaults store them (codec auto = IVF<nlist>,PQ4,Refine(PQ32), β^d 0.2 with
     the redundancy rule), derived once from ``index_dir`` without encoding them again (build_index's defaults
     themselves: tests/test_index.py)."""
     from pyserini_aligner.index import derive_index, store

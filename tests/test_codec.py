@@ -6,14 +6,18 @@ import torch
 from pyserini_aligner.index.codec import (
     HIERARCHY_MIN_NLIST,
     CentroidSearch,
+    DEFAULT_MAX_BYTES_PER_TOKEN,
     CodecSpec,
     ResidualCodec,
+    choose_nlist,
+    choose_refine_m,
     coarse_count,
     dequantize_centroids,
     kmeans,
     nearest,
     parse_codec,
     quantize_centroids,
+    resolve_codec,
     share_centroids,
     two_level_kmeans,
 )
@@ -30,19 +34,77 @@ def codec_and_data():
     return ResidualCodec.train(CodecSpec(16, 8), x, iters=5, seed=0), x
 
 
-@pytest.mark.parametrize("spec, parsed", [("fp16", CodecSpec()), ("FP16", CodecSpec()),
-                                          ("IVF4096,PQ16", CodecSpec(4096, 16)), (" IVF2,PQ1 ", CodecSpec(2, 1))])
-def test_parse_codec(spec, parsed):
+@pytest.mark.parametrize("spec, parsed, text", [
+    ("fp16", CodecSpec(), "fp16"), ("FP16", CodecSpec(), "fp16"), ("IVF4096,PQ16", CodecSpec(4096, 16), None),
+    (" IVF2,PQ1 ", CodecSpec(2, 1), "IVF2,PQ1"), ("IVF4096,PQ4,Refine(PQ32)", CodecSpec(4096, 4, 32), None)])
+def test_parse_codec(spec, parsed, text):
     assert parse_codec(spec, 128) == parsed
-    assert str(parsed) == ("fp16" if not parsed.compressed else f"IVF{parsed.nlist},PQ{parsed.pq_m}")
+    assert str(parsed) == (text or spec)
+    assert parsed.residual_m == (parsed.refine_m or parsed.pq_m)
 
 
-@pytest.mark.parametrize("spec, message", [("PQ16", "expected 'fp16' or 'IVF<nlist>,PQ<M>'"),
+@pytest.mark.parametrize("spec, message", [("PQ16", "expected 'auto', 'fp16', 'IVF<nlist>,PQ<M>'"),
                                            ("IVF1,PQ16", "nlist must be in"), ("IVF70000,PQ16", "nlist must be in"),
-                                           ("IVF64,PQ7", "must split the 128-d vectors")])
+                                           ("IVF64,PQ7", "must split the 128-d vectors"),
+                                           ("IVF64,PQ4,Refine(PQ12)", "PQ12 must split the 128-d vectors"),
+                                           ("IVF64,PQ8,Refine(PQ8)", "must be finer than PQ8"),
+                                           ("IVF64,PQ4,Refine(SQ8)", "expected")])
 def test_parse_codec_rejects(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_codec(spec, 128)
+
+
+def test_auto_chooses_residual_bytes_from_the_corpus_size_and_budget():
+    """Small corpora get the finest residual the per-token budget allows; the codes of a large one stay in 8 GiB."""
+    assert choose_refine_m(128, 1_500_000) == DEFAULT_MAX_BYTES_PER_TOKEN - 2 == 32
+    assert choose_refine_m(128, 1_500_000, max_bytes_per_token=66) == 64
+    assert choose_refine_m(128, 1_500_000, max_bytes_per_token=20) == 16
+    assert choose_refine_m(384, 1_500_000, max_bytes_per_token=130) == 128  # any power of two dividing the dim
+    assert [choose_refine_m(128, t) for t in (250_000_000, 260_000_000, 480_000_000, 900_000_000)] == [32, 16, 8, 4]
+    with pytest.raises(ValueError, match="max_bytes_per_token must be >= 6"):
+        choose_refine_m(128, 1000, max_bytes_per_token=5)
+    assert resolve_codec("auto", 128, 1_500_000) == CodecSpec(choose_nlist(1_500_000), 4, 32)
+    assert str(resolve_codec("auto", 128, 1_500_000, max_bytes_per_token=6)) == f"IVF{choose_nlist(1_500_000)},PQ4"
+    assert resolve_codec("IVF64,PQ8", 128, 10 ** 9) == CodecSpec(64, 8)  # an explicit string is kept
+
+
+def test_tiny_corpora_get_few_centroids():
+    """At least 32 tokens per centroid: k-means has points to fit (498 tokens: 8 centroids, not 256)."""
+    assert choose_nlist(498) == 8 and choose_nlist(64) == 2 and choose_nlist(10) == 2
+    assert choose_nlist(1_300_000) == 16384 and choose_nlist(20_000_000) == 65536
+
+
+def test_refinement_tier_against_a_slow_reference():
+    """IVF,PQ4,Refine(PQ16): list codes are the nearest codewords of the coarse books, token codes of the fine
+    ones; decoding reads the fine codes; a look-up-table score equals the decoded vector's inner product."""
+    x = unit_vectors(3000, 32, 4)
+    codec = ResidualCodec.train(CodecSpec(16, 4, 16), x, iters=5, seed=0)
+    assert codec.spec == CodecSpec(16, 4, 16) and codec.codebooks.shape == (4, 256, 8)
+    assert codec.refine_books.shape == (16, 256, 2) and codec.token_books is codec.refine_books
+    ids = codec.encode_centroids(x[:12])
+    fine = codec.encode_residuals(x[:12], ids)
+    coarse = codec.encode_list_codes(x[:12], ids, fine)
+    assert fine.shape == (12, 16) and coarse.shape == (12, 4)
+    for i in range(12):
+        residual = x[i] - codec.centroids[int(ids[i])]
+        for books, codes in ((codec.codebooks, coarse), (codec.refine_books, fine)):
+            sub = books.shape[2]
+            for m in range(books.shape[0]):
+                dists = [float(((residual[sub * m:sub * (m + 1)] - books[m, c]) ** 2).sum()) for c in range(256)]
+                assert dists[codes[i, m]] == pytest.approx(min(dists), abs=1e-6)
+    decoded = codec.decode(ids, fine)
+    loop = torch.stack([codec.centroids[int(ids[i])] + torch.cat([codec.refine_books[m, int(fine[i, m])]
+                                                                  for m in range(16)]) for i in range(12)])
+    assert torch.allclose(decoded, loop)
+    q = unit_vectors(3, 32, 5)
+    lut = torch.einsum("nms,mks->nmk", q.view(3, 16, 2), codec.refine_books)  # [n, R, 256]
+    table = [[float(q[j] @ codec.centroids[int(ids[i])]) + sum(float(lut[j, m, int(fine[i, m])]) for m in range(16))
+              for i in range(12)] for j in range(3)]
+    np.testing.assert_allclose(np.array(table), (q @ decoded.T).numpy(), atol=1e-5)
+    error = lambda d: float(((d - x[:12]) ** 2).sum(1).mean())  # noqa: E731
+    plain = ResidualCodec(codec.centroids, codec.codebooks)
+    assert error(decoded) < 0.5 * error(plain.decode(ids, coarse))
+    assert np.array_equal(plain.encode_list_codes(x[:12], ids, coarse), coarse)  # one tier: the same codes
 
 
 def test_nearest_matches_loop_reference():

@@ -102,10 +102,11 @@ def test_build_writes_layout_and_counts(index_dir, model, corpus_file):
 
 
 def test_default_build_is_compressed_with_inverted_lists(default_index, index_dir):
-    """The store of build_index's defaults: codec auto (IVF<nlist>,PQ4), β^d 0.2 with the redundancy rule; the
-    segment's inverted lists hold exactly the kept tokens, grouped by centroid in token order."""
+    """The store of build_index's defaults: codec auto (IVF<nlist>,PQ4,Refine(PQ32) at this size), β^d 0.2 with the
+    redundancy rule; the segment's inverted lists hold exactly the kept tokens, grouped by centroid in token order,
+    with their coarse codes; every token stores its fine code."""
     m, exact = read_manifest(default_index), StoredIndex(index_dir)
-    nlist = int(re.fullmatch(r"IVF(\d+),PQ4", m.codec)[1])
+    nlist = int(re.fullmatch(r"IVF(\d+),PQ4,Refine\(PQ32\)", m.codec)[1])
     assert (m.index_type, m.doc_prune, m.prune_redundancy) == (m.codec, DEFAULT_DOC_PRUNE, DEFAULT_PRUNE_REDUNDANCY)
     assert m.num_tokens == exact.manifest.num_tokens
     stored = StoredIndex(default_index)
@@ -114,11 +115,11 @@ def test_default_build_is_compressed_with_inverted_lists(default_index, index_di
     codec_dir = default_index / m.codec_dir
     assert re.fullmatch(r"codec-000001-[0-9a-f]{8}", m.codec_dir)
     codec_sizes = {store.CODEC_CENTROIDS: nlist * 128, store.CODEC_SCALES: 4 * nlist,
-                   store.CODEC_CODEBOOKS: 4 * 128 * 256}
+                   store.CODEC_CODEBOOKS: 4 * 128 * 256, store.CODEC_REFINE_BOOKS: 4 * 128 * 256}
     assert {name: (codec_dir / name).stat().st_size for name in m.codec_files} == codec_sizes
     assert all(m.codec_files[name] == store.file_record(codec_dir / name) for name in codec_sizes)
     seg_dir, t, k = default_index / m.segments[0].name, m.num_tokens, m.num_kept
-    sizes = {store.TOKEN_CENTROIDS: 2 * t, store.TOKEN_RESIDUALS: 4 * t, store.KEPT_BITS: math.ceil(t / 8),
+    sizes = {store.TOKEN_CENTROIDS: 2 * t, store.TOKEN_RESIDUALS: 32 * t, store.KEPT_BITS: math.ceil(t / 8),
              store.IVF_OFFSETS: 8 * (nlist + 1), store.IVF_DOCS: 4 * k, store.IVF_CODES: 4 * k,
              store.OFFSETS: 8 * (N_DOCS + 1)}
     assert set(m.segments[0].files) == set(sizes) | {store.DOCIDS}
@@ -131,21 +132,24 @@ def test_default_build_is_compressed_with_inverted_lists(default_index, index_di
     order = np.argsort(lists, kind="stable")
     assert np.array_equal(seg.ivf_offsets, np.concatenate([[0], np.cumsum(np.bincount(lists, minlength=nlist))]))
     assert np.array_equal(seg.ivf_docs, stored.doc_of_token(kept)[order])
-    assert np.array_equal(seg.ivf_codes, np.asarray(seg.residuals)[kept][order])
+    positions = kept[order]
+    ids = np.asarray(seg.centroid_ids)[positions]
+    want = stored.codec.encode_list_codes(stored.token_vectors(positions), ids, np.asarray(seg.residuals)[positions])
+    assert np.array_equal(seg.ivf_codes, want)  # the coarse code of each kept token's decoded token code
     # the codes decode close to the exact vectors, and closer than the centroids alone
     positions = np.arange(2000)
     truth = exact.token_vectors(positions)
     fine = torch.nn.functional.cosine_similarity(truth, stored.token_vectors(positions), dim=-1)
     coarse = torch.nn.functional.cosine_similarity(truth, stored.codec.decode(seg.centroid_ids[positions]), dim=-1)
-    assert fine.mean() > 0.8 and fine.mean() > coarse.mean() + 0.03
+    assert fine.mean() > 0.95 and fine.mean() > coarse.mean() + 0.03
 
 
 def test_default_build_is_byte_deterministic(tmp_path, model):
-    """Two default builds of the same documents write the same bytes, with a codec large enough to train by
+    """Two builds of the same documents write the same bytes, with a two-tier codec large enough to train by
     two-level k-means and assign through its centroid search on a CPU; build_stats time the codec's parts."""
     docs = [(r["id"], r["contents"]) for r in scifact_docs(40)]
-    first, second = (build_index(docs, tmp_path / name, model, progress=False, model_name="aligner")
-                     for name in ("first", "second"))
+    first, second = (build_index(docs, tmp_path / name, model, progress=False, model_name="aligner",
+                                 codec=f"IVF{HIERARCHY_MIN_NLIST},PQ4,Refine(PQ32)") for name in ("first", "second"))
     assert parse_codec(first.codec).nlist >= HIERARCHY_MIN_NLIST
     assert first.codec_files == second.codec_files  # sizes and CRC32 of every file
     assert [s.files for s in first.segments] == [s.files for s in second.segments]
@@ -173,7 +177,7 @@ def test_failed_overwrite_keeps_old_index(tmp_path, model):
         build_index([], target, model, progress=False, overwrite=True)
     first = read_manifest(target)
     assert first.num_docs == 3 and first.generation == 1 and leftovers(tmp_path) == []
-    assert re.fullmatch(r"IVF\d+,PQ4", first.codec) and first.index_type == first.codec  # build_index's defaults
+    assert re.fullmatch(r"IVF\d+,PQ4,Refine\(PQ32\)", first.codec) and first.index_type == first.codec  # defaults
     assert (first.doc_prune, first.prune_redundancy) == (DEFAULT_DOC_PRUNE, DEFAULT_PRUNE_REDUNDANCY)
     reader = StoredIndex(target)  # an open reader keeps its snapshot through the overwrite
     build_index([("x", "some text")], target, model, progress=False, overwrite=True)

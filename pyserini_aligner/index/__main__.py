@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from pyserini_aligner.cli import INTERRUPTED_EXIT, HelpFormatter, fraction, positive_int
+from pyserini_aligner.index.codec import AUTO, DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
                                             derive_index)
 from pyserini_aligner.index.corpus import read_corpus
@@ -25,6 +26,20 @@ def redundancy_arg(text: str) -> float | str:
         return fraction(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
+
+
+def bytes_per_token(text: str) -> int:
+    """--max-bytes-per-token value: an integer of at least 2 + DEFAULT_PQ_M (a centroid id and the coarsest
+    residual)."""
+    least = 2 + DEFAULT_PQ_M
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least} (a 2-byte centroid id and a {DEFAULT_PQ_M}-"
+                                         f"byte residual), got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,8 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
                              f"salience alone (default {DEFAULT_PRUNE_REDUNDANCY} when building, the source's "
                              "with --from-index)")
     parser.add_argument("--codec", default=None,
-                        help=f"token store: '{DEFAULT_CODEC}' (IVF<nlist>,PQ4 with nlist from the corpus size; the "
-                             "default), IVF<nlist>,PQ<M>, or fp16 (exact vectors plus a FAISS --index-type index)")
+                        help=f"token store: '{DEFAULT_CODEC}' (the default: IVF<nlist>,PQ4,Refine(PQ<R>), nlist and "
+                             "the residual bytes R chosen from the corpus size and --max-bytes-per-token), "
+                             "IVF<nlist>,PQ<M>[,Refine(PQ<R>)], or fp16 (exact vectors plus a FAISS --index-type index)")
+    parser.add_argument("--max-bytes-per-token", type=bytes_per_token, default=None, metavar="B",
+                        help=f"with --codec auto: bytes stored per token at most (centroid id and residual code; "
+                             f"default {DEFAULT_MAX_BYTES_PER_TOKEN}, about ColBERTv2's 2-bit residuals); large "
+                             "corpora get coarser residuals to keep the codes within 8 GiB")
     parser.add_argument("--codec-from", metavar="DIR", default=None,
                         help="use the trained codec of that compressed index (shards and updates that must share one)")
     parser.add_argument("--index-type", default=None,
@@ -90,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.shard_id is None) != (args.shard_num is None) or (args.shard_num is not None and not args.corpus):
         parser.error("--shard-id and --shard-num go together, with --corpus")
+    codec = args.codec or (DEFAULT_CODEC if not args.from_index else "fp16")
+    if args.max_bytes_per_token is not None and (codec.strip().lower() != AUTO or args.codec_from):
+        parser.error("--max-bytes-per-token sizes the residuals of --codec auto; it does nothing with "
+                     f"--codec {codec}{' and --codec-from' if args.codec_from else ''}")
+    if args.max_bytes_per_token is None:
+        args.max_bytes_per_token = DEFAULT_MAX_BYTES_PER_TOKEN
     return args
 
 
@@ -146,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,
                                     codec=args.codec or "fp16", device=args.device,
                                     prune_redundancy="source" if args.prune_redundancy is None else redundancy,
-                                    **common)
+                                    max_bytes_per_token=args.max_bytes_per_token, **common)
         else:
             from pyserini_aligner.index.corpus import count_corpus
 
@@ -156,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                          device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
                          max_length=args.max_length,
                          prune_redundancy=DEFAULT_PRUNE_REDUNDANCY if args.prune_redundancy is None else redundancy,
-                         **common)
+                         max_bytes_per_token=args.max_bytes_per_token, **common)
             if dist_context() is not None:  # under torchrun: every rank encodes its slice into one index
                 if args.shard_num is not None:
                     raise ValueError("--shard-id/--shard-num build one shard per process; under torchrun the ranks "

@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.codec import (AUTO, CodecSpec, ResidualCodec, parse_codec, resolve_codec)
+from pyserini_aligner.index.codec import (AUTO, DEFAULT_MAX_BYTES_PER_TOKEN, SMALL_CORPUS_TOKENS, CodecSpec,
+                                          ResidualCodec, parse_codec, resolve_codec)
 from pyserini_aligner.index.corpus import Location
 from pyserini_aligner.index.segment import SegmentWriter, write_codec
 from pyserini_aligner.index.store import check_factory_string, faiss_factory_string
@@ -345,17 +346,20 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                 overwrite: bool = False, seed: int = 0, model_name: str | None = None, corpus_name: str = "",
                 corpus_path: str | os.PathLike | None = None, num_docs_hint: int | None = None,
                 max_length: int | None = None, codec_from: str | os.PathLike | None = None,
-                prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY) -> store.Manifest:
+                prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY,
+                max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN) -> store.Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
     AlignerModel. doc_prune: β^d in (0, 1], the fraction of each document's most salient tokens indexed for
-    candidate generation (refinement scores with all tokens). codec: "auto" (IVF<nlist>,PQ4 with nlist from the
-    corpus size), "IVF<nlist>,PQ<M>" or "fp16" (exact vectors plus a FAISS ``index_type`` index). codec_from:
+    candidate generation (refinement scores with all tokens). codec: "auto" (IVF<nlist>,PQ4,Refine(PQ<R>) with
+    nlist and R from the corpus size and ``max_bytes_per_token``: :func:`.codec.resolve_codec`),
+    "IVF<nlist>,PQ<M>[,Refine(PQ<R>)]" or "fp16" (exact vectors plus a FAISS ``index_type`` index). codec_from:
     take the trained codec of that index instead of training one (shards, updates). num_docs_hint: the corpus
-    size when known (progress bar total, and nlist for "auto"). max_length: tokens per document (default: the
-    model's doc_maxlen). corpus_path: the corpus file/folder, which the index may never hold or overwrite.
+    size when known (progress bar total, and the corpus size for "auto"). max_length: tokens per document (default:
+    the model's doc_maxlen). corpus_path: the corpus file/folder, which the index may never hold or overwrite.
     prune_redundancy: cosine threshold of redundancy-aware pruning (salience.prune_mask); None: salience alone.
+    max_bytes_per_token: "auto" stores at most this many bytes a token (centroid id and residual code).
     """
     from pyserini_aligner.salience import keep_count
 
@@ -398,7 +402,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             if codec.strip().lower() == "fp16":
                 spec = CodecSpec()
             else:  # buffer the first chunks: the codec is trained on their tokens
-                chunks, spec = sample_for_codec(stream, codec, dim, total, train_size)
+                chunks, spec = sample_for_codec(stream, codec, dim, total, train_size, max_bytes_per_token)
                 if trained is None:
                     begin = time.perf_counter()
                     log.info("training codec %s on the first %d documents", spec,
@@ -441,23 +445,32 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 
 
 def sample_for_codec(stream: Iterator[EncodedChunk], codec: str, dim: int, total: int | None,
-                     train_size: int) -> tuple[list[EncodedChunk], CodecSpec]:
+                     train_size: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
+                     ) -> tuple[list[EncodedChunk], CodecSpec]:
     """Buffer the first chunks of ``stream`` until they hold the codec's training sample; returns them with the
-    codec spec ("auto" resolved from the corpus size ``total`` in documents, or from the buffered tokens when the
-    whole corpus fits in the sample). ValueError for an empty stream."""
+    codec spec ("auto" resolved from the tokens of the whole corpus of ``total`` documents, estimated from the
+    buffered documents' mean length; the buffered tokens themselves when ``total`` is unknown and the stream ends).
+    The stream may be one slice of the corpus (a torchrun rank's): the choice depends on the corpus, not on the
+    number of slices. ValueError for an empty stream."""
     first = next(stream, None)
     if first is None:
         raise ValueError("empty corpus: no documents to index")
     chunks = [first]
     per_doc = first.num_tokens / max(len(first.docids), 1)
     estimate = int(per_doc * total) if total else None
-    spec = resolve_codec(codec, dim, estimate or 4 * first.num_tokens)
+    spec = resolve_codec(codec, dim, estimate or 4 * first.num_tokens, max_bytes_per_token)
     need = min(max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), estimate or 1 << 62)
     while sum(c.num_tokens for c in chunks) < need and (chunk := next(stream, None)) is not None:
         chunks.append(chunk)
     buffered = sum(c.num_tokens for c in chunks)
-    if buffered < need:  # the whole corpus is buffered: size the codec to it
-        spec = resolve_codec(codec, dim, buffered)
+    if buffered < need:  # the stream ended inside the sample: size the codec from what it holds
+        docs = sum(len(c.docids) for c in chunks)
+        tokens = int(round(buffered / max(docs, 1) * max(total, docs))) if total else buffered
+        spec = resolve_codec(codec, dim, tokens, max_bytes_per_token)
+        if codec.strip().lower() == AUTO and tokens < SMALL_CORPUS_TOKENS:
+            log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
+                        "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist,
+                        tokens * dim * 2 / 1e6)
     return chunks, spec
 
 
@@ -503,7 +516,8 @@ def new_manifest(model, encoder, model_name: str | None, spec: CodecSpec, doc_pr
 def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *, doc_prune: float | None = None,
                  index_type: str | None = None, progress: bool = True, train_size: int = 100_000,
                  overwrite: bool = False, seed: int = 0, codec: str = "fp16", device: str | None = None,
-                 prune_redundancy: float | None | str = "source") -> store.Manifest:
+                 prune_redundancy: float | None | str = "source",
+                 max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN) -> store.Manifest:
     """A new index from an existing fp16 one without re-encoding: the same stored tokens with another β^d
     (recomputed from the stored saliences and vectors), FAISS factory string and/or codec; returns the new
     manifest. prune_redundancy: as in :func:`build_index`, or "source" (default) for the source's."""
@@ -521,7 +535,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
     target = Path(index_dir).absolute()
     if target == source.index_dir.absolute():
         raise ValueError(f"derive_index needs a new folder, got the source itself: {target}")
-    spec = resolve_codec(codec, old.dim, old.num_tokens)
+    spec = resolve_codec(codec, old.dim, old.num_tokens, max_bytes_per_token)
     if not spec.compressed:
         check_factory_string(old.dim, index_type)
     dev = torch.device(device or "cpu")

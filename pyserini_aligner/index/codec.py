@@ -2,11 +2,15 @@
 
 - ``fp16``: every token as float16 (2·d bytes); FAISS keeps its own copy of the kept tokens (``index_type``).
 - ``IVF<nlist>,PQ<M>``: a residual codec in the style of PLAID. Every token stores the id of its nearest of
-  ``nlist`` spherical k-means centroids (uint16; centroids stored as int8 with a per-centroid scale) and an M-byte product-quantised residual (M sub-vectors of d/M
-  dims, 256 centroids each): 2 + M bytes per token. A token decodes to centroid + residual. These (centroid id,
-  residual) pairs are exactly FAISS ``IndexIVFPQ`` codes, so the searcher builds its FAISS index from the codes of
-  the kept tokens (the β^d most salient of each document) at load time: candidate generation and refinement read
-  one store.
+  ``nlist`` spherical k-means centroids (uint16; centroids stored as int8 with a per-centroid scale) and an M-byte
+  product-quantised residual (M sub-vectors of d/M dims, 256 centroids each): 2 + M bytes per token. A token
+  decodes to centroid + residual. These (centroid id, residual) pairs are exactly FAISS ``IndexIVFPQ`` codes, so
+  the searcher builds its FAISS index from the codes of the kept tokens (the β^d most salient of each document) at
+  load time: candidate generation and refinement read one store.
+- ``IVF<nlist>,PQ<M>,Refine(PQ<R>)``: two tiers, as FAISS's ``IndexRefine``. The inverted lists of the kept tokens
+  carry M-byte codes of a coarse product quantiser (what candidate generation reads, cheap to scan); every token
+  stores an R-byte code of a finer one (what refinement decodes): 2 + R bytes a token plus 4 + M bytes a list
+  entry. ``auto`` chooses R from the corpus size and a byte budget (:func:`choose_refine_m`).
 
 Training (k-means) and encoding run in torch, on the CPU or a GPU; decoding is a table lookup. On a CPU, a codec
 of many centroids (``HIERARCHY_MIN_NLIST`` and up) trains them by two-level k-means (:func:`two_level_kmeans`) and
@@ -26,10 +30,14 @@ from torch import Tensor
 from pyserini_aligner import kernels
 
 FP16 = "fp16"
-AUTO = "auto"  # IVF<nlist>,PQ<DEFAULT_PQ_M> with nlist chosen from the corpus size (choose_nlist)
-DEFAULT_PQ_M = 4
+AUTO = "auto"  # IVF<nlist>,PQ<DEFAULT_PQ_M>,Refine(PQ<R>): nlist and R chosen from the corpus size
+DEFAULT_PQ_M = 4  # bytes of a list entry's code under "auto" (candidate generation)
+DEFAULT_MAX_BYTES_PER_TOKEN = 34  # "auto": centroid id + a 32-byte residual at most (ColBERTv2's 2-bit: 36 at 128-d)
+DEFAULT_MAX_CODE_BYTES = 8 << 30  # "auto": token codes of the whole corpus within 8 GiB (finer residuals first)
 PQ_CENTROIDS = 256  # 8-bit sub-quantizer codes
-_SPEC = re.compile(r"IVF(\d+),PQ(\d+)")
+MIN_POINTS_PER_CENTROID = 32  # "auto": tokens per coarse centroid at least (tiny corpora get few centroids)
+SMALL_CORPUS_TOKENS = 50_000  # below this many tokens "auto" warns that fp16 costs little and loses nothing
+_SPEC = re.compile(r"IVF(\d+),PQ(\d+)(?:,Refine\(PQ(\d+)\))?")
 _CHUNK_ELEMENTS = 1 << 24  # score-matrix entries per assignment step
 HIERARCHY_MIN_NLIST = 1024  # from this many centroids a CPU codec trains and assigns through a coarse level
 SEARCH_PROBES = 10  # groups of centroids (of 2·sqrt(nlist)) searched per token by CentroidSearch
@@ -39,22 +47,38 @@ _SEARCH_ROWS = 1 << 17  # tokens per CentroidSearch call
 
 @dataclass(frozen=True)
 class CodecSpec:
-    """A parsed codec string: nlist = 0 means fp16 (no compression)."""
+    """A parsed codec string: nlist = 0 means fp16 (no compression). pq_m: bytes of an inverted-list entry's code;
+    refine_m: bytes of every token's residual code when finer than pq_m (0: the tokens store the pq_m codes)."""
 
     nlist: int = 0
     pq_m: int = 0
+    refine_m: int = 0
 
     @property
     def compressed(self) -> bool:
         return self.nlist > 0
 
+    @property
+    def residual_m(self) -> int:
+        """Bytes of every stored token's residual code."""
+        return self.refine_m or self.pq_m
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes every stored token costs (centroid id and residual; list entries not counted)."""
+        return 2 + self.residual_m if self.compressed else 0
+
     def __str__(self) -> str:
-        return f"IVF{self.nlist},PQ{self.pq_m}" if self.compressed else FP16
+        if not self.compressed:
+            return FP16
+        refine = f",Refine(PQ{self.refine_m})" if self.refine_m else ""
+        return f"IVF{self.nlist},PQ{self.pq_m}{refine}"
 
 
 def parse_codec(spec: str, dim: int | None = None) -> CodecSpec:
-    """Parse "fp16" or "IVF<nlist>,PQ<M>" (2 <= nlist <= 65536, M divides ``dim``); ValueError naming the problem
-    ("auto" is resolved by :func:`resolve_codec` once the corpus size is known)."""
+    """Parse "fp16", "IVF<nlist>,PQ<M>" or "IVF<nlist>,PQ<M>,Refine(PQ<R>)" (2 <= nlist <= 65536, M and R divide
+    ``dim``, R > M); ValueError naming the problem ("auto" is resolved by :func:`resolve_codec` once the corpus size
+    is known)."""
     if not isinstance(spec, str):
         raise TypeError(f"codec must be a string, got {type(spec).__name__}")
     if spec.strip().lower() == AUTO:
@@ -63,29 +87,59 @@ def parse_codec(spec: str, dim: int | None = None) -> CodecSpec:
         return CodecSpec()
     match = _SPEC.fullmatch(spec.strip())
     if not match:
-        raise ValueError(f"bad codec {spec!r}: expected 'fp16' or 'IVF<nlist>,PQ<M>' (e.g. IVF4096,PQ16)")
-    nlist, pq_m = int(match[1]), int(match[2])
+        raise ValueError(f"bad codec {spec!r}: expected 'auto', 'fp16', 'IVF<nlist>,PQ<M>' or "
+                         "'IVF<nlist>,PQ<M>,Refine(PQ<R>)' (e.g. IVF4096,PQ16 or IVF4096,PQ4,Refine(PQ32))")
+    nlist, pq_m, refine_m = int(match[1]), int(match[2]), int(match[3] or 0)
     if not 2 <= nlist <= 65536:
         raise ValueError(f"bad codec {spec!r}: nlist must be in [2, 65536] (centroid ids are uint16), got {nlist}")
-    if pq_m < 1 or (dim is not None and dim % pq_m):
-        raise ValueError(f"bad codec {spec!r}: PQ{pq_m} must split the {dim}-d vectors into equal sub-vectors")
-    return CodecSpec(nlist, pq_m)
+    for m in (pq_m, refine_m) if refine_m else (pq_m,):
+        if m < 1 or (dim is not None and dim % m):
+            raise ValueError(f"bad codec {spec!r}: PQ{m} must split the {dim}-d vectors into equal sub-vectors")
+    if refine_m and refine_m <= pq_m:
+        raise ValueError(f"bad codec {spec!r}: the refinement code PQ{refine_m} must be finer than PQ{pq_m}")
+    return CodecSpec(nlist, pq_m, refine_m)
 
 
 def choose_nlist(num_tokens: int) -> int:
     """Coarse centroids for a corpus of ``num_tokens`` tokens: the power of two nearest below 16·sqrt(tokens) (as
-    PLAID sizes its centroids), in [16, 65536] and at most the number of tokens (e.g. 16384 for 1.3M tokens, 65536
-    from 17M). Fewer centroids leave residuals that 4 PQ bytes cannot carry: on SciFact, 4096 centroids cost about
-    six nDCG@10 points against exact vectors."""
+    PLAID sizes its centroids), in [16, 65536], and at most one per MIN_POINTS_PER_CENTROID tokens, so that k-means
+    has points to fit (e.g. 16384 for 1.3M tokens, 65536 from 17M, 8 for 500 tokens; at least 2). Fewer centroids
+    leave residuals that 4 PQ bytes cannot carry: on SciFact, 4096 centroids cost about six nDCG@10 points against
+    exact vectors."""
     target = 16.0 * float(max(num_tokens, 1)) ** 0.5
     nlist = 1 << max(4, min(16, int(np.floor(np.log2(max(target, 1.0))))))
-    return max(2, min(nlist, 1 << int(np.floor(np.log2(max(num_tokens, 2))))))
+    room = max(num_tokens // MIN_POINTS_PER_CENTROID, 2)
+    return max(2, min(nlist, 1 << int(np.floor(np.log2(room)))))
 
 
-def resolve_codec(spec: str, dim: int, num_tokens: int) -> CodecSpec:
-    """Parse ``spec``; "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>."""
+def choose_refine_m(dim: int, num_tokens: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN,
+                    max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> int:
+    """Residual bytes per token for "auto": the largest power of two R dividing ``dim`` with 2 + R <=
+    ``max_bytes_per_token`` and ``num_tokens`` · (2 + R) <= ``max_code_bytes``, at least DEFAULT_PQ_M (and at most
+    ``dim``). With the defaults at 128-d: 32 bytes (PQ32) up to 250M tokens (about 3.4M passages of 74 tokens), 16
+    up to 477M, 8 up to 859M, then 4. At 1M passages, exhaustive scoring of PQ32 codes keeps 0.89 of the exact top
+    10, PQ16 0.77, PQ8 0.66, PQ4 0.58 (eval/experiments/results/codec_fidelity)."""
+    if max_bytes_per_token < 2 + DEFAULT_PQ_M:
+        raise ValueError(f"max_bytes_per_token must be >= {2 + DEFAULT_PQ_M} (a centroid id and a "
+                         f"{DEFAULT_PQ_M}-byte residual), got {max_bytes_per_token}")
+    best = DEFAULT_PQ_M
+    m = DEFAULT_PQ_M
+    while m <= dim:
+        if dim % m == 0 and 2 + m <= max_bytes_per_token and max(num_tokens, 1) * (2 + m) <= max_code_bytes:
+            best = m
+        m *= 2
+    return best
+
+
+def resolve_codec(spec: str, dim: int, num_tokens: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN,
+                  max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> CodecSpec:
+    """Parse ``spec``; "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>,Refine(PQ<R>) with R from
+    :func:`choose_refine_m` (plain IVF<nlist>,PQ<DEFAULT_PQ_M> where R is no finer)."""
     if isinstance(spec, str) and spec.strip().lower() == AUTO:
-        return parse_codec(f"IVF{choose_nlist(num_tokens)},PQ{DEFAULT_PQ_M}", dim)
+        refine = choose_refine_m(dim, num_tokens, max_bytes_per_token, max_code_bytes)
+        pq_m = min(DEFAULT_PQ_M, dim)
+        tail = f",Refine(PQ{refine})" if refine > pq_m else ""
+        return parse_codec(f"IVF{choose_nlist(num_tokens)},PQ{pq_m}{tail}", dim)
     return parse_codec(spec, dim)
 
 
@@ -257,6 +311,23 @@ def _faiss_kmeans(x: Tensor, k: int, iters: int, seed: int, spherical: bool) -> 
     return torch.from_numpy(np.array(km.centroids)).to(x.dtype)
 
 
+def train_pq(residuals: Tensor, m: int, iters: int = 10, seed: int = 0) -> Tensor:
+    """float32 codebooks [m, 256, d/m]: k-means of each of the m sub-vectors of ``residuals`` [n, d]."""
+    parts = residuals.reshape(len(residuals), m, residuals.shape[1] // m).transpose(0, 1)
+    return torch.stack([kmeans(part.contiguous(), PQ_CENTROIDS, iters, seed + 1 + j)
+                        for j, part in enumerate(parts)]).float()
+
+
+def pq_encode(residuals: Tensor, books: Tensor) -> np.ndarray:
+    """uint8 [n, m]: nearest codeword (L2) of each of the m sub-vectors of ``residuals`` [n, d] in ``books``
+    [m, 256, d/m]."""
+    m, sub = books.shape[0], books.shape[2]
+    parts = residuals.reshape(len(residuals), m, sub)
+    books = books.to(residuals)
+    codes = torch.stack([nearest(parts[:, j].contiguous(), books[j], "l2") for j in range(m)], dim=1)
+    return codes.cpu().numpy().astype(np.uint8)
+
+
 def quantize_centroids(centroids: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(int8 [k, d], float32 scales [k]): centroid i ≈ int8[i] · scales[i], scale = max |component| / 127."""
     scales = centroids.abs().amax(-1).clamp_min(1e-12) / 127.0
@@ -277,28 +348,38 @@ def restricted_search(nlist: int, device: str | torch.device) -> bool:
 
 @dataclass
 class ResidualCodec:
-    """Trained parameters of an ``IVF<nlist>,PQ<M>`` codec: centroids [nlist, d], codebooks [M, 256, d/M]."""
+    """Trained parameters of an ``IVF<nlist>,PQ<M>[,Refine(PQ<R>)]`` codec: centroids [nlist, d], codebooks
+    [M, 256, d/M] (the inverted lists' codes), refine_books [R, 256, d/R] (every token's residual code; None: the
+    tokens store codes of ``codebooks``)."""
 
     centroids: Tensor
     codebooks: Tensor
+    refine_books: Tensor | None = None
     _search: CentroidSearch | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def spec(self) -> CodecSpec:
-        return CodecSpec(len(self.centroids), len(self.codebooks))
+        return CodecSpec(len(self.centroids), len(self.codebooks),
+                         0 if self.refine_books is None else len(self.refine_books))
+
+    @property
+    def token_books(self) -> Tensor:
+        """Codebooks [R, 256, d/R] of every token's residual code."""
+        return self.codebooks if self.refine_books is None else self.refine_books
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_search": None}  # the FAISS search is rebuilt where it is needed
 
     def to(self, device: str | torch.device) -> "ResidualCodec":
         """This codec with its tensors on ``device``."""
-        return ResidualCodec(self.centroids.to(device), self.codebooks.to(device))
+        return ResidualCodec(self.centroids.to(device), self.codebooks.to(device),
+                             None if self.refine_books is None else self.refine_books.to(device))
 
     @classmethod
     def train(cls, spec: CodecSpec, sample: Tensor, residual_sample: Tensor | None = None, iters: int = 10,
               seed: int = 0) -> "ResidualCodec":
-        """Fit centroids on ``sample`` [n, d] (unit vectors) and PQ codebooks on the residuals of
-        ``residual_sample`` (default: sample) [n', d], float32 on any device. Centroids are rounded
+        """Fit centroids on ``sample`` [n, d] (unit vectors) and the PQ codebooks (and the refinement's) on the
+        residuals of ``residual_sample`` (default: sample) [n', d], float32 on any device. Centroids are rounded
         as stored (int8 with a per-centroid scale); residuals are taken as :meth:`encode_centroids` assigns."""
         if not spec.compressed:
             raise ValueError("fp16 has nothing to train")
@@ -313,9 +394,9 @@ class ResidualCodec:
         codec = cls(centroids.float(), centroids.new_zeros(spec.pq_m, PQ_CENTROIDS, dim // spec.pq_m))
         ids = torch.from_numpy(codec.encode_centroids(base).astype(np.int64))
         residuals = base - codec.centroids[ids.to(base.device)]
-        parts = residuals.reshape(len(residuals), spec.pq_m, dim // spec.pq_m).transpose(0, 1)
-        codec.codebooks = torch.stack([kmeans(part.contiguous(), PQ_CENTROIDS, iters, seed + 1 + m)
-                                       for m, part in enumerate(parts)]).float()
+        codec.codebooks = train_pq(residuals, spec.pq_m, iters, seed)
+        if spec.refine_m:
+            codec.refine_books = train_pq(residuals, spec.refine_m, iters, seed + spec.pq_m)
         return codec
 
     def encode_centroids(self, x: Tensor) -> np.ndarray:
@@ -333,17 +414,25 @@ class ResidualCodec:
             torch.backends.cuda.matmul.allow_tf32 = saved
 
     def encode_residuals(self, x: Tensor, centroid_ids: np.ndarray) -> np.ndarray:
-        """uint8 [n, M]: PQ codes of x − its centroid (x [n, d], centroid_ids [n])."""
-        m, sub = self.codebooks.shape[0], self.codebooks.shape[2]
-        ids = torch.from_numpy(centroid_ids.astype(np.int64)).to(x.device)
-        residuals = (x - self.centroids.to(x)[ids]).reshape(len(x), m, sub)
-        books = self.codebooks.to(x)
-        codes = torch.stack([nearest(residuals[:, j].contiguous(), books[j], "l2") for j in range(m)], dim=1)
-        return codes.cpu().numpy().astype(np.uint8)
+        """uint8 [n, R]: every token's residual code (of :attr:`token_books`) of x − its centroid (x [n, d],
+        centroid_ids [n])."""
+        return pq_encode(x - self._centroids_of(x, centroid_ids), self.token_books)
+
+    def encode_list_codes(self, x: Tensor, centroid_ids: np.ndarray, residual_codes: np.ndarray) -> np.ndarray:
+        """uint8 [n, M]: the inverted-list codes (of :attr:`codebooks`) of tokens x [n, d] whose token codes are
+        ``residual_codes`` [n, R] (the same codes where the codec has no refinement tier)."""
+        if self.refine_books is None:
+            return np.ascontiguousarray(residual_codes)
+        return pq_encode(x - self._centroids_of(x, centroid_ids), self.codebooks)
+
+    def _centroids_of(self, x: Tensor, centroid_ids: np.ndarray) -> Tensor:
+        ids = torch.from_numpy(np.asarray(centroid_ids, dtype=np.int64)).to(x.device)
+        return self.centroids.to(x)[ids]
 
     def decode(self, centroid_ids: np.ndarray, residual_codes: np.ndarray | None = None,
                device: str | torch.device = "cpu") -> Tensor:
-        """float32 [n, d] vectors: centroid, plus the PQ residual when ``residual_codes`` [n, M] is given."""
+        """float32 [n, d] vectors: centroid, plus the residual when the token codes ``residual_codes`` [n, R] are
+        given."""
         ids = torch.from_numpy(np.asarray(centroid_ids, dtype=np.int64)).to(device)
         out = self.centroids.to(device)[ids]
         if residual_codes is not None:
@@ -351,9 +440,9 @@ class ResidualCodec:
         return out
 
     def residual_vectors(self, residual_codes: np.ndarray, device: str | torch.device = "cpu") -> Tensor:
-        """float32 [n, d] decoded PQ residuals of codes [n, M]."""
+        """float32 [n, d] decoded residuals of token codes [n, R]."""
         codes = torch.from_numpy(np.asarray(residual_codes, dtype=np.int64)).to(device)
-        books = self.codebooks.to(device)
+        books = self.token_books.to(device)
         return books[torch.arange(books.shape[0], device=device), codes].reshape(len(codes), -1)
 
     def faiss_index(self, parts=()):

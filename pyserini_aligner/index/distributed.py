@@ -33,7 +33,7 @@ from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DE
                                             checked_items, codec_source, copy_codec, encode_chunks,
                                             new_manifest, record_codec_training, sample_for_codec, train_codec,
                                             write_index, write_segment)
-from pyserini_aligner.index.codec import CodecSpec, parse_codec
+from pyserini_aligner.index.codec import DEFAULT_MAX_BYTES_PER_TOKEN, CodecSpec, parse_codec
 from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
 from pyserini_aligner.index.store import check_factory_string
@@ -162,7 +162,8 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
                       corpus_name: str = "", max_length: int | None = None,
                       codec_from: str | os.PathLike | None = None,
                       prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY,
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> store.Manifest | None:
+                      timeout_s: float = DEFAULT_TIMEOUT_S,
+                      max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN) -> store.Manifest | None:
     """Build one index of ``corpus`` (a JsonCollection path or an ir_datasets id) with every rank of the torchrun
     job this process belongs to; all ranks call it with the same arguments. Returns the manifest on rank 0, None on
     the others; raises (on every rank) when any rank fails. Knobs as :func:`.builder.build_index`; device "cuda"
@@ -189,7 +190,8 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
         job.peers = job.all_gather({"host": job.host, "pid": os.getpid()})
         knobs = dict(doc_prune=doc_prune, codec=codec, index_type=index_type, batch_size=batch_size, device=dev,
                      max_docs=max_docs, progress=progress, train_size=train_size, seed=seed,
-                     max_length=max_length, prune_redundancy=prune_redundancy)
+                     max_length=max_length, prune_redundancy=prune_redundancy,
+                     max_bytes_per_token=max_bytes_per_token)
         if ctx.rank == 0:
             return _lead(job, corpus, Path(index_dir).absolute(), encoder, overwrite, model_name, corpus_name,
                          codec_from, timeout_s, **knobs)
@@ -210,7 +212,8 @@ def _slice(corpus: str, rank: int, world: int, max_docs: int | None, total: int 
 
 def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_name: str | None,
           corpus_name: str, codec_from, timeout_s: float, *, doc_prune, codec, index_type, batch_size, device,
-          max_docs, progress, train_size, seed, max_length, prune_redundancy) -> store.Manifest:
+          max_docs, progress, train_size, seed, max_length, prune_redundancy,
+          max_bytes_per_token) -> store.Manifest:
     """Rank 0: train and broadcast the codec, encode slice 0, wait for the others, check docids, commit."""
     world = job.ctx.world_size
     stage = {"announced": False, "gathered": False}
@@ -241,7 +244,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
             chunks, trained, codec_dir, codec_files, codec_seconds = [], None, None, {}, 0.0
             spec = CodecSpec()
             if spec_text.strip().lower() != "fp16":
-                chunks, spec = sample_for_codec(stream, spec_text, dim, total, train_size)
+                chunks, spec = sample_for_codec(stream, spec_text, dim, total, train_size, max_bytes_per_token)
                 codec_dir = store.new_name("codec", generation)
                 if source:
                     trained = source[0]
@@ -345,7 +348,7 @@ def _named(job: _Job, err: BaseException) -> BaseException:
 
 
 def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, index_type, batch_size, device,
-            max_docs, progress, train_size, seed, max_length, prune_redundancy) -> None:
+            max_docs, progress, train_size, seed, max_length, prune_redundancy, max_bytes_per_token) -> None:
     """Rank r > 0: encode slice r into a segment of rank 0's build folder; report its SegmentInfo."""
     rank, world = job.ctx.rank, job.ctx.world_size
     try:

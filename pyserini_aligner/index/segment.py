@@ -52,11 +52,15 @@ def write_files(folder: Path, contents: dict[str, bytes]) -> dict[str, dict]:
 
 
 def write_codec(folder: Path, codec: ResidualCodec) -> dict[str, dict]:
-    """Write a codec folder (centroids as int8 + scale, codebooks as float32); returns the file records."""
+    """Write a codec folder (centroids as int8 + scale, codebooks as float32, and the refinement's codebooks when
+    it has them); returns the file records."""
     folder.mkdir(parents=True, exist_ok=False)
     values, scales = quantize_centroids(codec.centroids)
-    return write_files(folder, {store.CODEC_CENTROIDS: values.tobytes(), store.CODEC_SCALES: scales.tobytes(),
-                                store.CODEC_CODEBOOKS: codec.codebooks.cpu().numpy().astype(np.float32).tobytes()})
+    files = {store.CODEC_CENTROIDS: values.tobytes(), store.CODEC_SCALES: scales.tobytes(),
+             store.CODEC_CODEBOOKS: codec.codebooks.cpu().numpy().astype(np.float32).tobytes()}
+    if codec.refine_books is not None:
+        files[store.CODEC_REFINE_BOOKS] = codec.refine_books.cpu().numpy().astype(np.float32).tobytes()
+    return write_files(folder, files)
 
 
 def _sync(device: torch.device) -> None:
@@ -126,12 +130,15 @@ class SegmentWriter:
                 self._error_tokens += len(x)
             else:
                 ids, residuals = (np.ascontiguousarray(c) for c in codes)
+            where = np.flatnonzero(kept)  # list codes: the coarse codes of the kept tokens' decoded token codes,
+            stored = self.codec.decode(ids[where], residuals[where], device=self.codec.centroids.device)
+            list_codes = self.codec.encode_list_codes(stored, ids[where], residuals[where])  # a function of the codes
             elapsed = time.perf_counter() - begin
             self.seconds["codec_s"] += elapsed
             self.seconds["codec_encode_s"] += elapsed
             begin = time.perf_counter()
             owner = np.repeat(np.arange(len(lengths), dtype=np.int32) + self.num_docs, lengths)
-            self._ivf.append((ids[kept], owner[kept], residuals[kept]))
+            self._ivf.append((ids[kept], owner[kept], list_codes))
             self.sinks[store.TOKEN_CENTROIDS].write(ids.astype(np.uint16).tobytes())
             self.sinks[store.TOKEN_RESIDUALS].write(residuals.astype(np.uint8).tobytes())
             bits = np.concatenate([self._bits_carry, kept])

@@ -7,14 +7,15 @@ so a reader sees either the old or the new state, never a mix; an open reader ke
     <index>/manifest.json        format, model, codec, pruning rule, generation, the segment list and every file's
                                  size and CRC32 (the manifest checks itself with a CRC32 too)
     <index>/codec-<gen>/         compressed indexes: centroids.i8 [nlist, d], scales.f32 [nlist] (centroid = int8 ·
-                                 scale), codebooks.f32 [M, 256, d/M]
+                                 scale), codebooks.f32 [M, 256, d/M], refine_codebooks.f32 [R, 256, d/R] (only
+                                 with a refinement tier, ``Refine(PQ<R>)``)
     <index>/seg-<gen>-<id>/      one segment of n documents, T tokens, K kept (the β^d indexed tokens):
         docids.txt               n lines
         doc_offsets.i64          [n+1] document i owns tokens offsets[i] .. offsets[i+1]-1
         deletes-<gen>.bits       tombstones, bit-packed [n] (only after deletions)
-      compressed (codec ``IVF<nlist>,PQ<M>``):
+      compressed (codec ``IVF<nlist>,PQ<M>`` or ``IVF<nlist>,PQ<M>,Refine(PQ<R>)``):
         token_centroids.u16      [T] coarse centroid of every token
-        token_residuals.u8       [T, M] PQ code of every token's residual
+        token_residuals.u8       [T, R] PQ code of every token's residual (R = M without a refinement tier)
         kept.bits                [T] bit-packed kept mask
         ivf_offsets.i64          [nlist+1] inverted lists of the kept tokens: list c is entries offsets[c]..offsets[c+1]-1
         ivf_docs.i32             [K] segment-local document row of each entry
@@ -63,6 +64,7 @@ IVF_CODES = "ivf_codes.u8"
 CODEC_CENTROIDS = "centroids.i8"
 CODEC_SCALES = "scales.f32"
 CODEC_CODEBOOKS = "codebooks.f32"
+CODEC_REFINE_BOOKS = "refine_codebooks.f32"
 SMALL_FILE = 1 << 20  # files up to this size are CRC-checked on every open
 _OWNED = re.compile(r"^(seg-\d+-[0-9a-f]+|codec-\d+(-[0-9a-f]+)?|\.tmp-.*|\.manifest\..*)$")  # names this package creates
 
@@ -362,11 +364,11 @@ def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
 
-def _expected_sizes(seg: SegmentInfo, dim: int, pq_m: int, nlist: int) -> dict[str, int]:
+def _expected_sizes(seg: SegmentInfo, dim: int, pq_m: int, nlist: int, residual_m: int = 0) -> dict[str, int]:
     n, t, k = seg.num_docs, seg.num_tokens, seg.num_kept
     sizes = {OFFSETS: 8 * (n + 1)}
     if pq_m:
-        sizes.update({TOKEN_CENTROIDS: 2 * t, TOKEN_RESIDUALS: t * pq_m, KEPT_BITS: (t + 7) // 8,
+        sizes.update({TOKEN_CENTROIDS: 2 * t, TOKEN_RESIDUALS: t * (residual_m or pq_m), KEPT_BITS: (t + 7) // 8,
                       IVF_OFFSETS: 8 * (nlist + 1), IVF_DOCS: 4 * k, IVF_CODES: k * pq_m})
     else:
         sizes.update({VECTORS: 2 * t * dim, SALIENCE: 4 * t, KEPT: t, FAISS_IDS: 8 * k})
@@ -400,9 +402,10 @@ class Segment:
     """Read access to one segment's files (memory-mapped token data, docids, offsets, tombstones)."""
 
     def __init__(self, root: Path, info: SegmentInfo, manifest: Manifest, pq_m: int, nlist: int,
-                 verify_all: bool = False):
+                 verify_all: bool = False, residual_m: int = 0):
+        """pq_m: bytes of a list entry's code; residual_m: bytes of a token's residual code (0: pq_m)."""
         self.info, self.folder = info, root / info.name
-        sizes = _expected_sizes(info, manifest.dim, pq_m, nlist)
+        sizes = _expected_sizes(info, manifest.dim, pq_m, nlist, residual_m)
         paths = _check_files(self.folder, info.files, sizes, verify_all)
         n, t, k, d = info.num_docs, info.num_tokens, info.num_kept, manifest.dim
         self.offsets = np.fromfile(paths[OFFSETS], dtype=np.int64)
@@ -419,7 +422,7 @@ class Segment:
                                        f"says {info.num_deleted}")
         if pq_m:
             self.centroid_ids = _memmap(paths[TOKEN_CENTROIDS], np.uint16, (t,))
-            self.residuals = _memmap(paths[TOKEN_RESIDUALS], np.uint8, (t, pq_m))
+            self.residuals = _memmap(paths[TOKEN_RESIDUALS], np.uint8, (t, residual_m or pq_m))
             self.kept_bits = np.fromfile(paths[KEPT_BITS], dtype=np.uint8)
             self.ivf_offsets = np.fromfile(paths[IVF_OFFSETS], dtype=np.int64)
             if self.ivf_offsets[0] != 0 or self.ivf_offsets[-1] != k or (np.diff(self.ivf_offsets) < 0).any():
@@ -486,11 +489,15 @@ def load_codec(index_dir: Path, manifest: Manifest, verify_all: bool = False):
     folder = index_dir / manifest.codec_dir
     sizes = {CODEC_CENTROIDS: spec.nlist * manifest.dim, CODEC_SCALES: 4 * spec.nlist,
              CODEC_CODEBOOKS: 4 * manifest.dim * PQ_CENTROIDS}
+    if spec.refine_m:
+        sizes[CODEC_REFINE_BOOKS] = 4 * manifest.dim * PQ_CENTROIDS
     paths = _check_files(folder, manifest.codec_files, sizes, verify_all)
     centroids = np.fromfile(paths[CODEC_CENTROIDS], dtype=np.int8).reshape(spec.nlist, manifest.dim)
     scales = np.fromfile(paths[CODEC_SCALES], dtype=np.float32)
     books = np.fromfile(paths[CODEC_CODEBOOKS], dtype=np.float32).reshape(spec.pq_m, PQ_CENTROIDS, -1)
-    return ResidualCodec(dequantize_centroids(centroids, scales), torch.from_numpy(books))
+    refine = (torch.from_numpy(np.fromfile(paths[CODEC_REFINE_BOOKS], dtype=np.float32)
+                               .reshape(spec.refine_m, PQ_CENTROIDS, -1)) if spec.refine_m else None)
+    return ResidualCodec(dequantize_centroids(centroids, scales), torch.from_numpy(books), refine)
 
 
 class StoredIndex:
@@ -521,7 +528,8 @@ class StoredIndex:
         self.manifest = m = read_manifest(self.index_dir)
         self.codec_spec = spec = parse_codec(m.codec, m.dim)
         self.codec = load_codec(self.index_dir, m, verify)
-        self.segments = [Segment(self.index_dir, info, m, spec.pq_m, spec.nlist, verify) for info in m.segments]
+        self.segments = [Segment(self.index_dir, info, m, spec.pq_m, spec.nlist, verify, spec.refine_m)
+                         for info in m.segments]
         counts = [s.info.num_docs for s in self.segments]
         tokens = [s.info.num_tokens for s in self.segments]
         self.row_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -585,10 +593,10 @@ class StoredIndex:
             yield int(number), positions[where] - self.token_base[number], where
 
     def token_codes(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(centroid ids [t] uint16, residual codes [t, M] uint8) at global ``positions`` (compressed indexes)."""
+        """(centroid ids [t] uint16, residual codes [t, R] uint8) at global ``positions`` (compressed indexes)."""
         positions = np.asarray(positions, dtype=np.int64)
         ids = np.empty(len(positions), dtype=np.uint16)
-        codes = np.empty((len(positions), self.codec_spec.pq_m), dtype=np.uint8)
+        codes = np.empty((len(positions), self.codec_spec.residual_m), dtype=np.uint8)
         for number, local, where in self._by_segment(positions):
             seg = self.segments[number]
             ids[where], codes[where] = seg.centroid_ids[local], seg.residuals[local]

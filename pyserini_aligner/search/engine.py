@@ -13,8 +13,8 @@ Three steps, each a function of plain tensors so that every backend and every sh
 3. :meth:`CodeShard.refine`: each candidate's tokens (all, or only the kept ones) are decoded from their codes on the
    device and scored with the full alignment score.
 
-Only the codes live in memory (2 + M bytes a token, plus 4 + M bytes an inverted-list entry); nothing is decoded
-ahead of time.
+Only the codes live in memory (2 + R bytes a token, plus 4 + M bytes an inverted-list entry: M = R unless the codec
+has a refinement tier); nothing is decoded ahead of time.
 """
 from __future__ import annotations
 
@@ -51,8 +51,10 @@ class CodeShard:
         self.dtype = torch.float32  # refinement decodes and scores in float32: near-ties rank as exhaustively
         codec = store.codec.to(self.device)
         self.centroids = codec.centroids.float()
-        self.books = codec.codebooks.float()  # [M, 256, sub]
+        self.books = codec.codebooks.float()  # [M, 256, sub]: the inverted lists' codes
         self.m = self.books.shape[0]
+        self.token_books = codec.token_books.float()  # [R, 256, d/R]: every token's residual code
+        self.token_m = self.token_books.shape[0]
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -249,24 +251,25 @@ class CodeShard:
         and multiplying)."""
         b, n = q.shape[:2]
         q = q.float()
-        rows = torch.empty(b * (self.nlist + self.m * 256), n, device=self.device)  # every query's tables, stacked
+        m = self.token_m
+        rows = torch.empty(b * (self.nlist + m * 256), n, device=self.device)  # every query's tables, stacked
         centroid_rows = rows[:b * self.nlist].view(b, self.nlist, n)
         torch.matmul(self.centroids, q.transpose(1, 2), out=centroid_rows)  # q·c
-        rows[b * self.nlist:] = torch.einsum("bnms,mks->bmkn", q.view(b, n, self.m, -1), self.books).reshape(-1, n)
+        rows[b * self.nlist:] = torch.einsum("bnms,mks->bmkn", q.view(b, n, m, -1), self.token_books).reshape(-1, n)
         owner = torch.arange(b, device=self.device).view(b, 1, 1, 1)
-        books = torch.arange(self.m, device=self.device) * 256
+        books = torch.arange(m, device=self.device) * 256
         index = torch.cat([owner * self.nlist + (self.token_ids[positions].long() & 0xFFFF).unsqueeze(-1),
-                           b * self.nlist + owner * (self.m * 256) + books + self.token_codes[positions].long()], -1)
-        # one row per token: its centroid's row plus its M look-up-table rows, summed in that order
-        sim = torch.nn.functional.embedding_bag(index.reshape(-1, 1 + self.m), rows, mode="sum")
+                           b * self.nlist + owner * (m * 256) + books + self.token_codes[positions].long()], -1)
+        # one row per token: its centroid's row plus its R look-up-table rows, summed in that order
+        sim = torch.nn.functional.embedding_bag(index.reshape(-1, 1 + m), rows, mode="sum")
         sim = sim.view(*positions.shape, n)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
     def decode(self, positions: Tensor) -> Tensor:
         """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]."""
         ids = self.token_ids[positions].long() & 0xFFFF
-        codes = self.token_codes[positions].long() + torch.arange(self.m, device=self.device) * 256
-        residual = self.books.reshape(self.m * 256, -1)[codes]  # [..., M, sub]
+        codes = self.token_codes[positions].long() + torch.arange(self.token_m, device=self.device) * 256
+        residual = self.token_books.reshape(self.token_m * 256, -1)[codes]  # [..., R, d/R]
         return (self.centroids[ids] + residual.flatten(-2)).to(self.dtype)
 
 
