@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from eval.bench_scale import __main__ as cli
 from eval.bench_scale.corpus import SPAN_WEIGHTS, SyntheticCorpus, parse_size, read_beir_zip, size_label
@@ -113,6 +114,7 @@ def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
     out, work = tmp_path / "out", tmp_path / "work"
     assert cli.main(["--beir-zip", str(archive), "--sizes", "40", "--max-queries", "5", "--device", "cpu",
                      "--codec", "IVF16,PQ16", "--batch-size", "16", "--cpu-threads", "1", "--tile-to", "100",
+                     "--exact-max-docs", "40",
                      "--output", str(out), "--work", str(work), "--quiet"]) == 0
     report = json.loads((out / "bench_scale.json").read_text())
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch"]
@@ -123,6 +125,8 @@ def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
     assert row["peak_rss_build_gib"] > 0.1 and row["peak_gpu_build_gib"] is None
     assert 0 < row["p50_ms"] <= row["p95_ms"] and row["qps_b32"] > 0 and row["qps_b300"] > 0
     assert 0.5 <= row["overlap@10"] <= 1 and 0.3 < row["ndcg@10"] <= 1 and 0.3 < row["ndcg@10_exhaustive"] <= 1
+    assert 0.5 <= row["overlap@10_exact"] <= 1 and 0.3 < row["ndcg@10_exact"] <= 1
+    assert "overlap@10_exact" not in report["rows"][1]  # a tiled index has no exact reference of its own
     assert report["cpu"]["threads"] == 1 and 0 < report["cpu"]["p50_ms"] <= report["cpu"]["p95_ms"]
     assert tiled["docs"] == 120 and tiled["tiled"]["copies"] == 3 and tiled["label"] == "120"
     assert 0 < tiled["p50_ms"] <= tiled["p95_ms"] and 0 < tiled["ndcg@10"] <= row["ndcg@10_exhaustive"] + 1e-9
@@ -137,7 +141,8 @@ def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
     assert size_row[gpu] == f"{DASH} / {DASH}"  # measured on CUDA only
     assert all(cell and DASH not in cell for i, cell in enumerate(size_row) if i != gpu)
     assert tiled_row[0] == "120 tiled" and tiled_row[1].startswith("tiled ×3 of 40")
-    assert all(DASH not in tiled_row[COLUMNS.index(name)] for name in ("p50 ms", "p95 ms", "q/s b32", "overlap@10"))
+    assert all(DASH not in tiled_row[COLUMNS.index(name)] for name in ("p50 ms", "p95 ms", "q/s b32"))
+    assert tiled_row[COLUMNS.index("overlap@10 (codes / exact)")].endswith(f"/ {DASH}")
     assert cpu_row[0].startswith("40 on CPU, 1 thread") and cpu_row[7] == str(report["cpu"]["p50_ms"])
     # the same --work again: refused before anything is built, nothing removed
     assert cli.main(["--beir-zip", str(archive), "--sizes", "40", "--device", "cpu", "--output", str(out),
@@ -154,3 +159,22 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     assert cli.main(["--beir-zip", str(tmp_path / "missing.zip"), "--sizes", "5k", "--output", str(tmp_path / "o"),
                      "--device", "cpu"]) == 1
     assert "BEIR zip not found" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_exact_reference_against_a_loop():
+    """exhaustive_top: mean over query tokens of the best document token, every document, best first."""
+    from eval.bench_scale.exact import exhaustive_top
+
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 1, 5, 2, 4])
+    tokens = torch.nn.functional.normalize(torch.randn(int(lengths.sum()), 8, generator=gen), dim=-1)
+    q = torch.nn.functional.normalize(torch.randn(2, 4, 8, generator=gen), dim=-1)
+    q_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    scores, rows = exhaustive_top(q, q_mask, tokens, lengths, 3)
+    bounds = [0] + lengths.cumsum(0).tolist()
+    for b in range(2):
+        loop = [sum(max(float(q[b, i] @ tokens[t]) for t in range(bounds[d], bounds[d + 1]))
+                    for i in range(4) if q_mask[b, i]) / int(q_mask[b].sum()) for d in range(5)]
+        best = sorted(range(5), key=lambda d: -loop[d])[:3]
+        assert rows[b].tolist() == best
+        assert scores[b].tolist() == pytest.approx([loop[d] for d in best], abs=1e-5)

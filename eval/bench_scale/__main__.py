@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to encode, build and search (default: cuda when available)")
     parser.add_argument("--codec", default="auto",
-                        help="token codec: auto (IVF<nlist>,PQ4, nlist from the corpus size), IVF<nlist>,PQ<M> or fp16")
+                        help="token codec: auto (IVF<nlist>,PQ4,Refine(PQ<R>), nlist and R from the corpus size), "
+                             "IVF<nlist>,PQ<M>[,Refine(PQ<R>)] or fp16")
     parser.add_argument("--batch-size", type=_positive, default=128, help="documents per encoding batch (build)")
     parser.add_argument("--max-queries", type=_positive, help="time and score only the first N judged queries")
     parser.add_argument("--cpu-threads", type=_positive,
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also measure search on the largest index tiled to this size (whole copies: rounded up)")
     parser.add_argument("--exhaustive-max-docs", type=_size,
                         help="skip exhaustive scoring (overlap@10, exhaustive nDCG@10) above this size")
+    parser.add_argument("--exact-max-docs", type=_size,
+                        help="up to this size, also rank every passage exhaustively with its exact float16 tokens "
+                             "(encoded once more, kept on the device) and report overlap@10 with that ranking")
     parser.add_argument("--work", type=Path, help="keep the indexes in this folder (default: a temporary folder "
                                                   "in --output, removed at the end)")
     parser.add_argument("--add-fraction", type=float, default=0.0,
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_bench(args.beir_zip, args.sizes, args.output, args.device, codec=args.codec, batch_size=args.batch_size,
                   max_queries=args.max_queries, cpu_threads=args.cpu_threads, tile_to=args.tile_to, work=args.work,
-                  exhaustive_max_docs=args.exhaustive_max_docs, add_fraction=args.add_fraction, encoder=args.encoder, seed=args.seed,
+                  exhaustive_max_docs=args.exhaustive_max_docs, exact_max_docs=args.exact_max_docs,
+                  add_fraction=args.add_fraction, encoder=args.encoder, seed=args.seed,
                   quiet=args.quiet)
     except (InputError, FileExistsError) as err:  # CorpusError is an InputError
         print(f"error: {err}", file=sys.stderr)

@@ -9,7 +9,7 @@ from eval.bench_scale.measure import human_bytes
 
 COLUMNS = ("docs", "build s (encode/prune/codec/write)", "passages/s", "peak GPU GB (build/search)",
            "RSS GB (build/search)", "peak disk / final", "B/passage", "p50 ms", "p95 ms", "q/s b32", "q/s b300",
-           "overlap@10", "nDCG@10 / exhaustive")
+           "overlap@10 (codes / exact)", "nDCG@10 / exhaustive / exact")
 DASH = "–"
 
 
@@ -39,7 +39,8 @@ def table_row(row: dict) -> list[str]:
             DASH if tiled else str(row["passages_per_s"]), _pair(row, "peak_gpu_build_gib", "peak_gpu_search_gib"),
             _pair(row, "peak_rss_build_gib", "peak_rss_search_gib"), disk, str(row["bytes_per_passage"]),
             str(row["p50_ms"]), str(row["p95_ms"]), str(row["qps_b32"]), str(row["qps_b300"]),
-            _value(row.get("overlap@10")), f"{row['ndcg@10']} / {_value(row.get('ndcg@10_exhaustive'))}"]
+            f"{_value(row.get('overlap@10'))} / {_value(row.get('overlap@10_exact'))}",
+            f"{row['ndcg@10']} / {_value(row.get('ndcg@10_exhaustive'))} / {_value(row.get('ndcg@10_exact'))}"]
 
 
 def cpu_table_row(cpu: dict) -> list[str]:
@@ -61,7 +62,9 @@ def markdown(report: dict) -> str:
              f"{machine['torch']}, {machine['cpu_count']} CPUs", "",
              f"Latency at k=10, one query at a time, query encoding included, over {'/'.join(map(str, queries))} "
              f"judged queries after {settings['warmup']} warm-up; q/s: median of {settings['qps_repeats']} passes; "
-             "overlap@10 and the second nDCG@10: exhaustive scoring of the same index; GB = GiB."
+             "overlap@10 (codes) and the second nDCG@10: exhaustive scoring of the same index's codes; overlap@10 "
+             "(exact) and the third nDCG@10: exhaustive scoring of every passage's exact float16 tokens (the same "
+             "model, unpruned); GB = GiB."
              + (" Tiled rows repeat one built index's segments, so every passage has exact duplicates: their "
                 "search cost is that of the tiled size, their overlap and nDCG depend on how ties between "
                 "duplicates are broken." if any(row["tiled"] for row in rows) else ""), "",

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.bench_scale import report as reporting
 from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip, size_label
+from eval.bench_scale.exact import exact_ranking
 from eval.bench_scale.measure import (Peaks, folder_bytes, gib, gpu_peak_bytes, machine_info,
                                       overlap_at_k, reset_gpu_peak, run_dict, sync)
 from eval.bench_scale.tiling import tile_index
@@ -79,9 +80,11 @@ def build(corpus: SyntheticCorpus, n: int, folder: Path, device: str, batch_size
     }
 
 
-def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, exhaustive: bool) -> dict:
+def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, exhaustive: bool,
+           exact: list | None = None) -> dict:
     """Latency at k=10 one query at a time (query encoding included), q/s per batch size, and the quality of the
-    k=10 ranking: nDCG@10 and overlap with exhaustive scoring of the same index."""
+    k=10 ranking: nDCG@10, overlap with exhaustive scoring of the same index and, given the ``exact`` ranking
+    (:func:`.exact.exact_ranking` of the same queries), overlap with exhaustive scoring of the exact vectors."""
     from pyserini_aligner.search import AlignerSearcher
 
     texts, qids = list(queries.values()), list(queries)
@@ -102,6 +105,9 @@ def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, e
             row[f"qps_b{batch}"] = round(len(texts) / statistics.median(times), 1)
     row["peak_gpu_search_gib"], row["peak_rss_search_gib"] = gib(gpu_peak_bytes(device)), gib(peaks.peak_rss)
     row["ndcg@10"] = round(evaluate(judged, run_dict(qids, ranked), ("ndcg@10",))["ndcg@10"], 4)
+    if exact is not None:
+        row["overlap@10_exact"] = round(overlap_at_k(ranked, exact, 10), 4)
+        row["ndcg@10_exact"] = round(evaluate(judged, run_dict(qids, exact), ("ndcg@10",))["ndcg@10"], 4)
     del searcher
     _release(device)
     if exhaustive:
@@ -151,7 +157,8 @@ def cpu_search(index_dir: Path, queries: Sequence[str], threads: int) -> dict:
 def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, codec: str = "auto",
               batch_size: int = 128, max_queries: int | None = None, cpu_threads: int | None = None,
               tile_to: int | None = None, work: Path | None = None, exhaustive_max_docs: int | None = None,
-              encoder: str = "aligner", seed: int = 0, quiet: bool = False, add_fraction: float = 0.0) -> dict:
+              encoder: str = "aligner", seed: int = 0, quiet: bool = False, add_fraction: float = 0.0,
+              exact_max_docs: int | None = None) -> dict:
     """Measure every size (and the CPU row, and the tiled size); writes bench_scale.json/.md in ``output`` after
     each step and returns the report. Indexes go under ``work`` (kept), or a temporary folder in ``output``."""
     sizes = sorted(set(sizes))
@@ -174,11 +181,18 @@ def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, c
         largest = None
         for n in sizes:
             queries = judged_queries(corpus, n, max_queries)
+            exact = None
+            if exact_max_docs is not None and n <= exact_max_docs:
+                start = time.perf_counter()
+                exact = exact_ranking(list(corpus.passages(n)), list(queries.values()), encoder, device,
+                                      batch_size, progress=not quiet)
+                _release(device)
+                log.info("exact reference of %s: %.1f s", size_label(n), time.perf_counter() - start)
             index_dir, row = build(corpus, n, work / size_label(n), device, batch_size, codec, encoder, quiet)
             row = {"label": size_label(n), "tiled": None, **row}
             _release(device)
             exhaustive = exhaustive_max_docs is None or n <= exhaustive_max_docs
-            row.update(search(index_dir, queries, source.qrels, device, exhaustive))
+            row.update(search(index_dir, queries, source.qrels, device, exhaustive, exact))
             report["rows"].append(row)
             reporting.write(report, output)
             log.info("%s: %s", row["label"], row)

@@ -19,54 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip
+from eval.bench_scale.exact import encode_corpus, exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
 from pyserini_aligner.index.codec import ResidualCodec, parse_codec, resolve_codec
 from pyserini_aligner.resolve import load_model
 
-TOKENS_PER_BLOCK = 1 << 18  # document tokens scored at once
 TRAIN_SIZE = 100_000  # residuals the PQ codebooks train on (the build's default)
 STEP = 1 << 20  # tokens coded at once
-
-
-def encode_corpus(model, texts: list[str], batch: int, progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [T, d] float16, lengths [N] int64) of every text, on the model's device."""
-    parts, lengths = [], []
-    for start in tqdm(range(0, len(texts), 8192), desc="encode", disable=not progress):
-        out = model.encode_padded(texts[start:start + 8192], is_query=False, batch_size=batch)
-        parts.append(out.vectors[out.mask].half())
-        lengths.append(out.mask.sum(1))
-    return torch.cat(parts), torch.cat(lengths).long()
-
-
-def exhaustive_top(q: torch.Tensor, q_mask: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
-                   decode=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [B, k], rows [B, k]) of top-k:1 alignment over all documents. q [B, n, d] float32; tokens [T, d]
-    (or codes that ``decode`` turns into float32 vectors block by block)."""
-    flat = q[q_mask]  # [Q, d]
-    owner = torch.repeat_interleave(torch.arange(len(q), device=q.device), q_mask.sum(1))
-    weights = torch.zeros(len(flat), len(q), device=q.device)
-    weights[torch.arange(len(flat)), owner] = 1.0 / q_mask.sum(1)[owner].float()
-    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    best_s = torch.full((len(q), 0), -torch.inf, device=q.device)
-    best_r = torch.zeros((len(q), 0), dtype=torch.long, device=q.device)
-    doc = 0
-    while doc < len(lengths):
-        stop = int(torch.searchsorted(offsets, offsets[doc] + TOKENS_PER_BLOCK, right=True)) - 1
-        stop = max(stop, doc + 1)
-        a, b = int(offsets[doc]), int(offsets[stop])
-        block = tokens[a:b].float() if decode is None else decode(a, b)
-        sims = block @ flat.T  # [t, Q]
-        best = torch.segment_reduce(sims, "max", lengths=lengths[doc:stop], axis=0, unsafe=True)  # [docs, Q]
-        scores = (best @ weights).T  # [B, docs]
-        rows = torch.arange(doc, stop, device=q.device).expand(len(q), -1)
-        both_s, both_r = torch.cat([best_s, scores], 1), torch.cat([best_r, rows], 1)
-        top = both_s.topk(min(k, both_s.shape[1]), dim=1)
-        best_s, best_r = top.values, both_r.gather(1, top.indices)
-        doc = stop
-    return best_s, best_r
 
 
 def main(argv: list[str] | None = None) -> None:

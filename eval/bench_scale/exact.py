@@ -1,0 +1,66 @@
+"""The fidelity reference of the scale benchmark: exhaustive top-k:1 scoring of every passage with its exact
+(unpruned, uncompressed float16) token vectors, on the device."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+TOKENS_PER_BLOCK = 1 << 18  # document tokens scored at once
+ENCODE_STEP = 8192  # passages encoded per call
+
+
+def encode_corpus(model, texts: Sequence[str], batch_size: int, progress: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [T, d] float16, lengths [N] int64) of every text's stored tokens, on the model's device."""
+    parts, lengths = [], []
+    for start in tqdm(range(0, len(texts), ENCODE_STEP), desc="encode (exact)", disable=not progress):
+        out = model.encode_padded(list(texts[start:start + ENCODE_STEP]), is_query=False, batch_size=batch_size)
+        parts.append(out.vectors[out.mask].half())
+        lengths.append(out.mask.sum(1))
+    return torch.cat(parts), torch.cat(lengths).long()
+
+
+def exhaustive_top(q: torch.Tensor, q_mask: torch.Tensor, tokens, lengths: torch.Tensor, k: int,
+                   decode: Callable[[int, int], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores [B, k], rows [B, k]) of top-k:1 alignment (mean over a query's tokens of its best document token)
+    over every document, best first. q [B, n, d] float32, q_mask [B, n]; tokens [T, d] with lengths [N] (or any
+    codes that ``decode(a, b)`` turns into the float32 vectors of tokens a..b-1)."""
+    flat = q[q_mask].float()  # [Q, d]
+    owner = torch.repeat_interleave(torch.arange(len(q), device=q.device), q_mask.sum(1))
+    weights = torch.zeros(len(flat), len(q), device=q.device)
+    weights[torch.arange(len(flat), device=q.device), owner] = 1.0 / q_mask.sum(1)[owner].float()
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    best_s = torch.full((len(q), 0), -torch.inf, device=q.device)
+    best_r = torch.zeros((len(q), 0), dtype=torch.long, device=q.device)
+    doc = 0
+    while doc < len(lengths):
+        stop = max(int(torch.searchsorted(offsets, offsets[doc] + TOKENS_PER_BLOCK, right=True)) - 1, doc + 1)
+        a, b = int(offsets[doc]), int(offsets[stop])
+        block = tokens[a:b].float() if decode is None else decode(a, b)
+        best = torch.segment_reduce(block @ flat.T, "max", lengths=lengths[doc:stop], axis=0, unsafe=True)
+        scores = (best @ weights).T  # [B, docs]
+        rows = torch.arange(doc, stop, device=q.device).expand(len(q), -1)
+        both_s, both_r = torch.cat([best_s, scores], 1), torch.cat([best_r, rows], 1)
+        top = both_s.topk(min(k, both_s.shape[1]), dim=1)
+        best_s, best_r = top.values, both_r.gather(1, top.indices)
+        doc = stop
+    return best_s, best_r
+
+
+def exact_ranking(passages: Sequence[tuple[str, str]], queries: Sequence[str], encoder: str, device: str,
+                  batch_size: int, k: int = 10, progress: bool = False) -> list[list[tuple[str, float]]]:
+    """Per query, the top-k (docid, score) of exhaustive top-k:1 scoring with exact token vectors."""
+    from pyserini_aligner.resolve import load_model
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 products, as the searcher's refinement
+    try:
+        model = load_model(encoder, device=device)
+        tokens, lengths = encode_corpus(model, [text for _, text in passages], batch_size, progress)
+        out = model.encode_padded(list(queries), is_query=True, batch_size=64)
+        scores, rows = exhaustive_top(out.vectors.float(), out.mask, tokens, lengths, k)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return [[(passages[r][0], s) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]
