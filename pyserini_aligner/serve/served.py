@@ -202,7 +202,7 @@ class ServedAligner(ServedIndex):
         size = sum(record["bytes"] for info in manifest.segments for record in info.files.values())
         size += sum(record["bytes"] for record in manifest.codec_files.values())
         return {**super().status(), "size_bytes": str(size), "path": str(self.path),
-                "generation": manifest.generation, "documents": self.searcher.num_docs,
+                "generation": manifest.generation, "documents": manifest.num_docs,
                 "segments": len(manifest.segments), "codec": manifest.codec, "model": manifest.model_name,
                 "device": self.searcher.device, "batch_wait_ms": self.config.batch_wait_ms,
                 "max_batch": self.config.max_batch, "batches": self.batcher.batches,

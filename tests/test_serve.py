@@ -1,0 +1,297 @@
+"""Pyserini's own REST and MCP servers serving AligneR indexes, started as child processes on free ports and spoken
+to over real HTTP (requests) and a real MCP client (fastmcp.Client): results equal offline searches and Pyserini's
+hybrid CLI, bad requests get their 4xx and the server keeps serving, an index updated on disk is served without a
+restart; and the batcher gathers concurrent queries into batches whose answers equal single searches."""
+import asyncio
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import pytest
+
+from conftest import N_DOCS, run_module
+
+QUERIES = 8
+HITS = 10
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scifact_queries(n: int) -> list[str]:
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive:
+        lines = archive.read("scifact/queries.jsonl").decode().splitlines()
+    return [json.loads(line)["text"] for line in lines[:n]]
+
+
+def offline(index, queries: list[str], k: int = HITS, **kwargs) -> list[list[tuple[str, float]]]:
+    from pyserini_aligner.search import AlignerSearcher
+
+    searcher = AlignerSearcher(index, **kwargs)
+    return [[(hit.docid, hit.score) for hit in searcher.search(query, k=k)] for query in queries]
+
+
+def assert_same_ranking(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> None:
+    """Same docids in the same order; scores equal to float32 rounding (a batch rounds its products its own way)."""
+    assert [docid for docid, _ in got] == [docid for docid, _ in expected]
+    assert [score for _, score in got] == pytest.approx([score for _, score in expected], rel=1e-5, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, default_index, corpus_file):
+    """A REST server (python -m pyserini_aligner.serve) and an MCP server (python -m pyserini.server.mcp, indexes
+    from the environment), both serving the 200-document index as "sci" with its BM25 pair, and a copy as "live"."""
+    from pyserini_aligner.bm25 import build_lucene_index
+    from pyserini_aligner.data import Doc
+
+    root = tmp_path_factory.mktemp("serve")
+    live = root / "live"
+    shutil.copytree(default_index, live)
+    records = [json.loads(line) for line in corpus_file.read_text().splitlines()]
+    build_lucene_index((Doc(r["id"], "", r["contents"]) for r in records), root / "lucene")
+    qrels = root / "qrels.txt"
+    qrels.write_text(f"q1 0 {records[0]['id']} 1\nq1 0 {records[1]['id']} 1\n")
+    (root / "not-a-folder").write_text("")
+    rest_port, mcp_port = free_port(), free_port()
+    env = dict(os.environ, PYSERINI_CACHE=str(root / "not-a-folder"), OMP_NUM_THREADS="1")
+    env.pop("OPENAI_API_KEY", None)
+    rest = subprocess.Popen(
+        [sys.executable, "-m", "pyserini_aligner.serve", "--rest", "--port", str(rest_port), "--index",
+         f"sci={default_index}", "--index", f"live={live}", "--bm25", f"sci={root / 'lucene'}", "--reload-interval",
+         "0.2", "--batch-wait-ms", "20"], env=env, stdout=subprocess.DEVNULL, stderr=open(root / "rest.log", "w"))
+    mcp = subprocess.Popen(
+        [sys.executable, "-m", "pyserini.server.mcp", "--transport", "http", "--port", str(mcp_port)],
+        env={**env, "PYSERINI_ALIGNER_INDEXES": f"sci={default_index}", "PYSERINI_ALIGNER_BM25": f"sci={root / 'lucene'}",
+             "PYSERINI_ALIGNER_QRELS": f"sci={qrels}"},
+        stdout=subprocess.DEVNULL, stderr=open(root / "mcp.log", "w"))
+    try:
+        deadline = time.monotonic() + 240
+        for process, url, log in ((rest, f"http://127.0.0.1:{rest_port}/", "rest.log"),
+                                  (mcp, f"http://127.0.0.1:{mcp_port}/mcp", "mcp.log")):
+            while True:
+                assert process.poll() is None, (root / log).read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{log}: not listening"
+                try:
+                    requests.get(url, timeout=2)
+                    break
+                except requests.ConnectionError:
+                    time.sleep(0.5)
+        yield {"rest": f"http://127.0.0.1:{rest_port}/v1/indexes", "mcp": f"http://127.0.0.1:{mcp_port}/mcp",
+               "index": default_index, "live": live, "lucene": root / "lucene", "root": root, "records": records}
+    finally:
+        for process in (rest, mcp):
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def rest_search(base: str, index: str, query: str, hits: int = HITS) -> list[tuple[str, float]]:
+    answer = requests.post(f"{base}/{index}/search", json={"query": query, "hits": hits}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return [(c["docid"], c["score"]) for c in answer.json()["candidates"]]
+
+
+def test_rest_concurrent_searches_equal_offline_searches(served):
+    queries = scifact_queries(QUERIES)
+    with ThreadPoolExecutor(QUERIES) as pool:
+        got = list(pool.map(lambda q: rest_search(served["rest"], "sci", q), queries))
+    for answer, expected in zip(got, offline(served["index"], queries)):
+        assert_same_ranking(answer, expected)
+    first = requests.post(f"{served['rest']}/sci/search", json={"query": queries[0], "hits": 3}).json()
+    lucene = {r["id"]: r["contents"] for r in served["records"]}
+    assert [c["document_txt"] for c in first["candidates"]] == [lucene[c["docid"]] for c in first["candidates"]]
+    status = requests.get(f"{served['rest']}/sci/status").json()
+    assert status["documents"] == N_DOCS and status["type"] == "aligner" and status["batched_queries"] >= QUERIES
+
+
+def test_rest_hybrid_equals_pyserini_hybrid_cli(served, tmp_path):
+    queries = scifact_queries(4)
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(f"q{i}\t{q}\n" for i, q in enumerate(queries)))
+    assert run_module("pyserini.search.hybrid", "dense", "--index", served["index"], "--encoder", "aligner",
+                      "sparse", "--index", served["lucene"], "fusion", "--alpha", "0.1", "--hits", "100",
+                      "run", "--topics", topics, "--output", tmp_path / "run.trec", "--hits", HITS) == 0
+    cli: dict[str, list] = {}
+    for line in (tmp_path / "run.trec").read_text().splitlines():
+        qid, _, docid, _, score, _ = line.split()
+        cli.setdefault(qid, []).append((docid, float(score)))
+    settings = requests.get(f"{served['rest']}/sci.hybrid/settings").json()
+    assert settings["hits"] == 100 and settings["alpha"] == 0.1 and settings["normalization"] is False
+    for i, query in enumerate(queries):
+        assert_same_ranking(rest_search(served["rest"], "sci.hybrid", query), cli[f"q{i}"])
+    bm25 = rest_search(served["rest"], "sci.bm25", queries[0])
+    from pyserini.search.lucene import LuceneSearcher
+
+    assert bm25 == [(h.docid, pytest.approx(h.score)) for h in LuceneSearcher(str(served["lucene"])).search(
+        queries[0], HITS)]
+
+
+def test_rest_settings_change_the_strategy_and_depth(served):
+    base, query = served["rest"], scifact_queries(1)[0]
+    assert requests.post(f"{base}/sci/settings", json={"strategy": "top-k:2", "depth": 64}).status_code == 200
+    try:
+        settings = requests.get(f"{base}/sci/settings").json()
+        assert settings["strategy"] == "top-k:2" and settings["depth"] == 64
+        assert_same_ranking(rest_search(base, "sci", query),
+                            offline(served["index"], [query], strategy="top-k:2", max_candidates=64)[0])
+    finally:
+        assert requests.post(f"{base}/sci/settings", json={"strategy": "top-k:1", "depth": 128}).status_code == 200
+    assert_same_ranking(rest_search(base, "sci", query), offline(served["index"], [query])[0])
+
+
+BAD_REQUESTS = [
+    ("post", "nope/search", {"query": "cells"}, 404, "unknown index 'nope'"),
+    ("post", "sci/search", {"query": " \u200b "}, 422, "query is empty"),
+    ("post", "sci/search", {"query": "cell " * 20_000}, 422, "characters long"),
+    ("post", "sci/search", {"query": "cells", "hits": 0}, 422, "hits must be between 1 and 200"),
+    ("post", "sci/search", {"query": "cells", "hits": 201}, 422, "hits must be between 1 and 200"),
+    ("post", "sci/search", '{"query": ', 422, "JSON decode error"),
+    ("post", "sci/search", {"hits": 3}, 422, "Field required"),
+    ("post", "sci/settings", {"strategy": "top-z:3"}, 422, "unknown strategy"),
+    ("post", "sci/settings", {"depth": 0}, 422, "depth must be an integer >= 1"),
+    ("post", "sci/settings", {"colour": "red"}, 422, "unknown setting 'colour'"),
+    ("get", "sci/documents/no-such-doc", None, 404, "document no-such-doc not found in index sci"),
+    ("get", "live/documents/4983", None, 404, "keeps no document texts"),
+    ("get", "nope/status", None, 404, "unknown index 'nope'"),
+    ("get", "nope/settings", None, 404, "unknown index 'nope'"),
+    # a prebuilt index that cannot be fetched (the cache is not a folder): Pyserini's own failure, as a 500
+    ("post", "beir-v1.0.0-scifact.flat/search", {"query": "cells"}, 500, "internal error"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, status, message", BAD_REQUESTS, ids=[f"{r[1]}-{r[3]}-{r[4][:20]}"
+                                                                                     for r in BAD_REQUESTS])
+def test_rest_bad_request_is_refused_and_the_server_keeps_serving(served, method, path, body, status, message):
+    url = f"{served['rest']}/{path}"
+    if isinstance(body, str):
+        answer = requests.post(url, data=body, headers={"content-type": "application/json"})
+    else:
+        answer = requests.request(method.upper(), url, json=body, timeout=120)
+    assert answer.status_code == status, answer.text
+    assert message in answer.text and "Traceback" not in answer.text and "\n" not in answer.json()["detail"] \
+        if isinstance(answer.json()["detail"], str) else message in answer.text
+    assert rest_search(served["rest"], "sci", "cells", hits=3)
+
+
+def test_rest_serves_an_added_document_without_restart(served, tmp_path):
+    base = served["rest"]
+    before = requests.get(f"{base}/live/status").json()
+    text = "Zebrafish fins regenerate through dedifferentiation of osteoblasts after amputation."
+    (tmp_path / "new.jsonl").write_text(json.dumps({"id": "new-1", "contents": text}) + "\n")
+    assert run_module("pyserini_aligner.index", "--index", served["live"], "--add", tmp_path / "new.jsonl",
+                      "--quiet") == 0
+    deadline = time.monotonic() + 60
+    while requests.get(f"{base}/live/status").json()["generation"] == before["generation"]:
+        assert time.monotonic() < deadline, "the new generation was not picked up"
+        time.sleep(0.2)
+    status = requests.get(f"{base}/live/status").json()
+    assert status["documents"] == before["documents"] + 1
+    assert rest_search(base, "live", text, hits=1)[0][0] == "new-1"
+    assert_same_ranking(rest_search(base, "live", text), offline(served["live"], [text])[0])
+
+
+def mcp_call(url: str, calls: list[tuple[str, dict]]) -> list:
+    """The tool names, then each tool call's result (its structured data, else the JSON of its one text block: a
+    list that Pyserini's tools return), or the ToolError it raised."""
+    from fastmcp import Client
+    from fastmcp.exceptions import ToolError
+
+    async def run():
+        results = []
+        async with Client(url, timeout=120) as client:
+            names = {tool.name for tool in await client.list_tools()}
+            results.append(names)
+            for name, arguments in calls:
+                try:
+                    result = await client.call_tool(name, arguments)
+                except ToolError as error:
+                    results.append(error)
+                    continue
+                results.append(result.data if result.data is not None else json.loads(result.content[0].text))
+        return results
+
+    return asyncio.run(run())
+
+
+def test_mcp_tools_serve_the_index(served):
+    from pyserini.search.faiss import DenseSearchResult
+    from pyserini.search.hybrid import HybridSearcher
+
+    queries = scifact_queries(2)
+    records = served["records"]
+    hits1 = [{"docid": records[0]["id"], "score": 2.0}, {"docid": records[1]["id"], "score": 1.0}]
+    hits2 = [{"docid": records[2]["id"], "score": 5.0}, {"docid": records[0]["id"], "score": 4.0}]
+    names, found, hybrid, doc, listed, status, fused, ndcg, unknown, empty, again = mcp_call(served["mcp"], [
+        ("search", {"query": {"query_txt": queries[0]}, "index_name": "sci", "k": 5}),
+        ("search", {"query": {"query_txt": queries[1]}, "index_name": "sci.hybrid", "k": 5}),
+        ("get_document", {"docid": records[3]["id"], "index_name": "sci"}),
+        ("list_indexes", {"index_type": "aligner"}),
+        ("get_index", {"index_name": "sci"}),
+        ("fuse_search_results", {"hits1": hits1, "hits2": hits2, "k": 3}),
+        ("eval_hits", {"index_name": "sci", "metric": "ndcg", "query_id": "q1",
+                       "hits": {records[0]["id"]: 3.0, records[5]["id"]: 2.0, records[1]["id"]: 1.0}}),
+        ("search", {"query": {"query_txt": "cells"}, "index_name": "nope"}),
+        ("search", {"query": {"query_txt": "  "}, "index_name": "sci"}),
+        ("search", {"query": {"query_txt": queries[0]}, "index_name": "sci", "k": 5}),
+    ])
+    assert {"search", "get_document", "list_indexes", "get_index", "fuse_search_results", "eval_hits"} <= names
+    docids = [line.split(" | ")[0].removeprefix("DocID: ") for line in found if line.startswith("DocID: ")]
+    assert docids == [docid for docid, _ in offline(served["index"], queries[:1], k=5)[0]]
+    assert again == found
+    assert sum(line.startswith("DocID: ") for line in hybrid) == 5
+    assert doc == [records[3]["contents"]]
+    assert set(listed) == {"sci", "sci.bm25", "sci.hybrid"}
+    assert status["documents"] == N_DOCS and status["strategy"] == "top-k:1"
+    expected = HybridSearcher._hybrid_results([DenseSearchResult(**h) for h in hits1],
+                                              [DenseSearchResult(**h) for h in hits2], 1, 3, True)
+    assert {h.docid: h.score for h in fused} == pytest.approx({h.docid: h.score for h in expected})  # ties: any order
+    assert ndcg == pytest.approx((1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3)), abs=1e-4)  # judged at ranks 1, 3
+    assert "unknown index 'nope'" in str(unknown) and "query is empty" in str(empty)
+
+
+def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_index):
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.serve.batching import QueryBatcher
+
+    searcher = AlignerSearcher(default_index)
+    queries = scifact_queries(12)
+    alone = [searcher.search(q, k=5) for q in queries]
+    sizes = []
+
+    def search_batch(texts, k):
+        sizes.append(len(texts))
+        found = searcher.batch_search(texts, [str(i) for i in range(len(texts))], k=k)
+        return [found[str(i)] for i in range(len(texts))]
+
+    batcher = QueryBatcher(search_batch, wait_ms=200, max_batch=8)
+    start = threading.Barrier(len(queries))
+
+    def one(query):
+        start.wait()
+        return batcher.search(query, 5)
+
+    with ThreadPoolExecutor(len(queries)) as pool:
+        got = list(pool.map(one, queries))
+    batcher.close()
+    assert sum(sizes) == len(queries) and max(sizes) == 8 and len(sizes) < len(queries)
+    for answer, expected in zip(got, alone):
+        assert_same_ranking([(h.docid, h.score) for h in answer], [(h.docid, h.score) for h in expected])
+    mixed = QueryBatcher(search_batch, wait_ms=0, max_batch=8)
+    failing = QueryBatcher(lambda texts, k: 1 / 0, wait_ms=0, max_batch=8)
+    with pytest.raises(ZeroDivisionError):
+        failing.search("cells", 5)
+    assert [h.docid for h in mixed.search(queries[0], 3)] == [h.docid for h in alone[0][:3]]
+    mixed.close()
+    failing.close()
