@@ -30,6 +30,7 @@ from pyserini_aligner.model import EncodedText
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
 from pyserini_aligner.search.engine import CodeShard, merge_probes, narrow, select_candidates, top_hits
+from pyserini_aligner.search.flat import search_index
 from pyserini_aligner.textio import check_collection, is_blank
 
 log = logging.getLogger(__name__)
@@ -475,7 +476,7 @@ class AlignerSearcher:
             return torch.from_numpy(distances), torch.from_numpy(labels)
         parts = []
         for (index, base), seg in zip(self.index, self.store.segments):
-            distances, labels = index.search(x, min(per_token, max(index.ntotal, 1)))
+            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)))
             found = labels >= 0  # a FAISS label is a position in the segment's faiss_ids, not a token position
             positions = seg.faiss_ids[np.where(found, labels, 0)] if index.ntotal else np.zeros_like(labels)
             rows = np.where(found, self.store.doc_of_token(positions + base), -1)
