@@ -1,5 +1,7 @@
-"""Run files: written by Pyserini's run writer (``pyserini.output_writer``), the one writer of this project, and
-read back as ``qid -> {docid: score}``.
+"""Run files: written in the lines of Pyserini's run writers (``pyserini.output_writer``), by the one writer of
+this project, and read back as ``qid -> {docid: score}``. Pyserini's writers are not imported: importing them
+starts Pyserini's JVM and loads its encoders (seconds of start-up for a command that needs neither);
+``tests/test_startup.py`` holds the lines to theirs, byte for byte.
 
 Formats (``OUTPUT_FORMATS``, Pyserini's ``--output-format``): ``trec`` (``qid Q0 docid rank score tag``) and
 ``msmarco`` (``qid<TAB>docid<TAB>rank``). With ``max_passage`` a hit's docid is cut at ``max_passage_delimiter``
@@ -8,9 +10,8 @@ and only the best passage of each document is kept, at most ``max_passage_hits``
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
-from typing import Mapping, NamedTuple, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from pyserini_aligner.textio import atomic_path
 
@@ -28,17 +29,31 @@ def check_run_ids(qid, docids: Sequence[str], path: str | os.PathLike) -> None:
                              "space)")
 
 
-class Hit(NamedTuple):
-    """What Pyserini's writers read from a hit."""
-
-    docid: str
-    score: float
+def run_lines(qid: str, ranked: Sequence[tuple[str, float]], tag: str, output_format: str = "trec",
+              max_passage: bool = False, max_passage_delimiter: str = "#",
+              max_passage_hits: int = 100) -> Iterator[str]:
+    """The lines Pyserini's writer of ``output_format`` writes for one query's hits (best first). With
+    ``max_passage``, docids are cut at the delimiter and each document's first (best) passage is kept, at most
+    ``max_passage_hits``; otherwise every hit, its docid stripped of surrounding white space."""
+    seen: set[str] = set()
+    rank = 1
+    for docid, score in ranked:
+        docid = docid.split(max_passage_delimiter)[0] if max_passage and max_passage_delimiter else docid.strip()
+        if max_passage:
+            if docid in seen:
+                continue
+            seen.add(docid)
+        yield f"{qid} Q0 {docid} {rank} {float(score):.6f} {tag}\n" if output_format == "trec" else \
+            f"{qid}\t{docid}\t{rank}\n"
+        rank += 1
+        if max_passage and rank > max_passage_hits:
+            break
 
 
 def write_run(hits: Mapping[str, Sequence[tuple[str, float]]], path: str | os.PathLike, tag: str,
               output_format: str = "trec", max_passage: bool = False, max_passage_delimiter: str = "#",
               max_passage_hits: int = 100) -> Path:
-    """Write ``qid -> [(docid, score), ...]`` (best first, every hit given) with Pyserini's run writer.
+    """Write ``qid -> [(docid, score), ...]`` (best first, every hit given) as Pyserini's run writer does.
 
     Written to a temporary file next to ``path`` and renamed into place, so that an error never leaves a partial
     run under ``path`` (nor a temporary file). OutputPathError when ``path`` can't be written; ValueError for an
@@ -49,15 +64,11 @@ def write_run(hits: Mapping[str, Sequence[tuple[str, float]]], path: str | os.Pa
         raise ValueError(f"output format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
     for qid, ranked in hits.items():
         check_run_ids(qid, [docid for docid, _ in ranked], path)
-    from pyserini.output_writer import OutputFormat, get_output_writer
-
     with atomic_path(path) as temporary:
-        writer = get_output_writer(str(temporary), OutputFormat(output_format), "w", max_hits=sys.maxsize,
-                                   tag=tag, use_max_passage=max_passage,
-                                   max_passage_delimiter=max_passage_delimiter, max_passage_hits=max_passage_hits)
-        with writer:
+        with open(temporary, "w", encoding="utf-8") as out:
             for qid, ranked in hits.items():
-                writer.write(qid, [Hit(docid, float(score)) for docid, score in ranked])
+                out.writelines(run_lines(qid, ranked, tag, output_format, max_passage, max_passage_delimiter,
+                                         max_passage_hits))
     return Path(path)
 
 

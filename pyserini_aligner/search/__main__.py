@@ -12,7 +12,7 @@ import sys
 
 from tqdm import tqdm
 
-from pyserini_aligner.search.searcher import DEFAULT_QUERY_PRUNE
+from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
 from pyserini_aligner.cli import HelpFormatter, flag_value, fraction, positive_int, run_main
 from pyserini_aligner.textio import check_output_path, discard_output
 from pyserini_aligner.data import load_topics
@@ -174,9 +174,8 @@ def _search(argv: list[str]) -> int:
         with tqdm(total=len(qids), unit="query", disable=args.quiet) as bar:
             for start in range(0, len(qids), args.batch_size):
                 batch = qids[start:start + args.batch_size]
-                results = searcher.batch_search([topics[q] for q in batch], batch, k=args.hits + extra,
-                                                threads=args.threads)
-                hits.update((qid, [(h.docid, h.score) for h in results[qid]]) for qid in batch)
+                ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
+                hits.update(zip(batch, ranked))  # plain (docid, score) lists: Pyserini (and its JVM) stay unloaded
                 bar.update(len(batch))
         if args.remove_query:
             hits = drop_query_hits(hits, args.hits)

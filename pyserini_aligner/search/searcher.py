@@ -29,6 +29,7 @@ from pyserini_aligner.index.store import StoredIndex, Workspace
 from pyserini_aligner.model import EncodedText
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
+from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
 from pyserini_aligner.search.engine import CodeShard, merge_probes, narrow, select_candidates, top_hits
 from pyserini_aligner.search.flat import search_index
 from pyserini_aligner.textio import check_collection, is_blank
@@ -42,7 +43,6 @@ BACKENDS = ("faiss", "torch")
 # centroid-interaction stage; a CPU refines 128 candidates straight from the probes (SciFact test: nDCG@10 within
 # half a point of exhaustive scoring of the same index).
 DEPTH_DEFAULTS = {"cuda": (3000, 8, 128, 12288), "cpu": (100, 8, 128, 0)}
-DEFAULT_QUERY_PRUNE = 0.5
 DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_EF_SEARCH = 128

@@ -1,0 +1,66 @@
+"""What a command line loads before its first query: ``--help`` of the plugin's search loads neither torch nor
+Pyserini, a search from the plugin's CLI never starts the JVM nor loads ir_datasets or ranx, and the run writer
+that makes this possible writes the lines of Pyserini's writers byte for byte. (Timings: ``python -m
+eval.bench_startup``.)"""
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from pyserini_aligner.trec import write_run
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "examples" / "quickstart"
+Hit = namedtuple("Hit", "docid score")  # what Pyserini's writers read from a hit
+
+
+def imported_modules(args: list[str], cwd: Path | None = None) -> set[str]:
+    """Every module ``python -X importtime ARGS`` imports (the command must succeed)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
+def roots(modules: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in modules}
+
+
+def test_search_help_loads_neither_torch_nor_pyserini():
+    loaded = roots(imported_modules(["-m", "pyserini_aligner.search", "--help"]))
+    assert "pyserini_aligner" in loaded
+    assert not loaded & {"torch", "pyserini", "jnius", "transformers", "faiss", "ir_datasets", "ranx", "numba"}
+
+
+def test_a_search_from_the_plugin_cli_starts_no_jvm(tmp_path, model):
+    from pyserini_aligner.index import build_index, read_json_collection
+
+    index = tmp_path / "idx"
+    build_index(read_json_collection(QUICKSTART / "corpus"), index, model, progress=False, model_name="aligner")
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join((QUICKSTART / "topics.tsv").read_text().splitlines(keepends=True)[:5]))
+    loaded = roots(imported_modules(["-m", "pyserini_aligner.search", "--index", str(index), "--topics",
+                                     str(topics), "--output", str(tmp_path / "run.trec"), "--hits", "10", "--quiet"]))
+    assert {"torch", "faiss"} <= loaded  # the search ran
+    assert not loaded & {"pyserini", "jnius", "ir_datasets", "ranx", "numba"}
+    assert len((tmp_path / "run.trec").read_text().splitlines()) == 50
+
+
+@pytest.mark.parametrize("output_format, max_passage", [("trec", False), ("msmarco", False), ("trec", True),
+                                                        ("msmarco", True)])
+def test_run_lines_are_pyserini_writers_lines(tmp_path, output_format, max_passage):
+    from pyserini.output_writer import OutputFormat, get_output_writer
+
+    hits = {"q1": [("d1#0", 3.25), ("d1#1", 2.0), ("d2#0", 1.0 / 3), ("d3", -0.5), ("d2#5", -1e-7)],
+            "q2": [("é#1", 1e6), ("x", 0.0)], "q3": []}
+    ours = write_run(hits, tmp_path / "ours", tag="AligneR", output_format=output_format, max_passage=max_passage,
+                     max_passage_hits=2)
+    with get_output_writer(str(tmp_path / "theirs"), OutputFormat(output_format), "w", max_hits=sys.maxsize,
+                           tag="AligneR", use_max_passage=max_passage, max_passage_delimiter="#",
+                           max_passage_hits=2) as writer:
+        for qid, ranked in hits.items():
+            writer.write(qid, [Hit(docid, score) for docid, score in ranked])
+    assert ours.read_bytes() == (tmp_path / "theirs").read_bytes() != b""
