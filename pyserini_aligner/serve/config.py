@@ -57,14 +57,14 @@ class ServeConfig:
 
     def check(self, source: dict[str, str] | None = None) -> "ServeConfig":
         """Raise ConfigError naming the flag (``source``: field -> its flag or variable) for a bad entry."""
-        from pyserini_aligner.integration.hooks import is_aligner_index
+        from pyserini_aligner.index.store import is_index
 
         where = {"indexes": "--index", "bm25": "--bm25", "qrels": "--qrels", "batch_wait_ms": "--batch-wait-ms",
                  "max_batch": "--max-batch", "reload_s": "--reload-interval",
                  "max_query_chars": "--max-query-chars", **(source or {})}
         for name, path in self.indexes.items():
             check_name(name, where["indexes"])
-            if not is_aligner_index(path):
+            if not is_index(path):
                 raise ConfigError(f"{where['indexes']} {name}={path}: not a pyserini-aligner index folder (no "
                                   "manifest.json of this package)")
         for field in ("bm25", "qrels"):

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from pyserini_aligner.serve import config as serve_config
-from pyserini_aligner.serve.config import ConfigError, RequestError, UnknownIndex
+from pyserini_aligner.serve.config import RequestError, UnknownIndex
 
 log = logging.getLogger(__name__)
 INDEX_TYPE = "aligner"
@@ -91,11 +91,11 @@ def exec_server_module(name: str, inner, module: ModuleType) -> None:
     elif name == "pyserini.server.search_controller":
         try:
             registered = bool(serve_config.current().indexes)
-        except ConfigError as error:
+            _exec_transformed(name, inner, module, _without_default_index if registered else lambda tree: None)
+            patch_controller(module)
+        except (ValueError, OSError) as error:  # a bad registration, an index that does not open: one line
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
-        _exec_transformed(name, inner, module, _without_default_index if registered else lambda tree: None)
-        patch_controller(module)
     elif name == "pyserini.server.rest.routes.indexes":
         _exec_transformed(name, inner, module, _sync_endpoints)
     else:

@@ -334,10 +334,10 @@ class Registry:
 
     def get(self, name: str) -> ServedIndex | None:
         """The served index ``name``; an AligneR index folder not yet served is opened under its path."""
-        from pyserini_aligner.integration.hooks import is_aligner_index
+        from pyserini_aligner.index.store import is_index
 
         served = self._served.get(name)
-        if served is not None or not isinstance(name, str) or not is_aligner_index(name):
+        if served is not None or not isinstance(name, str) or not is_index(name):
             return served
         with self._lock:
             if name not in self._served:
