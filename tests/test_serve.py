@@ -295,3 +295,19 @@ def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_in
     assert [h.docid for h in mixed.search(queries[0], 3)] == [h.docid for h in alone[0][:3]]
     mixed.close()
     failing.close()
+
+
+def test_bench_serve_loads_the_server_and_checks_every_answer(served, tmp_path):
+    from eval import bench_serve
+
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(f"q{i}\t{q}\n" for i, q in enumerate(scifact_queries(6))))
+    assert bench_serve.main(["--index", str(served["index"]), "--url", f"{served['rest']}/sci", "--topics",
+                             str(topics), "--output", str(tmp_path / "out"), "--duration", "2", "--clients", "1,4",
+                             "--quiet"]) == 0
+    report = json.loads((tmp_path / "out" / "bench_serve.json").read_text())
+    assert [row["clients"] for row in report["levels"]] == [1, 4] and report["documents"] == N_DOCS
+    for row in report["levels"]:
+        assert row["requests"] > 0 and row["errors"] == 0 and row["wrong"] == 0 and row["qps"] > 0
+        assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] and row["mean_batch"] >= 1
+    assert "| 4 |" in (tmp_path / "out" / "bench_serve.md").read_text()

@@ -1,0 +1,216 @@
+"""Serving under load: Pyserini's REST API (``python -m pyserini_aligner.serve --rest``) searched by 1, 8, 32 and
+128 concurrent clients, each sending one query at a time.
+
+    python -m eval.bench_serve --index INDEX --output DIR [--topics beir/scifact/test] [--device cpu|cuda]
+        [--duration 60] [--clients 1,8,32,128] [--hits 10] [--batch-wait-ms 2] [--max-batch 32] [--url URL]
+
+The server runs as a child process serving ``--index`` (the plugin's batching: concurrent queries gathered for at
+most ``--batch-wait-ms`` into batches of at most ``--max-batch``), or ``--url`` names one already running. Each level runs for ``--duration`` seconds after a
+short warm-up, the clients cycling through the topics; it reports queries per second, latency percentiles (p50, p95,
+p99, each request's round trip), errors (a status other than 200 or a failed connection) and whether every answer
+equalled the offline ranking (``AlignerSearcher.search`` of that query alone, same device): ``wrong`` counts answers
+whose docids differ in order, ``near_ties`` those differing only where the offline scores of the swapped documents
+agree to float32 rounding (a batch rounds its products its own way). Writes ``bench_serve.json`` and
+``bench_serve.md`` under ``--output``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eval.cli import configure_logging
+
+log = logging.getLogger("eval.bench_serve")
+WARM_UP_S = 3.0
+TIE_TOLERANCE = 1e-5  # relative difference of two scores that float32 rounding of a batch can explain
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m eval.bench_serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--index", required=True, help="AligneR index folder to serve")
+    parser.add_argument("--topics", default="beir/scifact/test",
+                        help="queries: ir_datasets id, BEIR folder or TSV file of qid<TAB>text")
+    parser.add_argument("--output", required=True, type=Path, help="folder for bench_serve.json/.md and the log")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: the server's and the reference's device")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds measured per client count")
+    parser.add_argument("--clients", default="1,8,32,128", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--hits", type=int, default=10, help="hits asked for by each request")
+    parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="the server's --batch-wait-ms")
+    parser.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
+    parser.add_argument("--max-queries", type=int, default=None, help="use only the first N topics")
+    parser.add_argument("--port", type=int, default=None, help="port of the server (default: a free one)")
+    parser.add_argument("--url", default=None,
+                        help="load a server already running instead (the URL of its index, e.g. "
+                             "http://HOST:8081/v1/indexes/NAME, serving --index); --device is then the reference's")
+    parser.add_argument("--quiet", action="store_true", help="no info logging")
+    args = parser.parse_args(argv)
+    try:
+        args.levels = [int(part) for part in args.clients.split(",")]
+    except ValueError:
+        parser.error(f"--clients: expected comma-separated integers, got {args.clients!r}")
+    if not args.levels or min(args.levels) < 1 or args.duration <= 0 or args.hits < 1:
+        parser.error("--clients, --duration and --hits must be positive")
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subprocess.Popen:
+    """The REST server serving ``args.index`` as "bench", once it answers."""
+    import requests
+
+    command = [sys.executable, "-m", "pyserini_aligner.serve", "--rest", "--port", str(port), "--index",
+               f"bench={args.index}", "--device", args.device, "--batch-wait-ms", str(args.batch_wait_ms),
+               "--max-batch", str(args.max_batch), "--reload-interval", "0"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_path.open("w"))
+    deadline = time.monotonic() + 600
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited ({server.returncode}): {log_path.read_text()[-2000:]}")
+        if time.monotonic() > deadline:
+            server.terminate()
+            raise RuntimeError(f"the server did not start within 600 s; see {log_path}")
+        try:
+            requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+            return server
+        except requests.ConnectionError:
+            time.sleep(0.5)
+
+
+def compare(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> str:
+    """"same", "near_tie" (docids differ only where the scores agree to float32 rounding) or "wrong"."""
+    if [d for d, _ in got] == [d for d, _ in expected]:
+        return "same"
+    if len(got) == len(expected) and all(abs(a - b) <= TIE_TOLERANCE * max(abs(a), abs(b), 1e-6)
+                                         for (_, a), (_, b) in zip(got, expected)):
+        return "near_tie"
+    return "wrong"
+
+
+def run_level(url: str, queries: list[str], reference: list[list], clients: int, duration: float) -> dict:
+    """``clients`` threads, each a session sending one query at a time for ``duration`` seconds (after a warm-up)."""
+    import requests
+
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    outcomes = {"same": 0, "near_tie": 0, "wrong": 0, "errors": 0}
+    lock, counter = threading.Lock(), [0]
+    phase = {"measure": False, "stop": False}
+
+    def client(number: int) -> None:
+        session = requests.Session()
+        while not phase["stop"]:
+            with lock:
+                position = counter[0] % len(queries)
+                counter[0] += 1
+            started = time.perf_counter()
+            try:
+                answer = session.post(url, json={"query": queries[position], "hits": len(reference[position]) or 1},
+                                      timeout=120)
+                ok = answer.status_code == 200
+                got = [(c["docid"], c["score"]) for c in answer.json()["candidates"]] if ok else None
+            except (requests.RequestException, ValueError, KeyError):
+                ok, got = False, None
+            elapsed = time.perf_counter() - started
+            if not phase["measure"] or phase["stop"]:
+                continue
+            latencies[number].append(elapsed)
+            outcome = compare(got, reference[position]) if ok else "errors"
+            with lock:
+                outcomes[outcome] += 1
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(WARM_UP_S)
+    phase["measure"] = True
+    started = time.perf_counter()
+    time.sleep(duration)
+    phase["stop"] = True
+    measured = time.perf_counter() - started
+    for thread in threads:
+        thread.join()
+    all_latencies = np.array([t for per_client in latencies for t in per_client]) * 1000
+    answered = sum(outcomes.values())
+    percentiles = np.percentile(all_latencies, [50, 95, 99]) if len(all_latencies) else [float("nan")] * 3
+    return {"clients": clients, "seconds": round(measured, 2), "requests": answered,
+            "qps": round(answered / measured, 2), "p50_ms": round(float(percentiles[0]), 1),
+            "p95_ms": round(float(percentiles[1]), 1), "p99_ms": round(float(percentiles[2]), 1), **outcomes}
+
+
+def report_markdown(report: dict) -> str:
+    lines = [f"Serving `{report['index']}` ({report['documents']} documents) on {report['device']}, "
+             f"{report['queries']} queries of {report['topics']}, hits {report['hits']}, batches of at most "
+             f"{report['max_batch']} gathered for at most {report['batch_wait_ms']} ms; {report['duration']} s per "
+             f"level; {report['machine']}.", "",
+             "| clients | q/s | p50 ms | p95 ms | p99 ms | requests | errors | wrong | near ties | mean batch |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in report["levels"]:
+        lines.append(f"| {row['clients']} | {row['qps']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | "
+                     f"{row['requests']} | {row['errors']} | {row['wrong']} | {row['near_tie']} | "
+                     f"{row['mean_batch']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.quiet)
+    import requests
+
+    from pyserini_aligner.data import load_topics
+    from pyserini_aligner.search import AlignerSearcher
+
+    args.output.mkdir(parents=True, exist_ok=True)
+    topics = load_topics(args.topics)
+    queries = list(topics.values())[:args.max_queries]
+    searcher = AlignerSearcher(args.index, device=args.device)
+    log.info("offline rankings of %d queries", len(queries))
+    reference = [[(hit.docid, hit.score) for hit in searcher.search(query, k=args.hits)] for query in queries]
+    documents = searcher.num_docs
+    del searcher
+    server, base = None, args.url
+    if base is None:
+        port = args.port or free_port()
+        server = start_server(args, port, args.output / "server.log")
+        base = f"http://127.0.0.1:{port}/v1/indexes/bench"
+    levels = []
+    try:
+        for clients in args.levels:
+            before = requests.get(f"{base}/status", timeout=60).json()
+            row = run_level(f"{base}/search", queries, reference, clients, args.duration)
+            after = requests.get(f"{base}/status", timeout=60).json()
+            batches = after["batches"] - before["batches"]
+            row["mean_batch"] = round((after["batched_queries"] - before["batched_queries"]) / max(batches, 1), 1)
+            log.info("%d clients: %.1f q/s, p50 %.1f ms, p99 %.1f ms, %d errors, %d wrong", clients, row["qps"],
+                     row["p50_ms"], row["p99_ms"], row["errors"], row["wrong"])
+            levels.append(row)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+    report = {"index": str(args.index), "documents": documents, "url": args.url, "topics": args.topics, "queries": len(queries),
+              "device": args.device, "hits": args.hits, "duration": args.duration,
+              "batch_wait_ms": args.batch_wait_ms, "max_batch": args.max_batch,
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "levels": levels}
+    (args.output / "bench_serve.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.output / "bench_serve.md").write_text(report_markdown(report))
+    print(report_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
