@@ -311,3 +311,21 @@ def test_bench_serve_loads_the_server_and_checks_every_answer(served, tmp_path):
         assert row["requests"] > 0 and row["errors"] == 0 and row["wrong"] == 0 and row["qps"] > 0
         assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] and row["mean_batch"] >= 1
     assert "| 4 |" in (tmp_path / "out" / "bench_serve.md").read_text()
+
+
+def test_a_bad_registration_stops_the_server_with_one_line(tmp_path):
+    def run(*command, **env):
+        return subprocess.run([sys.executable, "-m", *command], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=300)
+
+    cli = run("pyserini_aligner.serve", "--rest", "--index", f"sci={tmp_path}")
+    assert cli.returncode == 2 and f"--index sci={tmp_path}: not a pyserini-aligner index folder" in cli.stderr
+    assert "Traceback" not in cli.stderr
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "manifest.json").write_text('{"format": "pyserini-aligner"}')  # never opened: refused first
+    unpaired = run("pyserini_aligner.serve", "--mcp", "--index", f"sci={tmp_path / 'idx'}", "--bm25", "other=x")
+    assert unpaired.returncode == 2 and "--bm25 other=x: no AligneR index 'other' is registered" in unpaired.stderr
+    pyserini = run("pyserini.server.rest", "--port", str(free_port()), PYSERINI_ALIGNER_INDEXES="scifact")
+    assert pyserini.returncode == 2 and "Traceback" not in pyserini.stderr
+    assert pyserini.stderr.strip().splitlines()[-1] == (
+        "error: PYSERINI_ALIGNER_INDEXES: expected NAME=PATH, got 'scifact'")

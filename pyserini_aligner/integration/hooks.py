@@ -312,6 +312,14 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
 
 def exec_hooked(name: str, inner, module: ModuleType) -> None:
     """Execute a hooked module with its hook around it."""
+    if name == "pyserini.search":
+        from pyserini_aligner.integration import help_cache
+
+        command = help_cache.help_request()
+        if command and help_cache.print_cached(command):
+            sys.exit(0)
+        if command:
+            help_cache.record(command)
     if name == "jnius":
         from pyserini_aligner.jvm import prepare_jvm
 
