@@ -30,6 +30,9 @@ HEAP_ENV = "PYSERINI_ALIGNER_JVM_HEAP"
 HEAP_FRACTION = 0.5  # of the memory available when the JVM starts
 MIN_HEAP_MB = 256
 OOM_EXIT_STATUS = 3  # what the JVM exits with under -XX:+ExitOnOutOfMemoryError
+# Ctrl-C and SIGTERM stay Python's: otherwise the JVM takes them and calls exit() from a Java thread while
+# Python still runs torch in the main thread (a traceback from torch, or an abort, instead of KeyboardInterrupt)
+REDUCE_SIGNALS = "-Xrs"
 log = logging.getLogger(__name__)
 
 
@@ -176,5 +179,7 @@ def prepare_jvm() -> None:
     if (java_major(home) or 0) >= 24 and not any(o.startswith("--sun-misc-unsafe-memory-access") for o in options):
         options.append("--sun-misc-unsafe-memory-access=allow")  # Lucene's mmap; silences a JDK 24+ warning
     options += memory_options(options, os.environ.get(HEAP_ENV), available_memory())
+    if REDUCE_SIGNALS not in options:
+        options.append(REDUCE_SIGNALS)
     jnius_config.set_options(*options)
     log.debug("Pyserini JVM: JAVA_HOME=%s options=%s", home, options)

@@ -15,6 +15,14 @@ FORMAT_NAME = "pyserini-aligner"
 CHECKPOINT_CONFIG = "config.json"
 _CHECKPOINT_KEYS = frozenset({"format_version", "backbone", "dim"})  # what every AligneR config.json holds
 _OPENAI_PLACEHOLDER = "unset-openai-api-key"
+_HUB_CONFIG = "config.json"  # a Hugging Face model in the local cache has it
+# AlignerSearcher keywords that Pyserini's --max-length sets (see guard_pyserini_main): applied to the AligneR
+# searchers that FaissSearcher(...) builds in this process
+_SEARCHER_KNOBS: dict[str, int] = {}
+HELP_NOTE = ("pyserini-aligner: --encoder aligner (or aligner-mix, or an AligneR checkpoint folder) searches an "
+             "AligneR index built by python -m pyserini_aligner.index; with it, --max-length sets the tokens per "
+             "query (default: the model's query length, 64 for the shipped checkpoints). The alignment and "
+             "pruning knobs: python -m pyserini_aligner.search --help")
 
 # Flags of ``python -m pyserini.search.lucene`` (and ``pyserini.search``) that choose or tune Lucene's own ranking
 # (BM25 and its parameters, RM3, Rocchio, QLD, impact and dense Lucene indexes, PRCL, analysers, field weights,
@@ -136,7 +144,7 @@ def patch_faiss_searcher(searcher_module: ModuleType) -> None:
         if cls is faiss_searcher and isinstance(index_dir, (str, os.PathLike)) and is_aligner_index(index_dir):
             from pyserini_aligner.search.searcher import AlignerSearcher
 
-            return AlignerSearcher.from_pyserini(index_dir, *args, **kwargs)
+            return AlignerSearcher.from_pyserini(index_dir, *args, **{**_SEARCHER_KNOBS, **kwargs})
         if _is_aligner_encoder(args[0] if args else kwargs.get("query_encoder")):
             raise ValueError(f"{index_dir} is not a pyserini-aligner index: the aligner encoder gives one vector per "
                              "token and needs an index built by python -m pyserini_aligner.index (a plain FAISS "
@@ -170,6 +178,79 @@ def _argv_uses_aligner() -> bool:
             or any(is_aligner_index(index) for index in _argv_indexes()))
 
 
+def _asks_help() -> bool:
+    return any(arg in ("-h", "--help") for arg in sys.argv[1:])
+
+
+class UsageError(ValueError):
+    """A flag value of Pyserini's command line that can't work with an AligneR index or encoder (exit status 2, as
+    argparse's errors)."""
+
+
+def command_sections(argv: list[str], names: tuple[str, ...]) -> dict[str, list[str]]:
+    """``argv`` of a Pyserini command line with sub-commands (``hybrid``: dense, sparse, fusion, run) split as
+    Pyserini splits it: each sub-command's arguments under its name, those before the first under ""."""
+    sections, current = {"": []}, ""
+    for arg in argv:
+        if arg in names:
+            current = arg
+            sections[current] = []
+        else:
+            sections[current].append(arg)
+    return sections
+
+
+def in_hub_cache(name: str) -> bool:
+    """Whether ``name`` is a Hugging Face model id whose config is in the local cache (no network access)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, _HUB_CONFIG), str)
+    except (ImportError, ValueError):  # an id the hub would refuse (HFValidationError is a ValueError)
+        return False
+
+
+def check_search_flags(name: str, argv: list[str]) -> dict[str, int]:
+    """Check the flags of ``python -m pyserini.search.faiss`` / ``hybrid`` (``name``) with AligneR in the path
+    before anything loads, and return the AlignerSearcher knobs they set (``--max-length``: ``query_max_length``).
+
+    UsageError for: a dense --index that is no folder (Pyserini would take it for a prebuilt index name, print
+    "Unrecognized index name" and exit 0); an --encoder for an AligneR index that is neither a shipped checkpoint,
+    a folder nor a model in the local Hugging Face cache (Pyserini would retry the hub for a minute); a sparse
+    --index of ``hybrid`` that is an AligneR index or a folder that holds no Lucene index; a --max-length below 3.
+    """
+    from pyserini_aligner.cli import flag_value
+
+    hybrid = name == "pyserini.search.hybrid.__main__"
+    sections = command_sections(argv, ("dense", "sparse", "fusion", "run")) if hybrid else {"dense": argv}
+    dense, sparse = sections.get("dense", []), sections.get("sparse", [])
+    where = "dense " if hybrid else ""
+    index, encoder = flag_value(dense, "--index"), flag_value(dense, "--encoder")
+    if index is not None and not Path(index).exists():
+        raise UsageError(f"{where}--index {index}: no such folder (an AligneR index is a folder written by python "
+                         "-m pyserini_aligner.index)")
+    if (index is not None and is_aligner_index(index) and encoder is not None and encoder not in SHIPPED
+            and not Path(encoder).is_dir() and not in_hub_cache(encoder)):
+        raise UsageError(f"{where}--encoder {encoder}: not a shipped AligneR checkpoint ({', '.join(SHIPPED)}), "
+                         "a checkpoint folder or a model in the local Hugging Face cache")
+    sparse_index = flag_value(sparse, "--index")
+    if sparse_index is not None and is_aligner_index(sparse_index):
+        raise UsageError(f"sparse --index {sparse_index} is an AligneR index; give it as the dense index (dense "
+                         f"--index {sparse_index} --encoder aligner) and a Lucene index as the sparse one")
+    if sparse_index is not None and Path(sparse_index).is_dir() and not any(Path(sparse_index).glob("segments_*")):
+        raise UsageError(f"sparse --index {sparse_index} is not a Lucene index (it holds no segments_N file); "
+                         "build one with python -m pyserini.index.lucene")
+    knobs: dict[str, int] = {}
+    max_length = flag_value(dense, "--max-length")
+    if max_length is not None and (encoder in SHIPPED or is_aligner_checkpoint(encoder or "")
+                                   or (index is not None and is_aligner_index(index))):
+        if not max_length.isdigit() or int(max_length) < 3:
+            raise UsageError(f"{where}--max-length {max_length}: the tokens per query must be an integer >= 3 (two "
+                             "special tokens and one word)")
+        knobs["query_max_length"] = int(max_length)
+    return knobs
+
+
 _PYSERINI_MAIN: dict[str, CodeType] = {}  # Pyserini's own __main__ code, run under guard_pyserini_main
 _GUARDED_MAINS = ("pyserini.search.faiss.__main__", "pyserini.search.hybrid.__main__")
 _STUB = "from pyserini_aligner.integration.hooks import {function} as _aligner_main\n_aligner_main({args})"
@@ -183,7 +264,9 @@ def main_code(name: str, inner) -> CodeType | None:
     - ``pyserini.search`` (deprecated alias): the same interpreter (``sys.executable``) runs
       ``pyserini.search.lucene`` and its exit status is passed on (Pyserini runs a bare ``python`` and drops it);
     - ``pyserini.search.faiss`` / ``hybrid`` with an AligneR index or encoder: Pyserini's code under
-      :func:`guard_pyserini_main`.
+      :func:`guard_pyserini_main`; with ``--help``, Pyserini's help and a line on the ``aligner`` encoder
+      (:func:`pyserini_help`);
+    - ``pyserini.encode`` with an AligneR encoder: refused (:func:`refuse_pyserini_encode`).
     """
     if name == "pyserini.search.lucene.__main__":
         indexes = _argv_indexes()
@@ -191,11 +274,38 @@ def main_code(name: str, inner) -> CodeType | None:
             return compile(_STUB.format(function="run_plugin_search", args=""), "<pyserini-aligner>", "exec")
     elif name == "pyserini.search.__main__":
         return compile(_STUB.format(function="forward_to_lucene", args=""), "<pyserini-aligner>", "exec")
-    elif name in _GUARDED_MAINS and _argv_uses_aligner():
+    elif name in _GUARDED_MAINS and (_asks_help() or _argv_uses_aligner()):
         _PYSERINI_MAIN[name] = inner.get_code(name)
-        return compile(_STUB.format(function="guard_pyserini_main", args=f"{name!r}, globals()"),
-                       "<pyserini-aligner>", "exec")
+        function = "pyserini_help" if _asks_help() else "guard_pyserini_main"
+        return compile(_STUB.format(function=function, args=f"{name!r}, globals()"), "<pyserini-aligner>", "exec")
+    elif name == "pyserini.encode.__main__" and _argv_uses_aligner():
+        return compile(_STUB.format(function="refuse_pyserini_encode", args=""), "<pyserini-aligner>", "exec")
     return None
+
+
+def pyserini_help(name: str, namespace: dict) -> None:
+    """``python -m pyserini.search.faiss`` / ``hybrid`` with ``--help``: Pyserini's help, then :data:`HELP_NOTE`."""
+    try:
+        exec(_PYSERINI_MAIN[name], namespace)
+    except SystemExit as stop:
+        if stop.code == 0:
+            print(f"\n{HELP_NOTE}")
+        raise
+
+
+def refuse_pyserini_encode() -> None:
+    """``python -m pyserini.encode ... --encoder aligner``: Pyserini's encoder writes one vector per document, which
+    an AligneR model does not give; one line naming the command that builds an AligneR index, exit status 2,
+    nothing written."""
+    from pyserini_aligner.cli import flag_value
+
+    argv = sys.argv[1:]
+    encoder = next(e for e in _argv_encoders() if e in SHIPPED or is_aligner_checkpoint(e))
+    corpus, target = flag_value(argv, "--corpus") or "<corpus>", flag_value(argv, "--embeddings") or "<index>"
+    print(f"error: pyserini.encode writes one vector per document, but the {encoder} encoder gives one per token; "
+          f"build an AligneR index with python -m pyserini_aligner.index --corpus {corpus} --index {target} "
+          f"--encoder {encoder}", file=sys.stderr)
+    sys.exit(2)
 
 
 def run_plugin_search() -> None:
@@ -270,8 +380,10 @@ def _checking_ids(write, check):
 def guard_pyserini_main(name: str, namespace: dict) -> None:
     """Run Pyserini's ``__main__`` code of ``name`` in ``namespace`` with an AligneR index or encoder involved.
 
-    The --output path and the query ids of a TSV --topics file are checked before any query runs; the run file
-    appears only when complete; a plugin error (ValueError, OSError) prints one line and exits 1, Ctrl-C prints
+    The --output path, the query ids of a TSV --topics file and the flags :func:`check_search_flags` checks are
+    checked before any query runs; the run file appears only when complete; a flag that can't work prints one line
+    and exits 2 (:class:`UsageError`), a plugin error (ValueError, OSError) one line and exit status 1, Pyserini
+    stopping without a searcher (exit() after "Unrecognized index name") exit status 1; Ctrl-C prints
     "interrupted" and exits 130; after a failure no run (not even an earlier one) is left under --output.
     """
     import pyserini.output_writer
@@ -288,6 +400,7 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
             check_output_path(output)
         if topics and Path(topics).suffix.lower() in TSV_SUFFIXES and Path(topics).is_file():
             check_tsv_qids(topics)
+        _SEARCHER_KNOBS.update(check_search_flags(name, sys.argv[1:]))
         _atomic_output_writers(pyserini.output_writer)
         checkpoints = _argv_checkpoints()
         if checkpoints:
@@ -297,17 +410,32 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
         exec(_PYSERINI_MAIN[name], namespace)
         status = 0
     except SystemExit as stop:
-        status = stop.code
-        raise
+        if stop.code is not None:
+            status = stop.code
+            raise
+        print("error: Pyserini stopped without a searcher (see its message above)", file=sys.stderr)
     except KeyboardInterrupt:
         status = INTERRUPTED_EXIT
         print("interrupted", file=sys.stderr)
+    except UsageError as error:
+        status = 2
+        print(f"error: {error}", file=sys.stderr)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
     finally:
         if status not in (0, None) and discard_output(output):
             print(f"removed {output}: an earlier run that this failed search did not replace", file=sys.stderr)
     sys.exit(status)
+
+
+def running_a_command() -> bool:
+    """Whether this process runs a command line of Pyserini or of the plugin (``python -m ...``), where an error
+    in the set-up of the JVM ends the process with one line, rather than a program or session that imports them,
+    which gets the exception."""
+    if sys.argv[:1] == ["-m"]:  # python -m, while the module's packages are imported
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name.split(".")[0] in ("pyserini", "pyserini_aligner")
 
 
 def exec_hooked(name: str, inner, module: ModuleType) -> None:
@@ -323,7 +451,13 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
     if name == "jnius":
         from pyserini_aligner.jvm import prepare_jvm
 
-        prepare_jvm()
+        try:
+            prepare_jvm()
+        except (ValueError, RuntimeError) as error:  # a bad PYSERINI_ALIGNER_JVM_HEAP (2), no Java 21+ (1)
+            if not running_a_command():
+                raise
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2 if isinstance(error, ValueError) else 1)
     if name == "pyserini.encode._openai":
         with _openai_key_placeholder():
             inner.exec_module(module)

@@ -1,0 +1,194 @@
+"""Fault probes through the command lines, each a real child process of the CLI a user runs: Pyserini's CLIs with
+AligneR in the path (misspelt indexes, unknown encoders, an AligneR index in the wrong slot, Ctrl-C, a bad JVM
+setting, pyserini.encode). Each gives one line, the right exit status (2: usage, 1: run time, 130: Ctrl-C) and
+leaves no stale or partial file.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pyserini_aligner.checkpoints import SHIPPED
+from pyserini_aligner.trec import read_run
+
+from conftest import scifact_docs
+
+REPO = Path(__file__).resolve().parents[1]
+QUERIES = {"q1": "vitamin D deficiency and bone density", "q2": "stem cells in the bone marrow",
+           "q3": "antibiotic resistance of bacteria"}
+
+
+def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python <args>`` with this interpreter, from the repository root."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def messages(stderr: str) -> list[str]:
+    """The lines of ``stderr`` less progress bars and Java's and Lucene's start-up notes."""
+    lines = [line.strip() for line in re.split(r"[\r\n]", stderr)]
+    return [line for line in lines if line and "%|" not in line and not re.match(r"(WARNING|INFO|[A-Z][a-z]{2} \d)",
+                                                                                   line)]
+
+
+def one_line_error(result: subprocess.CompletedProcess, status: int, text: str) -> None:
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in messages(result.stderr) if line.startswith("error:") or ": error:" in line]
+    assert result.returncode == status and len(errors) == 1 and text in errors[0], (result.returncode,
+                                                                                    result.stderr[-3000:])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("faults_cli") / "corpus.jsonl"
+    path.write_text("".join(json.dumps(doc) + "\n" for doc in scifact_docs(20, 48)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def index(corpus) -> Path:
+    from pyserini_aligner.index.__main__ import main
+
+    target = corpus.parent / "idx"
+    main(["--corpus", str(corpus), "--index", str(target), "--quiet"])
+    return target
+
+
+@pytest.fixture(scope="module")
+def topics(corpus) -> Path:
+    path = corpus.parent / "topics.tsv"
+    path.write_text("".join(f"{qid}\t{text}\n" for qid, text in QUERIES.items()))
+    return path
+
+
+def stale_run(folder: Path) -> Path:
+    path = folder / "run.trec"
+    path.write_text("q1 Q0 stale 1 1.0 OLD\n")
+    return path
+
+
+# 3. Pyserini's CLIs with a misspelt index folder: exit status 2, no stale run (was: exit 0, the old run kept)
+
+
+@pytest.mark.parametrize("cli", ["faiss", "hybrid"])
+def test_misspelt_index_through_pyserini_fails_without_stale_run(index, topics, tmp_path, cli):
+    output, missing = stale_run(tmp_path), index.parent / "idz"
+    if cli == "faiss":
+        args = ["--index", missing, "--encoder", "aligner", "--topics", topics, "--output", output]
+    else:
+        args = ["dense", "--index", missing, "--encoder", "aligner", "sparse", "--index", "lucene-idx", "fusion",
+                "--alpha", "0.1", "run", "--topics", topics, "--output", output]
+    result = run("-m", f"pyserini.search.{cli}", *args)
+    one_line_error(result, 2, f"--index {missing}: no such folder")
+    assert "Unrecognized index name" not in result.stdout  # refused before Pyserini looks for a prebuilt index
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the earlier run removed, nothing else written
+
+
+# 7. user errors: one line and the exit status, never a traceback
+
+
+def test_ctrl_c_during_a_pyserini_faiss_search(index, tmp_path):
+    """The JVM no longer takes SIGINT (it called exit() from a Java thread while torch ran in the main thread: a
+    torch traceback "RuntimeError: unknown parameter type", or an abort)."""
+    many = tmp_path / "many.tsv"
+    many.write_text("".join(f"{qid}-{i}\t{text}\n" for i in range(1500) for qid, text in QUERIES.items()))
+    out = tmp_path / "out"
+    out.mkdir()
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        child = subprocess.Popen([sys.executable, "-m", "pyserini.search.faiss", "--index", str(index), "--encoder",
+                                  "aligner", "--topics", str(many), "--output", str(out / "run.trec"),
+                                  "--batch-size", "4"], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                 stdout=subprocess.PIPE, stderr=err, text=True,
+                                 # as from a terminal (a background job of a script inherits SIGINT ignored)
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            for line in child.stdout:  # Pyserini prints this line just before its search loop
+                if line.startswith("Running"):
+                    break
+            time.sleep(2)  # in the middle of encoding and searching queries
+            assert child.poll() is None, "the search ended before it could be interrupted"
+            child.send_signal(signal.SIGINT)
+            child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    stderr = err_path.read_text()
+    assert child.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert messages(stderr)[-1:] == ["interrupted"]
+    assert list(out.iterdir()) == []  # neither a run nor its temporary file
+
+
+def test_aligner_index_as_the_sparse_index_of_hybrid(index, topics, tmp_path):
+    output = stale_run(tmp_path)
+    result = run("-m", "pyserini.search.hybrid", "dense", "--index", index, "--encoder", "aligner", "sparse",
+                 "--index", index, "fusion", "--alpha", "0.1", "run", "--topics", topics, "--output", output)
+    one_line_error(result, 2, f"sparse --index {index} is an AligneR index; give it as the dense index")
+    assert "IndexNotFoundException" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_bad_jvm_heap_setting_is_one_line(index, topics, tmp_path):
+    result = run("-m", "pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics", topics,
+                 "--output", tmp_path / "run.trec", env={"PYSERINI_ALIGNER_JVM_HEAP": "abc"})
+    one_line_error(result, 2, "PYSERINI_ALIGNER_JVM_HEAP='abc': expected a heap size such as 512m or 8g")
+    assert list(tmp_path.iterdir()) == []
+
+
+# 8. errors come before the work, and say what is wrong
+
+
+def test_unknown_encoder_is_refused_at_once(index, topics, tmp_path):
+    """Not a shipped name, a folder or a cached Hugging Face model: refused before Pyserini asks the hub for it."""
+    result = run("-m", "pyserini.search.faiss", "--index", index, "--encoder", "nosuch", "--topics", topics,
+                 "--output", tmp_path / "run.trec", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    one_line_error(result, 2, f"--encoder nosuch: not a shipped AligneR checkpoint ({', '.join(SHIPPED)})")
+    assert "huggingface.co" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# 9. flags that did nothing
+
+
+def test_pyserini_max_length_sets_the_query_length(index, topics, tmp_path):
+    from pyserini_aligner.search.searcher import AlignerSearcher
+
+    result = run("-m", "pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics", topics,
+                 "--output", tmp_path / "run.trec", "--hits", "5", "--max-length", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = read_run(tmp_path / "run.trec")
+    texts = list(QUERIES.values())
+    cut, full = AlignerSearcher(index, query_max_length=4).rank(texts, k=5), AlignerSearcher(index).rank(texts, k=5)
+    assert cut != full  # four tokens a query change the rankings
+    assert [sorted(got[qid], key=got[qid].get, reverse=True) for qid in QUERIES] == [[d for d, _ in h] for h in cut]
+
+
+# 10. Pyserini's routes
+
+
+def test_pyserini_encode_with_aligner_is_refused_and_writes_nothing(corpus, tmp_path):
+    result = run("-m", "pyserini.encode", "input", "--corpus", corpus.parent, "--fields", "text", "output",
+                 "--embeddings", tmp_path / "emb", "--to-faiss", "encoder", "--encoder", "aligner", "--device", "cpu")
+    one_line_error(result, 2, f"build an AligneR index with python -m pyserini_aligner.index --corpus {corpus.parent} "
+                              f"--index {tmp_path / 'emb'} --encoder aligner")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pyserini_faiss_help_mentions_aligner():
+    result = run("-m", "pyserini.search.faiss", "--help")
+    assert result.returncode == 0 and "usage:" in result.stdout
+    assert "--encoder aligner (or aligner-mix, or an AligneR checkpoint folder)" in " ".join(result.stdout.split())
+
+
+def test_every_variable_a_recipe_reads_is_documented():
+    recipes = REPO / "integrations"
+    table = (recipes / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", table, flags=re.M))
+    for script in sorted(recipes.glob("*.sh")):
+        used = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", script.read_text()))
+        assert used <= documented, f"{script.name} reads {sorted(used - documented)}, not in integrations/README.md"
