@@ -3,6 +3,7 @@ exits."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Callable
 
@@ -52,6 +53,45 @@ def non_negative(text: str) -> float:
     if not value >= 0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+def positive_number(text: str) -> float:
+    """argparse ``type``: a number > 0, such as a timeout in seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def device(text: str) -> str:
+    """argparse ``type``: "cpu" or "cuda[:N]", a CUDA device only where this torch can use it (torch is imported
+    only for a CUDA device)."""
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
+    if text.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise argparse.ArgumentTypeError(f"{text!r}: {why}; use cpu")
+        count, number = torch.cuda.device_count(), int(text.partition(":")[2] or 0)
+        if number >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: only {count} CUDA device(s) are visible")
+    return text
+
+
+def strategy(text: str) -> str:
+    """argparse ``type``: an alignment strategy (top-k:1, top-p:0.015, da:4:0.04), checked before any model loads."""
+    from pyserini_aligner.alignment import parse_strategy
+
+    try:
+        parse_strategy(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:

@@ -452,7 +452,8 @@ class AlignerModel(nn.Module):
         """
         folder = checkpoint_folder(name_or_path)
         if not folder.exists():
-            raise FileNotFoundError(f"AligneR checkpoint folder not found: {folder}")
+            raise FileNotFoundError(f"AligneR checkpoint folder not found: {folder} (the shipped checkpoints: "
+                                    f"{', '.join(SHIPPED)})")
         if not folder.is_dir():
             raise NotADirectoryError(f"AligneR checkpoint must be a folder, got a file: {folder}")
         config_path = folder / CONFIG_FILE

@@ -91,6 +91,12 @@ def check_output_path(path: str | os.PathLike) -> Path:
         raise OutputPathError(f"output {path}: can't create its folder {parent} ({error.strerror})") from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputPathError(f"output {path}: its folder {parent} is not writable")
+    probe = parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.probe"
+    try:  # the folder may refuse new files all the same (/proc, a read-only mount when run as root)
+        probe.touch(exist_ok=False)
+    except OSError as error:
+        raise OutputPathError(f"output {path}: can't create a file in its folder {parent} ({error.strerror})") from None
+    probe.unlink()
     return path
 
 

@@ -1,18 +1,21 @@
 """Fault probes through the command lines, each a real child process of the CLI a user runs: Pyserini's CLIs with
 AligneR in the path (misspelt indexes, unknown encoders, an AligneR index in the wrong slot, Ctrl-C, a bad JVM
-setting, pyserini.encode). Each gives one line, the right exit status (2: usage, 1: run time, 130: Ctrl-C) and
-leaves no stale or partial file.
+setting, pyserini.encode), the plugin's own CLIs (bad devices, strategies, lengths and flag pairs, unwritable
+outputs) and torchrun ranks that die at start-up. Each gives one line, the right exit status (2: usage, 1: run
+time, 130: Ctrl-C) and leaves no stale or partial file.
 """
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.trec import read_run
@@ -93,6 +96,22 @@ def test_misspelt_index_through_pyserini_fails_without_stale_run(index, topics, 
 # 7. user errors: one line and the exit status, never a traceback
 
 
+@pytest.mark.parametrize("device", ["cuda", "banana"])
+@pytest.mark.parametrize("cli", ["search", "index"])
+def test_bad_device_is_an_argparse_error(index, corpus, topics, tmp_path, cli, device):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this torch can use CUDA")
+    if cli == "search":
+        result = run("-m", "pyserini_aligner.search", "--index", index, "--topics", topics, "--output",
+                     tmp_path / "run.trec", "--device", device)
+    else:
+        result = run("-m", "pyserini_aligner.index", "--corpus", corpus, "--index", tmp_path / "idx", "--device",
+                     device)
+    reason = "this torch is built without CUDA" if device == "cuda" else "expected cpu or cuda[:N], got 'banana'"
+    one_line_error(result, 2, f"argument --device: {reason}" if device == "banana" else reason)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ctrl_c_during_a_pyserini_faiss_search(index, tmp_path):
     """The JVM no longer takes SIGINT (it called exit() from a Java thread while torch ran in the main thread: a
     torch traceback "RuntimeError: unknown parameter type", or an abort)."""
@@ -140,6 +159,47 @@ def test_bad_jvm_heap_setting_is_one_line(index, topics, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# rank 1: joins the process group, then is killed before the first exchange
+DIES_AT_START_UP = ("import os, signal, torch.distributed as dist; dist.init_process_group('gloo'); "
+                    "os.kill(os.getpid(), signal.SIGKILL)")
+
+
+@pytest.mark.parametrize("cli", ["index", "search"])
+def test_a_rank_killed_at_start_up(index, corpus, topics, tmp_path, cli):
+    port = free_port()
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TMPDIR", "IR_DATASETS_HOME",
+                                                "PYSERINI_ALIGNER_BEIR_DIR") if name in os.environ}
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO))
+    if cli == "index":
+        args = ["pyserini_aligner.index", "--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--quiet",
+                "--dist-timeout", "60"]
+    else:
+        args = ["pyserini_aligner.search", "--distributed", "--index", str(index), "--topics", str(topics),
+                "--output", str(stale_run(tmp_path)), "--quiet"]
+    ranks = [subprocess.Popen([sys.executable, "-m", *args], env={**env, "RANK": "0", "LOCAL_RANK": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+             subprocess.Popen([sys.executable, "-c", DIES_AT_START_UP], env={**env, "RANK": "1", "LOCAL_RANK": "1"})]
+    try:
+        _, err = ranks[0].communicate(timeout=180)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+    assert ranks[1].returncode == -9
+    result = subprocess.CompletedProcess(args, ranks[0].returncode, "", err)
+    one_line_error(result, 1, "rank 0")
+    assert "[rank0]" not in err and "pair.cc" not in err
+    assert list(tmp_path.iterdir()) == []  # no index, no build folder, no stale run
+
+
 # 8. errors come before the work, and say what is wrong
 
 
@@ -150,6 +210,40 @@ def test_unknown_encoder_is_refused_at_once(index, topics, tmp_path):
     one_line_error(result, 2, f"--encoder nosuch: not a shipped AligneR checkpoint ({', '.join(SHIPPED)})")
     assert "huggingface.co" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_max_length_beyond_the_model_is_refused_before_encoding(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "short", "contents": "cold exposure"}) + "\n" +
+                      json.dumps({"id": "long", "contents": " ".join(["adipose tissue"] * 400)}) + "\n")
+    result = run("-m", "pyserini_aligner.index", "--corpus", corpus, "--index", tmp_path / "idx", "--max-length",
+                 "600", "--quiet")
+    one_line_error(result, 1, "max_length 600 exceeds the 512 token positions of the model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]
+
+
+def test_output_that_cannot_be_created_fails_in_the_early_check(index, topics):
+    """As root, os.access calls /proc writable: a file is created and removed there to be sure."""
+    started = time.perf_counter()
+    result = run("-m", "pyserini_aligner.search", "--index", index, "--topics", topics, "--output",
+                 "/proc/run.trec", "--quiet")
+    one_line_error(result, 2, "output /proc/run.trec: can't create a file in its folder /proc")
+    assert time.perf_counter() - started < 60  # no model was loaded, no query ran
+
+
+def test_more_shards_than_documents_is_named(corpus, tmp_path):
+    result = run("-m", "pyserini_aligner.index", "--corpus", corpus, "--index", tmp_path / "idx", "--shard-id", "0",
+                 "--shard-num", "50", "--quiet")
+    one_line_error(result, 1, "--shard-num 50 is larger than the corpus (20 documents)")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cli", ["search", "explain"])
+def test_bad_strategy_is_an_argparse_error(index, topics, tmp_path, cli):
+    args = ["--topics", topics, "--output", tmp_path / "run.trec"] if cli == "search" else ["--query", "cells"]
+    result = run("-m", f"pyserini_aligner.{cli}", "--index", index, *args, "--strategy", "top-q:1")
+    one_line_error(result, 2, "argument --strategy: bad alignment strategy 'top-q:1'")
+    assert list(tmp_path.iterdir()) == []
 
 
 # 9. flags that did nothing
@@ -166,6 +260,17 @@ def test_pyserini_max_length_sets_the_query_length(index, topics, tmp_path):
     cut, full = AlignerSearcher(index, query_max_length=4).rank(texts, k=5), AlignerSearcher(index).rank(texts, k=5)
     assert cut != full  # four tokens a query change the rankings
     assert [sorted(got[qid], key=got[qid].get, reverse=True) for qid in QUERIES] == [[d for d, _ in h] for h in cut]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--index", "idx", "--compact", "--retrain-codec", "--strict"], "--strict goes with --delete"),
+    (["--index", "idx", "--delete", "ids.txt", "--retrain-codec"], "--retrain-codec goes with --compact"),
+    (["--corpus", "corpus.jsonl", "--index", "idx", "--dist-timeout", "-5"],
+     "argument --dist-timeout: expected a number > 0, got '-5'"),
+], ids=["strict", "retrain-codec", "dist-timeout"])
+def test_index_flags_that_would_do_nothing_are_errors(tmp_path, flags, message):
+    result = run("-m", "pyserini_aligner.index", *flags)
+    one_line_error(result, 2, message)
 
 
 # 10. Pyserini's routes

@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter, positive_int
+from pyserini_aligner.cli import HelpFormatter, positive_int, strategy
 from pyserini_aligner.explain import explain, render_html, render_png
 
 
@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--docid", action="append", default=None,
                         help="explain this document (repeatable); default: the top --hits search results")
     parser.add_argument("--hits", type=positive_int, default=3, help="search results to explain when no --docid is given")
-    parser.add_argument("--strategy", default=None, help="alignment, e.g. top-k:2, top-p:0.015, da:4:0.04 "
-                                                         "(default: the index's)")
+    parser.add_argument("--strategy", type=strategy, default=None,
+                        help="alignment, e.g. top-k:2, top-p:0.015, da:4:0.04 (default: the index's)")
     parser.add_argument("--encoder", default=None, help="checkpoint folder (default: the model recorded in the index)")
     parser.add_argument("--top-query", type=positive_int, default=8, help="most salient query tokens whose alignments are shown")
     parser.add_argument("--output", default="explain.html", help="HTML page to write")

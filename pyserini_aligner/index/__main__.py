@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import INTERRUPTED_EXIT, HelpFormatter, fraction, positive_int
+from pyserini_aligner.cli import INTERRUPTED_EXIT, HelpFormatter, device, fraction, positive_int, positive_number
 from pyserini_aligner.index.codec import AUTO, DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
                                             derive_index)
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-length", type=positive_int, default=None,
                         help="tokens per document (default: the model's doc_maxlen, 256 for the shipped model)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="documents encoded together")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--max-docs", type=positive_int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index of this package (never any other folder)")
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --corpus: build only shard i of --shard-num (a contiguous slice, Pyserini's "
                              "convention); merge shards with python -m pyserini_aligner.index.merge")
     parser.add_argument("--shard-num", type=int, default=None, help="number of shards (with --shard-id)")
-    parser.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--dist-timeout", type=positive_number, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others before the build fails")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -110,6 +110,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.shard_id is None) != (args.shard_num is None) or (args.shard_num is not None and not args.corpus):
         parser.error("--shard-id and --shard-num go together, with --corpus")
+    if args.retrain_codec and not args.compact:
+        parser.error("--retrain-codec goes with --compact (it retrains the codec of the compacted index)")
+    if args.strict and not args.delete:
+        parser.error("--strict goes with --delete (it fails on ids that are not in the index)")
     codec = args.codec or (DEFAULT_CODEC if not args.from_index else "fp16")
     if args.max_bytes_per_token is not None and (codec.strip().lower() != AUTO or args.codec_from):
         parser.error("--max-bytes-per-token sizes the residuals of --codec auto; it does nothing with "
@@ -194,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 corpus, hint = read_corpus(args.corpus), count_corpus(args.corpus)
                 if args.shard_num is not None:
-                    corpus, start, end, _ = shard_corpus(args.corpus, args.shard_id, args.shard_num, args.max_docs)
+                    corpus, start, end, total = shard_corpus(args.corpus, args.shard_id, args.shard_num,
+                                                             args.max_docs)
+                    if args.shard_num > total:
+                        raise ValueError(f"--shard-num {args.shard_num} is larger than the corpus ({total} "
+                                         "documents): every shard needs at least one document")
                     hint, knobs["max_docs"] = end - start, None
                 manifest = build_index(corpus, args.index, args.encoder, num_docs_hint=hint,
                                        corpus_path=args.corpus if Path(args.corpus).exists() else None, **knobs)

@@ -339,6 +339,15 @@ def _clean_orphans(target: Path) -> None:
     store.remove_unreferenced(target, manifest)
 
 
+def check_max_length(model, max_length: int | None) -> None:
+    """ValueError, before any document is encoded, when ``max_length`` tokens exceed the positions of the model's
+    backbone (512 for the shipped checkpoints)."""
+    positions = getattr(model.backbone.config, "max_position_embeddings", None)
+    if max_length is not None and positions is not None and max_length > positions:
+        raise ValueError(f"max_length {max_length} exceeds the {positions} token positions of the model; use at most "
+                         f"{positions}")
+
+
 def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner", *,
                 doc_prune: float = DEFAULT_DOC_PRUNE, codec: str = DEFAULT_CODEC,
                 index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str | None = None,
@@ -387,6 +396,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             check_factory_string(dim, index_type)
     if codec.strip().lower() != "fp16" and model.scores_with_salience:
         raise ValueError("a compressed codec stores no token saliences, but the model scores with them; use codec fp16")
+    check_max_length(model, max_length)
     if max_length is not None and max_length > model.config.doc_maxlen:
         log.info("max_length %d exceeds the model's doc_maxlen %d", max_length, model.config.doc_maxlen)
     total = min(x for x in (num_docs_hint, max_docs, _sized(corpus)) if x is not None) \

@@ -18,6 +18,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, DocidRegistry,
-                                            checked_items, codec_source, copy_codec, encode_chunks,
+                                            check_max_length, checked_items, codec_source, copy_codec, encode_chunks,
                                             new_manifest, record_codec_training, sample_for_codec, train_codec,
                                             write_index, write_segment)
 from pyserini_aligner.index.codec import DEFAULT_MAX_BYTES_PER_TOKEN, CodecSpec, parse_codec
@@ -61,6 +62,14 @@ def dist_context() -> DistContext | None:
         return None
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return DistContext(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def lost_rank_message(error: BaseException) -> str:
+    """One line for a collective that failed, e.g. because another rank died or was killed: the first line of the
+    error (Gloo's "Connection closed by peer ...") without its source-file prefix."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", line)
 
 
 class Stopped(RuntimeError):
@@ -187,7 +196,11 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     job = _Job(ctx)
     try:
-        job.peers = job.all_gather({"host": job.host, "pid": os.getpid()})
+        try:
+            job.peers = job.all_gather({"host": job.host, "pid": os.getpid()})
+        except RuntimeError as err:  # a rank died between joining the group and this first exchange
+            raise RuntimeError(f"rank {ctx.rank} lost contact with another rank at start-up: "
+                               f"{lost_rank_message(err)}") from None
         knobs = dict(doc_prune=doc_prune, codec=codec, index_type=index_type, batch_size=batch_size, device=dev,
                      max_docs=max_docs, progress=progress, train_size=train_size, seed=seed,
                      max_length=max_length, prune_redundancy=prune_redundancy,
@@ -226,6 +239,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
         started = time.perf_counter()
         job.root = root
         model = load_model(encoder, device)
+        check_max_length(model, max_length)
         dim = model.config.dim
         source = codec_source(codec_from) if codec_from is not None else None
         spec_text = str(source[0].spec) if source else codec

@@ -13,7 +13,7 @@ import sys
 from tqdm import tqdm
 
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
-from pyserini_aligner.cli import HelpFormatter, flag_value, fraction, positive_int, run_main
+from pyserini_aligner.cli import HelpFormatter, device, flag_value, fraction, positive_int, run_main, strategy
 from pyserini_aligner.textio import check_output_path, discard_output
 from pyserini_aligner.data import load_topics
 from pyserini_aligner.hits import drop_query_hits
@@ -52,12 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--query-max-length", type=positive_int, default=None,
                         help="tokens per query, special tokens included (default: the model's query_maxlen, 64 for "
                              "the shipped model); longer queries are cut")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--backend", choices=["faiss", "torch"], default=None,
                         help="candidate generation and refinement with FAISS + the memory-mapped store (default on "
                              "cpu) or with torch on --device (default on cuda)")
-    parser.add_argument("--strategy", default=None, help="alignment, e.g. top-k:1, top-p:0.015, da:4:0.04 "
-                                                         "(default: the index's)")
+    parser.add_argument("--strategy", type=strategy, default=None,
+                        help="alignment, e.g. top-k:1, top-p:0.015, da:4:0.04 (default: the index's)")
     parser.add_argument("--k-per-token", type=positive_int, default=None,
                         help="indexed document tokens taken per kept query token (K; default by device, see "
                              "AlignerSearcher)")
@@ -98,6 +98,7 @@ def run_distributed(args: argparse.Namespace) -> int:
     """--distributed: search in lockstep with the other ranks; rank 0 reads the topics and writes the run."""
     import torch.distributed as dist
 
+    from pyserini_aligner.index.distributed import lost_rank_message
     from pyserini_aligner.search.distributed import TorchExchange, init_group, sharded_searcher
 
     if args.backend == "faiss":
@@ -134,6 +135,9 @@ def run_distributed(args: argparse.Namespace) -> int:
             write_hits(hits, args)
             log.info("wrote %d queries to %s (%d ranks)", len(hits), args.output, ctx.world_size)
         return 0
+    except RuntimeError as error:  # a rank died or was killed: Gloo's "Connection closed by peer"
+        print(f"error: rank {ctx.rank}: {lost_rank_message(error)}", file=sys.stderr)
+        return 1
     finally:
         if created:
             dist.destroy_process_group()
