@@ -423,6 +423,7 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
     finally:
+        _SEARCHER_KNOBS.clear()  # this command's only
         if status not in (0, None) and discard_output(output):
             print(f"removed {output}: an earlier run that this failed search did not replace", file=sys.stderr)
     sys.exit(status)
