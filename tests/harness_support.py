@@ -5,7 +5,7 @@ from pathlib import Path
 
 from workers import built_once
 
-SYSTEMS = ("bm25", "dense", "aligner", "aligner-pruned", "hybrid", "rrf", "aligner-adapted")
+SYSTEMS = ("bm25", "dense", "aligner", "aligner-exact", "aligner-pruned", "hybrid", "rrf", "aligner-adapted")
 
 
 def harness_run(tmp_path_factory, folder: Path) -> tuple[Path, Path, dict]:

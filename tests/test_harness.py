@@ -41,7 +41,9 @@ def test_every_system_runs_with_a_stable_schema(harness, scifact_small):
 
 def test_system_extras(harness):
     systems = harness[2]["systems"]
-    assert systems["aligner"]["strategy"] == "top-k:1"
+    assert systems["aligner"]["strategy"] == systems["aligner-exact"]["strategy"] == "top-k:1"
+    assert systems["aligner"]["codec"].endswith(",PQ4,Refine(PQ32)") and systems["aligner"]["doc_prune"] == 0.2
+    assert abs(systems["aligner"]["ndcg@10"] - systems["aligner-exact"]["ndcg@10"]) < 0.05  # compression's cost
     assert (systems["aligner-pruned"]["doc_prune"], systems["aligner-pruned"]["query_prune"]) == (0.2, 0.5)
     hybrid = systems["hybrid"]
     assert hybrid["alpha"] == DEFAULT_ALPHA and hybrid["alpha_source"].startswith("default")
@@ -61,12 +63,12 @@ def test_system_extras(harness):
             assert fold["delta"] == 0.0
     assert adapted["changed_folds"] == sum(f["changed"] for f in adapted["fold_choices"])
     assert (adapted["changed_delta"] is None) == (adapted["changed_folds"] == 0)
-    if adapted["changed_queries"] == 0:  # every query kept the default: the aligner's own search
-        assert adapted["ndcg@10_run"] == systems["aligner"]["ndcg@10"]
+    if adapted["changed_queries"] == 0:  # every query kept the default: aligner-exact's own search
+        assert adapted["ndcg@10_run"] == systems["aligner-exact"]["ndcg@10"]
     assert set(adapted["strategies"]) == {"top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8", "top-p:0.005",
                                           "top-p:0.01", "top-p:0.015", "top-p:0.02"}
-    # rescoring the aligner's candidates with its own strategy keeps its ranking
-    assert adapted["strategies"]["top-k:1"] == systems["aligner"]["ndcg@10"]
+    # rescoring aligner-exact's candidates with its own strategy keeps its ranking
+    assert adapted["strategies"]["top-k:1"] == systems["aligner-exact"]["ndcg@10"]
 
 
 def test_significance_against_both_baselines(harness, scifact_small):
@@ -90,7 +92,7 @@ def test_significance_against_both_baselines(harness, scifact_small):
 def test_rescoring_reproduces_the_searcher(harness, scifact_small):
     _, cache, results = harness
     ctx = harness_context(scifact_small, cache)
-    aligner = read_run(results["systems"]["aligner"]["run"])
+    aligner = read_run(results["systems"]["aligner-exact"]["run"])
     candidates = {q: sorted(h.items(), key=lambda x: -x[1]) for q, h in aligner.items()}
     rescored = rescored_runs(ctx, candidates, ["top-k:1"])["top-k:1"]
     for qid, hits in rescored.items():
@@ -163,7 +165,7 @@ def test_adapted_system_searches_with_a_changed_strategy(harness, scifact_small)
     # as deep as the aligner system), not a rescored head of the top-k:8 run
     from pyserini_aligner.search import AlignerSearcher
 
-    eight = ctx.runs["aligner"]
+    eight = ctx.runs["aligner-exact"]
     moved = sorted(q for q in run if run[q] != eight[q])
     assert moved and row["changed_queries"] >= len(moved)
     found = {}

@@ -1,4 +1,5 @@
-"""AligneR pieces of the harness: cached indexes (full and β^d-pruned), searches and per-strategy rescoring."""
+"""AligneR pieces of the harness: cached indexes (full, the default compressed one, β^d-pruned), searches and
+per-strategy rescoring."""
 from __future__ import annotations
 
 import hashlib
@@ -58,6 +59,22 @@ def pruned_index(ctx: Context, doc_prune: float, redundancy: float | None = DEFA
         log.info("deriving %s (doc_prune=%g, prune_redundancy=%s) from %s", target, doc_prune, redundancy, full)
         derive_pruned_index(full, target, doc_prune, progress=ctx.progress, overwrite=True,
                             prune_redundancy=redundancy)
+    return target
+
+
+def default_index(ctx: Context) -> Path:
+    """The index a user gets from ``python -m pyserini_aligner.index`` with its defaults (codec auto, β^d and the
+    redundancy rule of the defaults), derived once from the full index's stored tokens instead of encoding again
+    (its codec trains on a sample of every document's tokens rather than on the first documents')."""
+    from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE, derive_index
+    from pyserini_aligner.index.store import MANIFEST
+
+    full = full_index(ctx)
+    target = full.with_name(f"{full.name}-default")
+    if not (target / MANIFEST).is_file():
+        log.info("deriving the default index %s from %s", target, full)
+        derive_index(full, target, doc_prune=DEFAULT_DOC_PRUNE, codec=DEFAULT_CODEC,
+                     prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=ctx.progress, overwrite=True)
     return target
 
 

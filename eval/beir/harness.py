@@ -67,6 +67,8 @@ def _cell(row: dict, metric: str) -> str:
 def _note(name: str, row: dict) -> str:
     if name == "hybrid":
         return f"alpha={row['alpha']:g} ({row['alpha_source']})"
+    if name == "aligner":
+        return f"strategy {row['strategy']}, the default index: codec {row['codec']}, β^d={row['doc_prune']:g}"
     if name == "aligner-pruned":
         return f"β^d={row['doc_prune']:g}, β^q={row['query_prune']:g}"
     if name == "aligner-adapted":

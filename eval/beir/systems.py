@@ -57,11 +57,23 @@ def dense(ctx: Context) -> Hits:
 
 
 def aligner(ctx: Context) -> Hits:
-    """AligneR with the checkpoint's default strategy, all tokens indexed and searched."""
+    """AligneR as users get it: the default index (codec auto, β^d of the defaults) with the checkpoint's default
+    strategy, searched with the searcher's defaults."""
+    from eval.beir.aligner import default_index, search
+    from pyserini_aligner.index.store import read_manifest
+
+    index = default_index(ctx)
+    manifest = read_manifest(index)
+    ctx.extras["aligner"] = {"strategy": ctx.strategy, "codec": manifest.codec, "doc_prune": manifest.doc_prune}
+    return search(ctx, index, desc="aligner")
+
+
+def aligner_exact(ctx: Context) -> Hits:
+    """AligneR on exact float16 token vectors, every token indexed and searched: what compression costs."""
     from eval.beir.aligner import full_index, search
 
-    ctx.extras["aligner"] = {"strategy": ctx.strategy}
-    return search(ctx, full_index(ctx), desc="aligner")
+    ctx.extras["aligner-exact"] = {"strategy": ctx.strategy}
+    return search(ctx, full_index(ctx), desc="aligner-exact")
 
 
 def aligner_pruned(ctx: Context) -> Hits:
@@ -74,11 +86,11 @@ def aligner_pruned(ctx: Context) -> Hits:
 
 
 def hybrid(ctx: Context) -> Hits:
-    """Pyserini HybridSearcher over AligneR and BM25, alpha chosen on the dev/train split."""
-    from eval.beir.aligner import full_index
+    """Pyserini HybridSearcher over AligneR (the default index) and BM25, alpha chosen on the dev/train split."""
+    from eval.beir.aligner import default_index
     from eval.beir.hybrid import NORMALIZATION, choose_alpha, hybrid_search, hybrid_searcher
 
-    searcher = hybrid_searcher(ctx, full_index(ctx), lucene_index(ctx))
+    searcher = hybrid_searcher(ctx, default_index(ctx), lucene_index(ctx))
     choice = choose_alpha(ctx, searcher)
     ctx.extras["hybrid"] = {**choice, "normalization": NORMALIZATION}
     return hybrid_search(ctx, searcher, choice["alpha"])
@@ -92,9 +104,9 @@ def rrf(ctx: Context) -> Hits:
 
 
 def aligner_adapted(ctx: Context) -> Hits:
-    """Few-shot alignment adaptation. Folds of ``ctx.fold_size`` test queries each choose a strategy on their own
-    queries only: the checkpoint's default (the aligner system's) unless a candidate, scored by nDCG@10 of the
-    aligner's top ``ctx.candidates`` rescored with it, gains >= ``ctx.min_gain`` with p <= ``ctx.alpha`` (one-sided
+    """Few-shot alignment adaptation over the exact index. Folds of ``ctx.fold_size`` test queries each choose a
+    strategy on their own queries only: the checkpoint's default (the aligner-exact system's) unless a candidate,
+    scored by nDCG@10 of aligner-exact's top ``ctx.candidates`` rescored with it, gains >= ``ctx.min_gain`` with p <= ``ctx.alpha`` (one-sided
     paired randomisation test, see ``choose_strategy``). A chosen strategy then searches the index itself
     (AlignerSearcher with that strategy, top ``ctx.hits``: the aligner system's depth, refining the same candidate
     documents); nDCG@10 is the mean over folds of that search's nDCG@10 on the other queries. The run ranks each
@@ -103,7 +115,7 @@ def aligner_adapted(ctx: Context) -> Hits:
     from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, few_shot_adaptation, per_query, strategy_table
     from pyserini_aligner.alignment import parse_strategy
 
-    full = require(ctx, "aligner", "aligner-adapted")
+    full = require(ctx, "aligner-exact", "aligner-adapted")
     table = strategy_table(ctx.qrels, rescored_runs(ctx, full, CANDIDATE_STRATEGIES))
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
     adaptation = few_shot_adaptation({s: {q: v[q] for q in judged} for s, v in table.items()},
@@ -134,5 +146,5 @@ def aligner_adapted(ctx: Context) -> Hits:
 
 
 SYSTEMS: dict[str, Callable[[Context], Hits]] = {
-    "bm25": bm25, "dense": dense, "aligner": aligner, "aligner-pruned": aligner_pruned, "hybrid": hybrid,
-    "rrf": rrf, "aligner-adapted": aligner_adapted}
+    "bm25": bm25, "dense": dense, "aligner": aligner, "aligner-exact": aligner_exact, "aligner-pruned": aligner_pruned,
+    "hybrid": hybrid, "rrf": rrf, "aligner-adapted": aligner_adapted}
