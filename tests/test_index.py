@@ -17,7 +17,7 @@ from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, 
 from pyserini_aligner.index import __main__ as cli
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE
-from pyserini_aligner.index.codec import HIERARCHY_MIN_NLIST, parse_codec
+from pyserini_aligner.index.codec import HIERARCHY_MIN_NLIST, choose_nlist, parse_codec
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, keep_count
 
@@ -483,3 +483,37 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
                                                    source.token_vectors(np.arange(20)), dim=-1)
     assert cosine.mean() > 0.8
     assert not (tmp_path / "idx2").exists() and leftovers(tmp_path) == []
+
+
+def test_auto_codec_is_sized_from_the_whole_corpus_not_a_slice():
+    """A torchrun rank streams its slice of the corpus: "auto" resolves from the whole corpus's estimated tokens, so
+    every rank count picks the codec of a one-process build (a slice of 12 of 24 documents once picked half the
+    centroids)."""
+    from pyserini_aligner.index.builder import EncodedChunk, sample_for_codec
+
+    def chunks(docs: int, tokens: int = 300):
+        for start in range(0, docs, 4):
+            mask = torch.ones(min(4, docs - start), tokens, dtype=torch.bool)
+            yield EncodedChunk([f"d{i}" for i in range(start, start + len(mask))], torch.zeros(*mask.shape, 8),
+                               mask, mask.float(), 0, 0.0)
+
+    _, whole = sample_for_codec(chunks(24), "auto", 8, 24, 100_000)
+    _, half = sample_for_codec(chunks(12), "auto", 8, 24, 100_000)
+    assert whole == half == parse_codec(f"IVF{choose_nlist(24 * 300)},PQ4,Refine(PQ8)", 8)
+    _, unknown = sample_for_codec(chunks(24), "auto", 8, None, 100_000)  # no size given: what the stream held
+    assert unknown == whole
+
+
+def test_max_bytes_per_token_is_refused_where_it_does_nothing(tmp_path, capsys):
+    from pyserini_aligner.index.__main__ import parse_args
+
+    for argv, message in ((["--codec", "IVF64,PQ8"], "it does nothing with --codec IVF64,PQ8"),
+                          (["--from-index", str(tmp_path)], "it does nothing with --codec fp16"),
+                          (["--max-bytes-per-token", "5"], "expected an integer >= 6")):
+        with pytest.raises(SystemExit) as stop:
+            parse_args(["--index", str(tmp_path / "i"), *(["--corpus", "c"] if "--from-index" not in argv else []),
+                        *argv, *(["--max-bytes-per-token", "18"] if "5" not in argv else [])])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    args = parse_args(["--corpus", "c", "--index", str(tmp_path / "i"), "--max-bytes-per-token", "18"])
+    assert args.max_bytes_per_token == 18
+    assert parse_args(["--corpus", "c", "--index", str(tmp_path / "i")]).max_bytes_per_token == 34
