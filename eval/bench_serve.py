@@ -32,7 +32,6 @@ import numpy as np
 from eval.cli import configure_logging
 
 log = logging.getLogger("eval.bench_serve")
-WARM_UP_S = 3.0
 TIE_TOLERANCE = 1e-5  # relative difference of two scores that float32 rounding of a batch can explain
 
 
@@ -46,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds measured per client count")
     parser.add_argument("--clients", default="1,8,32,128", help="comma-separated numbers of concurrent clients")
     parser.add_argument("--hits", type=int, default=10, help="hits asked for by each request")
+    parser.add_argument("--warm-up", type=float, default=3.0, metavar="SECONDS",
+                        help="seconds each level runs before it is measured")
     parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="the server's --batch-wait-ms")
     parser.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
     parser.add_argument("--max-queries", type=int, default=None, help="use only the first N topics")
@@ -59,8 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.levels = [int(part) for part in args.clients.split(",")]
     except ValueError:
         parser.error(f"--clients: expected comma-separated integers, got {args.clients!r}")
-    if not args.levels or min(args.levels) < 1 or args.duration <= 0 or args.hits < 1:
-        parser.error("--clients, --duration and --hits must be positive")
+    if not args.levels or min(args.levels) < 1 or args.duration <= 0 or args.hits < 1 or args.warm_up < 0:
+        parser.error("--clients, --duration and --hits must be positive, --warm-up not negative")
     return args
 
 
@@ -102,8 +103,9 @@ def compare(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> 
     return "wrong"
 
 
-def run_level(url: str, queries: list[str], reference: list[list], clients: int, duration: float) -> dict:
-    """``clients`` threads, each a session sending one query at a time for ``duration`` seconds (after a warm-up)."""
+def run_level(url: str, queries: list[str], reference: list[list], clients: int, duration: float,
+              warm_up: float) -> dict:
+    """``clients`` threads, each a session sending one query at a time for ``duration`` seconds after ``warm_up``."""
     import requests
 
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -136,7 +138,7 @@ def run_level(url: str, queries: list[str], reference: list[list], clients: int,
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
     for thread in threads:
         thread.start()
-    time.sleep(WARM_UP_S)
+    time.sleep(warm_up)
     phase["measure"] = True
     started = time.perf_counter()
     time.sleep(duration)
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for clients in args.levels:
             before = requests.get(f"{base}/status", timeout=60).json()
-            row = run_level(f"{base}/search", queries, reference, clients, args.duration)
+            row = run_level(f"{base}/search", queries, reference, clients, args.duration, args.warm_up)
             after = requests.get(f"{base}/status", timeout=60).json()
             batches = after["batches"] - before["batches"]
             row["mean_batch"] = round((after["batched_queries"] - before["batched_queries"]) / max(batches, 1), 1)

@@ -194,11 +194,9 @@ def patch_controller(module: ModuleType) -> None:
         served = registry().get(index_name)
         if served is None:
             return original["eval_hits"](self, index_name, metric, query_id, hits, cutoff)
-        if not hasattr(served, "evaluate"):
-            raise RequestError(f"index {index_name} has no qrels; evaluate on its AligneR index")
         if metric not in module.EVAL_METRICS:
             raise RequestError(f"unknown metric {metric!r}; one of {', '.join(module.EVAL_METRICS)}")
-        return served.evaluate(metric, query_id, hits, cutoff, module.EVAL_METRICS[metric])
+        return served.aligner.evaluate(metric, query_id, hits, cutoff, module.EVAL_METRICS[metric])
 
     for method in (_add_index, search, get_document, get_status, get_settings, update_settings, eval_hits):
         method.__doc__ = original[method.__name__].__doc__

@@ -7,6 +7,7 @@ import json
 import logging
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ class LuceneDocs:
 
 
 class ServedIndex:
-    """What every served index answers; ``name`` as clients call it."""
+    """What every served index answers; ``name`` as clients call it, ``aligner`` the AligneR index it rests on."""
 
     kind = ""
     settings_keys: tuple[str, ...] = ()
@@ -122,9 +123,6 @@ class ServedIndex:
     def status(self) -> dict[str, Any]:
         return {"downloaded": True, "type": self.kind, **self.settings()}
 
-    def close(self) -> None:
-        """Stop background threads."""
-
 
 class ServedAligner(ServedIndex):
     """An AligneR index: searches batched by a :class:`QueryBatcher`, reloaded when its manifest's generation
@@ -139,14 +137,11 @@ class ServedAligner(ServedIndex):
         from pyserini_aligner.search.searcher import AlignerSearcher
 
         super().__init__(name, config, docs)
-        self.path, self.qrels = Path(path), qrels
+        self.path, self.qrels, self.aligner = Path(path), qrels, self
         self.searcher = AlignerSearcher(path, device=config.device, batch_size=config.max_batch)
         self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name)
-        self._stop = threading.Event()
-        self._watcher = None
         if config.reload_s > 0:
-            self._watcher = threading.Thread(target=self._watch, name=f"aligner-reload-{name}", daemon=True)
-            self._watcher.start()
+            threading.Thread(target=self._watch, name=f"aligner-reload-{name}", daemon=True).start()
 
     @property
     def size(self) -> int:
@@ -163,7 +158,8 @@ class ServedAligner(ServedIndex):
     def _watch(self) -> None:
         from pyserini_aligner.index.store import read_manifest
 
-        while not self._stop.wait(self.config.reload_s):
+        while True:
+            time.sleep(self.config.reload_s)
             try:
                 if read_manifest(self.path).generation != self.searcher.manifest.generation:
                     self.searcher.reopen()
@@ -234,15 +230,15 @@ class ServedAligner(ServedIndex):
                                         for rank, (docid, score) in enumerate(ranked, start=1)))
             return trec_eval(args + [str(qrels_file), str(run_file)], query_id=str(query_id))
 
-    def close(self) -> None:
-        self._stop.set()
-        self.batcher.close()
-
 
 class ServedLucene(ServedIndex):
-    """The Lucene index registered with an AligneR index, searched with BM25 (Pyserini's defaults)."""
+    """The Lucene index registered with AligneR index ``aligner``, searched with BM25 (Pyserini's defaults)."""
 
     kind = "bm25"
+
+    def __init__(self, name: str, aligner: ServedAligner):
+        super().__init__(name, aligner.config, aligner.docs)
+        self.aligner = aligner
 
     @property
     def size(self) -> int:
@@ -265,7 +261,7 @@ class ServedHybrid(ServedIndex):
 
     def __init__(self, name: str, dense: ServedAligner, sparse: ServedLucene):
         super().__init__(name, dense.config, dense.docs)
-        self.dense, self.sparse = dense, sparse
+        self.dense, self.sparse, self.aligner = dense, sparse, dense
         self.fusion = {"hits": DEFAULT_FUSION_HITS, "alpha": 0.1, "normalization": False, "weight_on_dense": False}
 
     @property
@@ -324,7 +320,7 @@ class Registry:
             aligner = ServedAligner(name, path, config, docs, config.qrels.get(name))
             self._add(aligner, f"AligneR index {path}")
             if docs is not None:
-                sparse = ServedLucene(name + BM25_SUFFIX, config, docs)
+                sparse = ServedLucene(name + BM25_SUFFIX, aligner)
                 self._add(sparse, f"BM25 over Lucene index {docs.path}")
                 self._add(ServedHybrid(name + HYBRID_SUFFIX, aligner, sparse), f"AligneR {name} + BM25 hybrid")
 
@@ -353,7 +349,3 @@ class Registry:
     def unknown_message(self, name: str) -> str:
         return (f"unknown index {name!r}: not a served index ({', '.join(self._served) or 'none registered'}), an "
                 "AligneR index folder or a Pyserini prebuilt index")
-
-    def close(self) -> None:
-        for served in self._served.values():
-            served.close()
