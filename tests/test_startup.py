@@ -2,6 +2,7 @@
 Pyserini, a search from the plugin's CLI never starts the JVM nor loads ir_datasets or ranx, and the run writer
 that makes this possible writes the lines of Pyserini's writers byte for byte. (Timings: ``python -m
 eval.bench_startup``.)"""
+import os
 import subprocess
 import sys
 from collections import namedtuple
@@ -64,3 +65,19 @@ def test_run_lines_are_pyserini_writers_lines(tmp_path, output_format, max_passa
         for qid, ranked in hits.items():
             writer.write(qid, [Hit(docid, score) for docid, score in ranked])
     assert ours.read_bytes() == (tmp_path / "theirs").read_bytes() != b""
+
+
+def test_pyserini_faiss_help_is_printed_before_pyserini_loads(tmp_path):
+    """The first --help builds Pyserini's help (and saves it); the next one prints the same text, loading none of
+    Pyserini's packages, torch or the JVM."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    args = [sys.executable, "-X", "importtime", "-m", "pyserini.search.faiss", "--index", str(tmp_path), "--help"]
+    first = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    assert first.stdout.startswith("usage:")
+    assert second.stdout == first.stdout
+    loaded = {line.rsplit("|", 1)[1].strip() for line in second.stderr.splitlines()
+              if line.startswith("import time:") and line.count("|") == 2}
+    assert "pyserini" in loaded and not roots(loaded) & {"torch", "jnius", "faiss", "transformers"}
+    assert not {"pyserini.search.faiss", "pyserini.search.lucene", "pyserini.encode"} & loaded
