@@ -114,6 +114,9 @@ def test_rest_concurrent_searches_equal_offline_searches(served):
     assert [c["document_txt"] for c in first["candidates"]] == [lucene[c["docid"]] for c in first["candidates"]]
     status = requests.get(f"{served['rest']}/sci/status").json()
     assert status["documents"] == N_DOCS and status["type"] == "aligner" and status["batched_queries"] >= QUERIES
+    assert "msmarco-v1-passage" in requests.get(f"{served['rest']}/", params={"index_type": "tf"}).json()
+    prebuilt = requests.get(f"{served['rest']}/beir-v1.0.0-scifact.flat/status")  # Pyserini's own answer
+    assert prebuilt.status_code == 200 and prebuilt.json()["downloaded"] is False
 
 
 def test_rest_hybrid_equals_pyserini_hybrid_cli(served, tmp_path):

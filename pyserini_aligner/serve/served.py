@@ -3,6 +3,7 @@ the Lucene BM25 index registered with one (``NAME.bm25``, also the source of its
 (``NAME.hybrid``, Pyserini's HybridSearcher fusion). Each answers in the shapes of Pyserini's SearchController."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -148,8 +149,13 @@ class ServedAligner(ServedIndex):
         return self.searcher.num_docs
 
     def _search_batch(self, queries: list[str], k: int) -> list[list]:
+        """Hits per query of one batch, on the batcher's thread (made current on the searcher's CUDA device)."""
+        import torch
+
         ids = [str(i) for i in range(len(queries))]
-        found = self.searcher.batch_search(queries, ids, k=k)
+        device = torch.device(self.searcher.device)
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            found = self.searcher.batch_search(queries, ids, k=k)
         return [found[i] for i in ids]
 
     def hits(self, text: str, k: int) -> list:
