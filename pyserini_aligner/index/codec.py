@@ -322,10 +322,15 @@ def pq_encode(residuals: Tensor, books: Tensor) -> np.ndarray:
     """uint8 [n, m]: nearest codeword (L2) of each of the m sub-vectors of ``residuals`` [n, d] in ``books``
     [m, 256, d/m]."""
     m, sub = books.shape[0], books.shape[2]
-    parts = residuals.reshape(len(residuals), m, sub)
+    parts = residuals.reshape(len(residuals), m, sub).transpose(0, 1)  # [m, n, sub]
     books = books.to(residuals)
-    codes = torch.stack([nearest(parts[:, j].contiguous(), books[j], "l2") for j in range(m)], dim=1)
-    return codes.cpu().numpy().astype(np.uint8)
+    bias = (books * books).sum(-1).unsqueeze(1)  # [m, 1, 256]: |c|², so that |c|² − 2 x·c orders by distance
+    rows = max(1, _CHUNK_ELEMENTS * (4 if residuals.device.type == "cuda" else 1) // (m * books.shape[1]))
+    codes = torch.empty(m, len(residuals), dtype=torch.uint8, device=residuals.device)
+    for start in range(0, len(residuals), rows):  # every sub-quantiser in one batched product per block of rows
+        part = parts[:, start:start + rows]
+        codes[:, start:start + rows] = torch.baddbmm(bias, part, books.transpose(1, 2), alpha=-2.0).argmin(-1)
+    return codes.T.contiguous().cpu().numpy()
 
 
 def quantize_centroids(centroids: Tensor) -> tuple[np.ndarray, np.ndarray]:

@@ -55,6 +55,8 @@ class CodeShard:
         self.m = self.books.shape[0]
         self.token_books = codec.token_books.float()  # [R, 256, d/R]: every token's residual code
         self.token_m = self.token_books.shape[0]
+        self._flat_books = self.token_books.reshape(self.token_m * 256, -1)
+        self._book_base = torch.arange(self.token_m, device=self.device, dtype=torch.int32) * 256
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -267,10 +269,10 @@ class CodeShard:
 
     def decode(self, positions: Tensor) -> Tensor:
         """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]."""
-        ids = self.token_ids[positions].long() & 0xFFFF
-        codes = self.token_codes[positions].long() + torch.arange(self.token_m, device=self.device) * 256
-        residual = self.token_books.reshape(self.token_m * 256, -1)[codes]  # [..., R, d/R]
-        return (self.centroids[ids] + residual.flatten(-2)).to(self.dtype)
+        ids = self.token_ids[positions].int() & 0xFFFF
+        codes = self.token_codes[positions].int() + self._book_base  # int32 rows of the stacked books
+        residual = torch.nn.functional.embedding(codes, self._flat_books)  # [..., R, d/R]
+        return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
 
 
 def descending_key(values: Tensor) -> Tensor:
