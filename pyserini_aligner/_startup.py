@@ -8,8 +8,6 @@ modules are imported. Hooks, by module name:
 - ``pyserini.encode`` (after): register the ``aligner`` encoders in Pyserini's encoder maps;
 - ``pyserini.search`` (before), run by ``python -m pyserini.search.faiss`` or ``hybrid`` with ``--help``: the help
   saved by an earlier ``--help`` is printed before Pyserini loads (``integration.help_cache``);
-- ``pyserini.search`` (before), run by ``python -m pyserini.search.faiss`` or ``hybrid`` with ``--help``: the help
-  saved by an earlier ``--help`` is printed before Pyserini loads (``integration.help_cache``);
 - ``pyserini.search.faiss._searcher`` (after): ``FaissSearcher(<aligner index>, ...)`` gives an ``AlignerSearcher``;
 - ``pyserini.search.lucene.__main__`` (run by ``python -m``): an AligneR ``--index`` is searched with AligneR, the
   Lucene-only flags (``hooks.LUCENE_ONLY_FLAGS``) dropped with a warning;
@@ -30,7 +28,6 @@ _HOOKED = frozenset({
     "pyserini.encode",
     "pyserini.encode._openai",
     "pyserini.encode.__main__",
-    "pyserini.search",
     "pyserini.search",
     "pyserini.search.faiss._searcher",
     "pyserini.search.lucene.__main__",

@@ -449,14 +449,6 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
             sys.exit(0)
         if command:
             help_cache.record(command)
-    if name == "pyserini.search":
-        from pyserini_aligner.integration import help_cache
-
-        command = help_cache.help_request()
-        if command and help_cache.print_cached(command):
-            sys.exit(0)
-        if command:
-            help_cache.record(command)
     if name == "jnius":
         from pyserini_aligner.jvm import prepare_jvm
 
