@@ -60,3 +60,26 @@ def test_long_queries_through_the_harness_search_with_the_jvm(tmp_path):
     report = json.loads(done.stdout[done.stdout.index("{"):])
     assert report["queries"] == 300 and report["queries_without_hits"] == 0
     assert report["jvm_running"] and report["index_type"] == "Flat"
+
+
+def test_compressed_probe_matches_faiss_search(tmp_path, model):
+    """A compressed index's probe: the coarse step on torch's BLAS, the lists scanned by FAISS, as FAISS's own
+    IndexIVFPQ.search gives it, also with deleted documents."""
+    import torch
+
+    from pyserini_aligner.index import build_index, read_json_collection
+    from pyserini_aligner.index.live import AlignerIndex
+    from pyserini_aligner.search import AlignerSearcher
+
+    index_dir = tmp_path / "idx"
+    build_index(read_json_collection(REPO / "examples" / "quickstart" / "corpus"), index_dir, model, progress=False,
+                model_name="aligner")
+    AlignerIndex(index_dir).delete(["4983"])
+    searcher = AlignerSearcher(index_dir, encoder=model)
+    probes = torch.from_numpy(np.random.default_rng(0).standard_normal((40, model.config.dim)).astype(np.float32))
+    for per_token, nprobe in ((5, 1), (50, 4), (200, searcher.store.codec_spec.nlist)):
+        scores, labels = searcher._probe(probes, per_token, nprobe)
+        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=searcher._live_selector())
+        expected_scores, expected_labels = searcher.index.search(probes.numpy(), per_token, params=params)
+        assert np.array_equal(labels.numpy(), expected_labels)
+        assert np.allclose(scores.numpy(), expected_scores, atol=1e-5)

@@ -6,7 +6,8 @@ copies in a process that also loads numpy's and scipy's, next to torch's own BLA
 :func:`search_index` computes the same products with torch (the BLAS that encoding and refinement already use), a
 block of vectors at a time, and keeps each probe's k best in FAISS's own result heaps, so that a search makes no
 call into that OpenBLAS. The ranking is FAISS's (scores to float rounding). Other kinds of index are searched by
-FAISS itself.
+FAISS itself. The searcher also runs the coarse step of a compressed index's IVF search (its flat quantizer) here
+and lets FAISS scan the chosen lists.
 """
 from __future__ import annotations
 

@@ -472,7 +472,12 @@ class AlignerSearcher:
             params = faiss.SearchParametersIVF(nprobe=nprobe)
             if not self.store.live.all():
                 params.sel = self._live_selector()
-            distances, labels = self.index.search(x, per_token, params=params)
+            lists_scores, lists = search_index(self.index.quantizer, x, nprobe)  # the coarse step, on torch's BLAS
+            distances = np.empty((len(x), per_token), dtype=np.float32)
+            labels = np.empty((len(x), per_token), dtype=np.int64)
+            self.index.search_preassigned_c(len(x), faiss.swig_ptr(x), per_token, faiss.swig_ptr(lists),
+                                            faiss.swig_ptr(lists_scores), faiss.swig_ptr(distances),
+                                            faiss.swig_ptr(labels), False, params)
             return torch.from_numpy(distances), torch.from_numpy(labels)
         parts = []
         for (index, base), seg in zip(self.index, self.store.segments):
