@@ -238,9 +238,10 @@ def test_mcp_tools_serve_the_index(served):
     hits1 = [{"docid": records[0]["id"], "score": 2.0}, {"docid": records[1]["id"], "score": 1.0}]
     hits2 = [{"docid": records[2]["id"], "score": 5.0}, {"docid": records[0]["id"], "score": 4.0}]
     judged = {records[0]["id"]: 3.0, records[5]["id"]: 2.0, records[1]["id"]: 1.0}
-    names, found, hybrid, doc, listed, status, fused, ndcg, ndcg_hybrid, unknown, empty, again = mcp_call(
+    names, found, by_path, hybrid, doc, listed, status, fused, ndcg, ndcg_hybrid, unknown, empty, again = mcp_call(
             served["mcp"], [
         ("search", {"query": {"query_txt": queries[0]}, "index_name": "sci", "k": 5}),
+        ("search", {"query": {"query_txt": queries[0]}, "index_name": str(served["index"]), "k": 5}),
         ("search", {"query": {"query_txt": queries[1]}, "index_name": "sci.hybrid", "k": 5}),
         ("get_document", {"docid": records[3]["id"], "index_name": "sci"}),
         ("list_indexes", {"index_type": "aligner"}),
@@ -256,9 +257,11 @@ def test_mcp_tools_serve_the_index(served):
     docids = [line.split(" | ")[0].removeprefix("DocID: ") for line in found if line.startswith("DocID: ")]
     assert docids == [docid for docid, _ in offline(served["index"], queries[:1], k=5)[0]]
     assert again == found
+    assert [line for line in by_path if line.startswith("DocID: ")] == [  # an index folder named by its path
+        line for line in found if line.startswith("DocID: ")]
     assert sum(line.startswith("DocID: ") for line in hybrid) == 5
     assert doc == [records[3]["contents"]]
-    assert set(listed) == {"sci", "sci.bm25", "sci.hybrid"}
+    assert set(listed) == {"sci", "sci.bm25", "sci.hybrid", str(served["index"])}  # and the one opened by path
     assert status["documents"] == N_DOCS and status["strategy"] == "top-k:1"
     expected = HybridSearcher._hybrid_results([DenseSearchResult(**h) for h in hits1],
                                               [DenseSearchResult(**h) for h in hits2], 1, 3, True)
