@@ -4,7 +4,8 @@
 
 Writes a BEIR folder into ``--work`` (the corpus, ``--queries`` queries of ``--words`` words cut from the corpus
 text, each judged against the document it starts in), builds the harness's exact index of it (fp16, FAISS ``Flat``,
-every token indexed: :func:`eval.beir.aligner.full_index`) and searches every query with
+every token indexed: :func:`eval.beir.aligner.full_index`; ``--index-kind default``: the index derived from it with the
+build's default codec, :func:`eval.beir.aligner.default_index`) and searches every query with
 :func:`eval.beir.aligner.search` (top ``--hits``, queries of up to 64 tokens; the cached run is removed first, so
 the search always runs). Pyserini's result classes are loaded first, so the JVM runs in this process for the whole
 search. Prints JSON: queries searched, seconds per query, whether the JVM ran, the BLAS libraries mapped into the
@@ -71,11 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hits", type=positive_int, default=1000)
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--encoder", default="aligner")
+    parser.add_argument("--index-kind", choices=["exact", "default"], default="exact",
+                        help="exact: the fp16 index with FAISS Flat (the aligner-exact system); default: the one "
+                             "derived from it with the build's default codec (the aligner system)")
     parser.add_argument("--work", type=Path, default=None, help="folder for the collection and index (default: a "
                                                                 "temporary one, removed afterwards)")
     args = parser.parse_args(argv)
     configure_logging(quiet=True)
-    from eval.beir.aligner import full_index, search
+    from eval.beir.aligner import default_index, full_index, search
     from eval.beir.context import Context
     from pyserini_aligner.data import Dataset
     from pyserini_aligner.index.store import read_manifest
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         num_docs = write_collection(args.corpus, work / "collection", args.queries, args.words)
         ctx = Context(dataset=Dataset(str(work / "collection")), work=work / "indexes", hits=args.hits,
                       threads=args.threads, progress=False, encoder=args.encoder)
-        index = full_index(ctx)
+        index = full_index(ctx) if args.index_kind == "exact" else default_index(ctx)
         shutil.rmtree(ctx.work / "runs", ignore_errors=True)  # always search, never reuse a cached run
         queries = ctx.queries
         dense_result_classes()  # Pyserini's result classes: the JVM starts here, before the timed search
