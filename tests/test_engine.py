@@ -62,3 +62,23 @@ def test_descending_key_orders_floats_from_largest():
     order = torch.sort(descending_key(values), stable=True).indices
     assert order.tolist() == torch.argsort(values, descending=True, stable=True).tolist()
     assert int(descending_key(values).min()) >= 0 and int(descending_key(values).max()) < 1 << 32
+
+
+def test_decoding_by_pairs_and_under_a_mask_equals_the_codebooks(default_index):
+    """Refinement's decoding: one table per two sub-quantisers (the GPU's) and decoding only the unmasked tokens give
+    the vectors of the codebooks themselves (centroid + each sub-quantiser's codeword, read from the store)."""
+    store = StoredIndex(default_index)
+    shard = CodeShard(store, [0], "cpu")
+    assert shard.token_m == 32 and shard.m == 4  # auto's two tiers at this size
+    positions = torch.arange(3 * 50).view(3, 50)
+    ids, codes = store.token_codes(positions.reshape(-1).numpy())
+    books = store.codec.refine_books
+    want = torch.stack([store.codec.centroids[int(c)] + torch.cat([books[m, int(code[m])] for m in range(32)])
+                        for c, code in zip(ids, codes)]).view(3, 50, -1)
+    assert torch.allclose(shard.decode(positions), want, atol=1e-6)
+    shard.pair_tables(True)
+    assert torch.allclose(shard.decode(positions), want, atol=1e-6)
+    mask = torch.rand(3, 50, generator=torch.Generator().manual_seed(0)) < 0.6
+    masked = shard.decode(positions, mask)
+    assert torch.equal(masked[~mask], torch.zeros_like(masked[~mask]))
+    assert torch.allclose(masked[mask], want[mask], atol=1e-6)

@@ -29,6 +29,7 @@ from pyserini_aligner.index.store import StoredIndex
 from pyserini_aligner import kernels
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
+PAIR_MAX_SUB = 8  # on a GPU, token codes of sub-vectors this short or shorter decode two sub-quantisers at a time
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> Tensor:
@@ -55,8 +56,8 @@ class CodeShard:
         self.m = self.books.shape[0]
         self.token_books = codec.token_books.float()  # [R, 256, d/R]: every token's residual code
         self.token_m = self.token_books.shape[0]
-        self._flat_books = self.token_books.reshape(self.token_m * 256, -1)
-        self._book_base = torch.arange(self.token_m, device=self.device, dtype=torch.int32) * 256
+        self.pair_tables(self.device.type == "cuda" and self.token_m % 2 == 0
+                         and self.token_books.shape[2] <= PAIR_MAX_SUB)
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -75,6 +76,20 @@ class CodeShard:
         self.kept = _tensor(np.concatenate([s.kept for s in segs]), self.device) if self.refine_kept else None
         self.live = _tensor(np.concatenate([~s.deleted for s in segs]) if segs else np.zeros(0, bool), self.device)
         self._build_ivf(segs, np.concatenate([[0], np.cumsum(rows)]))
+
+    def pair_tables(self, paired: bool) -> None:
+        """Decode token codes through one table per sub-quantiser (256 entries) or, ``paired``, one per two of
+        them (65,536 entries of both sub-vectors: half the look-ups, each twice as wide; 32 MiB at 128-d)."""
+        self._paired = paired
+        if paired:
+            first, second = self.token_books[0::2], self.token_books[1::2]  # [R/2, 256, sub]
+            pairs = torch.cat([first[:, :, None].expand(-1, -1, 256, -1), second[:, None].expand(-1, 256, -1, -1)],
+                              -1)  # [R/2, 256, 256, 2·sub]
+            self._flat_books = pairs.reshape(-1, pairs.shape[-1]).contiguous()
+            self._book_base = torch.arange(self.token_m // 2, device=self.device, dtype=torch.int32) * 65536
+        else:
+            self._flat_books = self.token_books.reshape(self.token_m * 256, -1)
+            self._book_base = torch.arange(self.token_m, device=self.device, dtype=torch.int32) * 256
 
     def _build_ivf(self, segs, doc_base: np.ndarray) -> None:
         """One set of inverted lists over the shard's segments (entries of a list in segment order)."""
@@ -242,7 +257,7 @@ class CodeShard:
                                                 strategy, sal)
             else:
                 scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n],
-                                                  self.decode(positions), mask, strategy, sal, None)
+                                                  self.decode(positions, mask), mask, strategy, sal, None)
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
 
@@ -267,11 +282,18 @@ class CodeShard:
         sim = sim.view(*positions.shape, n)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
-    def decode(self, positions: Tensor) -> Tensor:
-        """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]."""
+    def decode(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]; with ``mask`` [...], only
+        where it is True (zeros elsewhere: padding is not decoded)."""
+        if mask is not None:
+            out = torch.zeros(*positions.shape, self.centroids.shape[1], dtype=self.dtype, device=self.device)
+            out[mask] = self.decode(positions[mask])
+            return out
         ids = self.token_ids[positions].int() & 0xFFFF
-        codes = self.token_codes[positions].int() + self._book_base  # int32 rows of the stacked books
-        residual = torch.nn.functional.embedding(codes, self._flat_books)  # [..., R, d/R]
+        codes = self.token_codes[positions].int()
+        if self._paired:
+            codes = codes[..., 0::2] * 256 + codes[..., 1::2]
+        residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
         return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
 
 
