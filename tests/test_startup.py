@@ -81,3 +81,22 @@ def test_pyserini_faiss_help_is_printed_before_pyserini_loads(tmp_path):
               if line.startswith("import time:") and line.count("|") == 2}
     assert "pyserini" in loaded and not roots(loaded) & {"torch", "jnius", "faiss", "transformers"}
     assert not {"pyserini.search.faiss", "pyserini.search.lucene", "pyserini.encode"} & loaded
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["python", "-m", "pyserini_aligner.search", "--help"], "PASSIVE"),
+    (["python", "-m", "pyserini_aligner.index"], "PASSIVE"),
+    (["python", "-c", "pass"], None),
+    (["python", "-m", "json.tool"], None),
+    (["python", "script.py", "-m"], None),
+])
+def test_openmp_threads_sleep_on_the_plugin_command_lines(monkeypatch, argv, expected):
+    from pyserini_aligner import _startup
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    _startup.quiet_openmp()
+    assert os.environ.get("OMP_WAIT_POLICY") == expected
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    _startup.quiet_openmp()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # a setting of the user's is kept

@@ -449,6 +449,8 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
             sys.exit(0)
         if command:
             help_cache.record(command)
+        if running_a_command() and _argv_uses_aligner():  # before torch and faiss load: see _startup.quiet_openmp
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if name == "jnius":
         from pyserini_aligner.jvm import prepare_jvm
 
