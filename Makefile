@@ -22,6 +22,9 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
 	$(BIN)/python -m pip install -q -e ".[test]"
 	# ranx compiles its numba kernels on first use and caches them in the virtualenv: once here, not in every process
 	$(BIN)/python -c "from pyserini_aligner.metrics import warm_up; warm_up()"
+	# Pyserini's faiss and hybrid --help print from a copy the first call saves (seconds of JVM start-up): save it now
+	$(BIN)/python -m pyserini.search.faiss --help > /dev/null
+	$(BIN)/python -m pyserini.search.hybrid --help > /dev/null
 	touch $@
 
 run: install
