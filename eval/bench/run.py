@@ -104,7 +104,8 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
     stats = manifest.build_stats
     build["phases_s"] = {key: round(value, 2) for key, value in stats.items() if key not in CODEC_PARTS}
     build["codec_parts_s"] = {key[len("codec_"):-2]: round(stats.get(key, 0.0), 2) for key in CODEC_PARTS}
-    build["codec_share"] = round(stats.get("codec_s", 0.0) / build["seconds"], 3)
+    timed = isinstance(build["seconds"], (int, float)) and build["seconds"] > 0  # a reused index may not say
+    build["codec_share"] = round(stats.get("codec_s", 0.0) / build["seconds"], 3) if timed else None
     errors = [(s.build_stats["reconstruction_mse"], s.num_tokens) for s in manifest.segments
               if "reconstruction_mse" in s.build_stats]
     if errors:
@@ -180,7 +181,8 @@ def _build_phases(report: dict) -> list[str]:
     if default and "phases_s" in default:
         lines += ["", f"Default build: {default['seconds']} s, of which "
                   + ", ".join(f"{k[:-2]} {v} s" for k, v in default["phases_s"].items())
-                  + f"; the codec step is {default['codec_share']:.1%} of the build"
+                  + (f"; the codec step is {default['codec_share']:.1%} of the build"
+                     if default.get("codec_share") is not None else "")
                   + (f" (training {default['codec_parts_s']['train']} s, assigning and quantising every token "
                      f"{default['codec_parts_s']['encode']} s; reconstruction error {default['reconstruction_mse']} per "
                      "token, squared)" if "codec_parts_s" in default and "reconstruction_mse" in default else "") + "."]
