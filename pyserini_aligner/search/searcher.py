@@ -46,6 +46,8 @@ DEPTH_DEFAULTS = {"cuda": (3000, 8, 128, 12288), "cpu": (100, 8, 128, 0)}
 DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
 REFINE_CHUNK = 512  # documents scored at once during refinement (bounds the padded token tensor)
 DEFAULT_EF_SEARCH = 128
+
+
 def split_devices(store: StoredIndex, devices: Sequence, numbers: Sequence[int] | None = None) -> list[list[int]]:
     """Consecutive segment numbers (of ``numbers``, default all) per device, balanced by token count (a device
     may get none)."""
