@@ -1,6 +1,8 @@
-"""The import graph of the project's own modules (``pyserini_aligner`` and ``eval``) has no cycle, and no module
-other than a ``__main__`` imports a ``__main__`` module (command-line front ends depend on the library, never the
-reverse). Every import counts: top level, inside functions and under ``TYPE_CHECKING``, absolute and relative."""
+"""The import graph of the project's own modules (``pyserini_aligner`` and ``eval``) has no cycle, no module other
+than a ``__main__`` imports a ``__main__`` module (command-line front ends depend on the library, never the
+reverse), and the layers hold: indexing never imports search, the core modules (``pyserini_aligner/<name>.py``)
+import neither, and the package never imports the harness and benchmarks of ``eval``. Every import counts: top
+level, inside functions and under ``TYPE_CHECKING``, absolute and relative."""
 from __future__ import annotations
 
 import ast
@@ -83,6 +85,50 @@ def main_imports(graph: dict[str, set[str]]) -> list[str]:
     """``importer -> imported`` for every non-``__main__`` module importing a ``__main__`` module."""
     return sorted(f"{m} -> {t}" for m, targets in graph.items() if not m.endswith("__main__")
                   for t in targets if t.endswith("__main__"))
+
+
+def layering_violations(graph: dict[str, set[str]], core: set[str]) -> list[str]:
+    """``importer -> imported (rule)`` for every import across a layer: ``pyserini_aligner.index`` imports
+    ``pyserini_aligner.search``; a ``core`` module imports either; a ``pyserini_aligner`` module imports ``eval``."""
+    def under(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    rules = [(lambda m: under(m, "pyserini_aligner.index"), ("pyserini_aligner.search",), "index never imports search"),
+             (lambda m: m in core, ("pyserini_aligner.index", "pyserini_aligner.search"),
+              "the core imports neither index nor search"),
+             (lambda m: under(m, "pyserini_aligner"), ("eval",), "the package never imports eval")]
+    return sorted(f"{m} -> {t} ({reason})" for m, targets in graph.items() for t in targets
+                  for applies, banned, reason in rules if applies(m) and any(under(t, b) for b in banned))
+
+
+def core_modules(root: Path) -> set[str]:
+    """The modules of ``pyserini_aligner/<name>.py`` (not its sub-packages)."""
+    return {f"pyserini_aligner.{path.stem}" for path in (root / "pyserini_aligner").glob("*.py")
+            if path.name != "__init__.py"}
+
+
+def test_the_layers_hold():
+    core = core_modules(REPO)
+    assert {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.resolve"} <= core
+    assert layering_violations(import_graph(REPO, PACKAGES), core) == []
+
+
+def test_an_import_across_a_layer_is_found(tmp_path):
+    _write(tmp_path, {"pyserini_aligner/__init__.py": "", "pyserini_aligner/model.py": "X = 1\n",
+                      "pyserini_aligner/index/__init__.py": "", "pyserini_aligner/search/__init__.py": "",
+                      "pyserini_aligner/index/builder.py": "def f():\n    from pyserini_aligner.search import engine\n",
+                      "pyserini_aligner/search/engine.py": "from pyserini_aligner.index import builder\n",
+                      "pyserini_aligner/resolve.py": "from pyserini_aligner.index.builder import f\n",
+                      "pyserini_aligner/search/bench.py": "import eval.tools\n",
+                      "eval/__init__.py": "", "eval/tools.py": "from pyserini_aligner.search import engine\n"})
+    graph = import_graph(tmp_path, PACKAGES)
+    assert layering_violations(graph, core_modules(tmp_path)) == [
+        "pyserini_aligner.index.builder -> pyserini_aligner.search (index never imports search)",
+        "pyserini_aligner.index.builder -> pyserini_aligner.search.engine (index never imports search)",
+        "pyserini_aligner.resolve -> pyserini_aligner.index (the core imports neither index nor search)",
+        "pyserini_aligner.resolve -> pyserini_aligner.index.builder (the core imports neither index nor search)",
+        "pyserini_aligner.search.bench -> eval (the package never imports eval)",
+        "pyserini_aligner.search.bench -> eval.tools (the package never imports eval)"]
 
 
 def test_project_has_no_import_cycle():
