@@ -23,7 +23,7 @@ import torch
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip
 from eval.bench_scale.exact import encode_corpus, exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
-from pyserini_aligner.index.codec import ResidualCodec, parse_codec, resolve_codec
+from pyserini_aligner.index.codec import ResidualCodec, resolve_codec
 from pyserini_aligner.resolve import load_model
 
 TRAIN_SIZE = 100_000  # residuals the PQ codebooks train on (the build's default)
@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     for name in args.codecs:
         spec = resolve_codec(name, tokens.shape[1], len(tokens))
-        parse_codec(str(spec), tokens.shape[1])
         start = time.perf_counter()
         sample = tokens[torch.randperm(len(tokens), generator=gen)[:max(TRAIN_SIZE, 32 * spec.nlist)]
                         .to(tokens.device)].float()
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                                for a in range(0, len(tokens), STEP)]))
         scores, rows = exhaustive_top(q, q_mask, codes, lengths, 10, decode)
         ranked = [[(int(r), float(s)) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]
-        row = {"codec": str(spec), "asked": name, "bytes_per_token": 2 + spec.pq_m, "train_encode_s": round(code_s, 1),
+        row = {"codec": str(spec), "asked": name, "bytes_per_token": spec.bytes_per_token, "train_encode_s": round(code_s, 1),
                "squared_error": round(error, 5), "overlap@10": round(overlap_at_k(ranked, exact, 10), 4)}
         report["codecs"].append(row)
         print(json.dumps(row), flush=True)
