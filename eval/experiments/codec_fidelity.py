@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
                                for a in range(0, len(tokens), STEP)]))
         scores, rows = exhaustive_top(q, q_mask, codes, lengths, 10, decode)
         ranked = [[(int(r), float(s)) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]
-        row = {"codec": str(spec), "asked": name, "bytes_per_token": spec.bytes_per_token, "train_encode_s": round(code_s, 1),
+        row = {"codec": str(spec), "asked": name, "bytes_per_token": spec.bytes_per_token,
+               "train_encode_s": round(code_s, 1),
                "squared_error": round(error, 5), "overlap@10": round(overlap_at_k(ranked, exact, 10), 4)}
         report["codecs"].append(row)
         print(json.dumps(row), flush=True)
