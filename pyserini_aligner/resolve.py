@@ -1,11 +1,12 @@
 """The one way from a model name, a checkpoint folder or a ready model to a loaded :class:`AlignerModel`.
 
-Names: ``"aligner"`` (the default shipped checkpoint), ``"aligner-mix"`` (the one trained further under a mix of
-alignments; :mod:`pyserini_aligner.checkpoints`), ``"untrained"`` (the initialisation it was trained from: MiniLM as
-is, seeded Gaussian projection, uniform salience; see :mod:`pyserini_aligner.checkpoints.make_default`). Any other
-string is a checkpoint folder, recognised by its ``config.json`` (:func:`is_checkpoint`). Every command and class
-that takes an encoder (index builder, live index, searchers, reranker, Pyserini encoders, evaluation) loads it
-here, and checks it against an index with :func:`check_index_model`.
+Names: every shipped checkpoint (``SHIPPED``: each folder of :mod:`pyserini_aligner.checkpoints`, such as
+``"aligner"``, the default, and ``"aligner-mix"``, trained further under a mix of alignments), ``"untrained"`` (the
+initialisation they were trained from: MiniLM as is, seeded Gaussian projection, uniform salience; see
+:mod:`pyserini_aligner.checkpoints.make_default`). Any other string is a checkpoint folder, recognised by its
+``config.json`` (:func:`is_checkpoint`). Every command and class that takes an encoder (index builder, live index,
+searchers, reranker, Pyserini encoders, evaluation, adaptation) loads it here, and checks it against an index with
+:func:`check_index_model`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.checkpoints.make_default import untrained_model
 from pyserini_aligner.model import CONFIG_FILE, AlignerModel, resolve_dtype
 
@@ -50,7 +52,7 @@ def load_model(source=DEFAULT, device: str | torch.device | None = None,
             model.compute_dtype = resolve_dtype(dtype)
         return model
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError("encoder must be a shipped checkpoint's name ('aligner', 'aligner-mix'), 'untrained', a "
+        raise TypeError(f"encoder must be a shipped checkpoint's name ({', '.join(SHIPPED)}), 'untrained', a "
                         f"checkpoint folder or an AlignerModel, got {type(source).__name__}")
     device = device or "cpu"
     if dtype == AUTO:

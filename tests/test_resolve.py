@@ -91,3 +91,18 @@ def test_only_the_resolver_loads_checkpoints():
     callers = [str(p.relative_to(REPO)) for package in ("pyserini_aligner", "eval")
                for p in (REPO / package).rglob("*.py") if "AlignerModel.from_pretrained(" in p.read_text()]
     assert callers == ["pyserini_aligner/resolve.py"]
+
+
+def test_every_checkpoint_folder_is_shipped_by_its_name(tmp_path):
+    """A checkpoint folder added beside the shipped ones is a shipped name at once (``_`` written ``-``), after the
+    default; a folder without a config.json is not."""
+    from pyserini_aligner.checkpoints import SHIPPED, _shipped
+
+    for name in ("aligner_mix", "aligner", "aligner_384", "notes"):
+        (tmp_path / name).mkdir()
+    for name in ("aligner_mix", "aligner", "aligner_384"):
+        (tmp_path / name / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text("{}")  # a file, not a folder
+    assert _shipped(tmp_path) == {"aligner": tmp_path / "aligner", "aligner-384": tmp_path / "aligner_384",
+                                  "aligner-mix": tmp_path / "aligner_mix"}
+    assert list(SHIPPED)[0] == "aligner" and "aligner-mix" in SHIPPED and SHIPPED["aligner"] == DEFAULT_CHECKPOINT

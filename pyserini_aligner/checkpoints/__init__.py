@@ -1,5 +1,8 @@
 """Shipped AligneR checkpoints (folders loadable with AlignerModel.from_pretrained), by name.
 
+Every folder here with a ``config.json`` is a shipped checkpoint, named after the folder with ``_`` written ``-``
+(``aligner_mix`` is ``aligner-mix``); ``aligner`` comes first, the others in name order. Today:
+
 - ``aligner``: the default; trained on SciFact and NFCorpus train with top-k:1 alignment.
 - ``aligner-mix``: ``aligner`` trained further under a mix of top-k:1 and top-p alignments, so that top-p (and the
   alignment ``pyserini_aligner.adapt`` chooses) keeps working with it.
@@ -12,7 +15,17 @@ import os
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SHIPPED = {"aligner": _HERE / "aligner", "aligner-mix": _HERE / "aligner_mix"}
+DEFAULT_NAME = "aligner"
+
+
+def _shipped(folder: Path) -> dict[str, Path]:
+    """Name -> folder of every checkpoint folder in ``folder`` (one holding a config.json), the default first."""
+    found = {entry.name.replace("_", "-"): Path(entry.path) for entry in os.scandir(folder)
+             if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "config.json"))}
+    return dict(sorted(found.items(), key=lambda item: (item[0] != DEFAULT_NAME, item[0])))
+
+
+SHIPPED = _shipped(_HERE)
 
 
 def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
