@@ -18,17 +18,17 @@ import datetime
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from pyserini_aligner.dist import DEFAULT_TIMEOUT_S, Collectives, DistContext, dist_context, lost_rank_message
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, DocidRegistry,
                                             check_max_length, checked_items, codec_source, copy_codec, encode_chunks,
@@ -43,33 +43,7 @@ from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 1800.0
 POLL_S = 0.5  # rank 0 re-reads the status files this often while it waits for the other ranks
-
-
-@dataclass(frozen=True)
-class DistContext:
-    """This process's place in a torchrun job (from RANK, WORLD_SIZE, LOCAL_RANK)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-
-
-def dist_context() -> DistContext | None:
-    """The torch.distributed job this process belongs to (torchrun's environment), or None outside one."""
-    if not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
-        return None
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return DistContext(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
-
-
-def lost_rank_message(error: BaseException) -> str:
-    """One line for a collective that failed, e.g. because another rank died or was killed: the first line of the
-    error (Gloo's "Connection closed by peer ...") without its source-file prefix."""
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    return re.sub(r"^\[[^\]]*\]\s*", "", line)
 
 
 class Stopped(RuntimeError):
@@ -115,24 +89,14 @@ class _Status:
             return {}
 
 
-class _Job:
+class _Job(Collectives):
     """The collectives and status files of one distributed build."""
 
     def __init__(self, ctx: DistContext):
-        self.ctx = ctx
+        super().__init__(ctx)
         self.host = socket.gethostname()
         self.peers: list[dict] = []
         self.root: Path | None = None
-
-    def broadcast(self, payload=None):
-        box = [payload]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def all_gather(self, payload) -> list:
-        out = [None] * self.ctx.world_size
-        dist.all_gather_object(out, payload)
-        return out
 
     def status(self, rank: int) -> _Status:
         return _Status(self.root, rank)

@@ -98,18 +98,18 @@ def run_distributed(args: argparse.Namespace) -> int:
     """--distributed: search in lockstep with the other ranks; rank 0 reads the topics and writes the run."""
     import torch.distributed as dist
 
-    from pyserini_aligner.index.distributed import lost_rank_message
-    from pyserini_aligner.search.distributed import TorchExchange, init_group, sharded_searcher
+    from pyserini_aligner.dist import Collectives, join_group, lost_rank_message
+    from pyserini_aligner.search.distributed import sharded_searcher
 
     if args.backend == "faiss":
         print("error: --distributed searches with backend torch, not --backend faiss", file=sys.stderr)
         return 2
     try:
-        ctx, created = init_group()
+        ctx, created = join_group()
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    exchange = TorchExchange(ctx)
+    exchange = Collectives(ctx)
     try:
         problem, topics = None, None
         try:

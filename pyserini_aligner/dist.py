@@ -1,0 +1,76 @@
+"""The torchrun job a process belongs to, and the collectives that distributed builds and searches exchange.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR for every process it starts; :func:`dist_context` reads
+them. :class:`Collectives` broadcasts (from rank 0) and gathers picklable objects over torch.distributed's default
+process group; both the distributed build (:mod:`pyserini_aligner.index.distributed`) and the distributed search
+(:mod:`pyserini_aligner.search.distributed`) exchange their small CPU objects through it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 1800.0  # seconds a collective waits for the other ranks
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in a torchrun job (from RANK, WORLD_SIZE, LOCAL_RANK)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def dist_context() -> DistContext | None:
+    """The torch.distributed job this process belongs to (torchrun's environment), or None outside one."""
+    if not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return DistContext(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def lost_rank_message(error: BaseException) -> str:
+    """One line for a collective that failed, e.g. because another rank died or was killed: the first line of the
+    error (Gloo's "Connection closed by peer ...") without its source-file prefix."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", line)
+
+
+class Collectives:
+    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects over the default process group, for the
+    rank ``ctx`` describes."""
+
+    def __init__(self, ctx: DistContext):
+        self.ctx = ctx
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+
+    def broadcast(self, obj: Any = None) -> Any:
+        """Rank 0's ``obj`` on every rank (the others' ``obj`` is ignored)."""
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list:
+        """Every rank's ``obj``, in rank order."""
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def join_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[DistContext, bool]:
+    """(this rank's context, whether the Gloo process group was created here) under torchrun; RuntimeError outside
+    it. An existing default process group is used as it is."""
+    ctx = dist_context()
+    if ctx is None:
+        raise RuntimeError("--distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
+    if dist.is_initialized():
+        return ctx, False
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return ctx, True
