@@ -1,4 +1,5 @@
-"""What every ``python -m eval.*`` command line sets up the same way."""
+"""What every ``python -m eval.*`` command line sets up the same way, and argparse types they share."""
+import argparse
 import logging
 
 
@@ -12,3 +13,24 @@ def configure_logging(quiet: bool = False) -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+
+
+def corpus_size(text: str) -> int:
+    """argparse type: a number of passages such as 300, 5k or 1m (:func:`eval.bench_scale.corpus.parse_size`)."""
+    from eval.bench_scale.corpus import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value

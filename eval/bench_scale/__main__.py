@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from eval.bench_scale.corpus import parse_size
-from eval.cli import configure_logging
+from eval.cli import configure_logging, corpus_size, positive_int
 from pyserini_aligner.textio import InputError
 
 
@@ -20,23 +20,6 @@ def _sizes(text: str) -> list[int]:
         return [parse_size(part) for part in text.split(",") if part.strip()] or [parse_size(text)]
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,15 +35,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--codec", default="auto",
                         help="token codec: auto (IVF<nlist>,PQ4,Refine(PQ<R>), nlist and R from the corpus size), "
                              "IVF<nlist>,PQ<M>[,Refine(PQ<R>)] or fp16")
-    parser.add_argument("--batch-size", type=_positive, default=128, help="documents per encoding batch (build)")
-    parser.add_argument("--max-queries", type=_positive, help="time and score only the first N judged queries")
-    parser.add_argument("--cpu-threads", type=_positive,
+    parser.add_argument("--batch-size", type=positive_int, default=128, help="documents per encoding batch (build)")
+    parser.add_argument("--max-queries", type=positive_int, help="time and score only the first N judged queries")
+    parser.add_argument("--cpu-threads", type=positive_int,
                         help="also time one-query search on the CPU with N threads on the largest built index")
-    parser.add_argument("--tile-to", type=_size,
+    parser.add_argument("--tile-to", type=corpus_size,
                         help="also measure search on the largest index tiled to this size (whole copies: rounded up)")
-    parser.add_argument("--exhaustive-max-docs", type=_size,
+    parser.add_argument("--exhaustive-max-docs", type=corpus_size,
                         help="skip exhaustive scoring (overlap@10, exhaustive nDCG@10) above this size")
-    parser.add_argument("--exact-max-docs", type=_size,
+    parser.add_argument("--exact-max-docs", type=corpus_size,
                         help="up to this size, also rank every passage exhaustively with its exact float16 tokens "
                              "(encoded once more, kept on the device) and report overlap@10 with that ranking")
     parser.add_argument("--work", type=Path, help="keep the indexes in this folder (default: a temporary folder "

@@ -2,7 +2,8 @@
 (unpruned, uncompressed float16) token vectors, on the device."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -11,15 +12,35 @@ TOKENS_PER_BLOCK = 1 << 18  # document tokens scored at once
 ENCODE_STEP = 8192  # passages encoded per call
 
 
-def encode_corpus(model, texts: Sequence[str], batch_size: int, progress: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [T, d] float16, lengths [N] int64) of every text's stored tokens, on the model's device."""
-    parts, lengths = [], []
+@contextmanager
+def float32_products() -> Iterator[None]:
+    """TF32 off for CUDA matrix products inside the block (float32 products, as the searcher's refinement)."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def encode_tokens(model, texts: Sequence[str], batch_size: int, progress: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [T, d] float16, salience [T] float32, lengths [N] int64) of every text's stored tokens, text after
+    text, on the model's device."""
+    parts, saliences, lengths = [], [], []
     for start in tqdm(range(0, len(texts), ENCODE_STEP), desc="encode (exact)", disable=not progress):
         out = model.encode_padded(list(texts[start:start + ENCODE_STEP]), is_query=False, batch_size=batch_size)
         parts.append(out.vectors[out.mask].half())
+        saliences.append(out.salience[out.mask].float())
         lengths.append(out.mask.sum(1))
-    return torch.cat(parts), torch.cat(lengths).long()
+    return torch.cat(parts), torch.cat(saliences), torch.cat(lengths).long()
+
+
+def encode_corpus(model, texts: Sequence[str], batch_size: int, progress: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [T, d] float16, lengths [N] int64) of every text's stored tokens, on the model's device."""
+    tokens, _, lengths = encode_tokens(model, texts, batch_size, progress)
+    return tokens, lengths
 
 
 def exhaustive_top(q: torch.Tensor, q_mask: torch.Tensor, tokens, lengths: torch.Tensor, k: int,
@@ -54,13 +75,17 @@ def exact_ranking(passages: Sequence[tuple[str, str]], queries: Sequence[str], e
     """Per query, the top-k (docid, score) of exhaustive top-k:1 scoring with exact token vectors."""
     from pyserini_aligner.resolve import load_model
 
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # float32 products, as the searcher's refinement
-    try:
+    with float32_products():
         model = load_model(encoder, device=device)
         tokens, lengths = encode_corpus(model, [text for _, text in passages], batch_size, progress)
+        return exact_top(model, queries, tokens, lengths, [docid for docid, _ in passages], k)
+
+
+def exact_top(model, queries: Sequence[str], tokens: torch.Tensor, lengths: torch.Tensor, docids: Sequence[str],
+              k: int = 10) -> list[list[tuple[str, float]]]:
+    """Per query, the top-k (docid, score) of :func:`exhaustive_top` over exact tokens [T, d] with lengths [N] and
+    their ``docids`` [N]; the queries are encoded by ``model`` (every token), products in float32."""
+    with float32_products():
         out = model.encode_padded(list(queries), is_query=True, batch_size=64)
         scores, rows = exhaustive_top(out.vectors.float(), out.mask, tokens, lengths, k)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-    return [[(passages[r][0], s) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]
+    return [[(docids[r], s) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]

@@ -81,11 +81,15 @@ def markdown(report: dict) -> str:
 
 
 def write(report: dict, output: Path) -> None:
-    """Write ``output/bench_scale.json`` and ``output/bench_scale.md`` (each through a temporary file, then
-    renamed, so neither is ever half-written)."""
+    """Write ``output/bench_scale.json`` and ``output/bench_scale.md`` (:func:`write_report`)."""
+    write_report(output, "bench_scale", report, markdown(report))
+
+
+def write_report(output: Path, name: str, report: dict, table: str) -> None:
+    """Write ``report`` (stamped with its time) as ``output/<name>.json`` and ``table`` as ``output/<name>.md``,
+    each through a temporary file then renamed, so neither is ever half-written."""
     report["created"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    for name, text in (("bench_scale.json", json.dumps(report, indent=2) + "\n"),
-                       ("bench_scale.md", markdown(report))):
-        partial = output / f".{name}.partial"
+    for path, text in ((output / f"{name}.json", json.dumps(report, indent=2) + "\n"), (output / f"{name}.md", table)):
+        partial = output / f".{path.name}.partial"
         partial.write_text(text, encoding="utf-8")
-        partial.replace(output / name)
+        partial.replace(path)

@@ -13,7 +13,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -22,7 +22,7 @@ from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.bench_scale import report as reporting
 from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip, size_label
 from eval.bench_scale.exact import exact_ranking
-from eval.bench_scale.measure import (Peaks, folder_bytes, gib, gpu_peak_bytes, machine_info,
+from eval.bench_scale.measure import (Peaks, Ranking, folder_bytes, gib, gpu_peak_bytes, machine_info,
                                       overlap_at_k, reset_gpu_peak, run_dict, sync)
 from eval.bench_scale.tiling import tile_index
 from pyserini_aligner.metrics import evaluate
@@ -46,38 +46,88 @@ def judged_queries(corpus: SyntheticCorpus, n: int, max_queries: int | None) -> 
     return dict(list(queries.items())[:max_queries]) if max_queries else queries
 
 
-def _release(device: str) -> None:
+def release_memory(device: str) -> None:
+    """Collect garbage and hand the GPU memory torch caches back to the device."""
     gc.collect()
     if str(device).startswith("cuda"):
         torch.cuda.empty_cache()
 
 
 def build(corpus: SyntheticCorpus, n: int, folder: Path, device: str, batch_size: int, codec: str,
-          encoder: str, quiet: bool) -> tuple[Path, dict]:
-    """Build the index of the first ``n`` passages at ``folder/index``; (index folder, build figures)."""
+          encoder, quiet: bool) -> tuple[Path, dict]:
+    """Build the index of the first ``n`` passages at ``folder/index``; (index folder, build figures). encoder: a
+    checkpoint name or an AlignerModel (e.g. one replaying passages it has already encoded)."""
     from pyserini_aligner.index import build_index
 
     index_dir = folder / "index"
-    folder.mkdir(parents=True)
     items = tqdm(corpus.passages(n), total=n, unit="doc", desc=f"build {size_label(n)}", disable=quiet)
+
+    def make() -> dict:
+        manifest = build_index(items, index_dir, encoder, doc_prune=DOC_PRUNE, device=device, progress=False,
+                               batch_size=batch_size, codec=codec, num_docs_hint=n)
+        stats = manifest.build_stats  # seconds per phase, summed over segments
+        return {"docs": manifest.num_docs, "codec": manifest.codec, "tokens": manifest.num_tokens,
+                "build": {key: round(float(stats[key]), 2) for key in BUILD_STAT_KEYS if key in stats}}
+
+    return index_dir, measured_build(folder, index_dir, device, make)
+
+
+def measured_build(folder: Path, index_dir: Path, device: str, make: Callable[[], dict]) -> dict:
+    """Run ``make()``, which writes an index at ``index_dir`` (inside the new ``folder``) and returns {"docs": N,
+    ..., "build": {phase: seconds}}; adds its wall seconds, peak GPU memory, host RSS and disk under ``folder``
+    (the temporary files beside the index included), and the index's bytes."""
+    folder.mkdir(parents=True)
     reset_gpu_peak(device)
     with Peaks(folder) as peaks:
         start = time.perf_counter()
-        manifest = build_index(items, index_dir, encoder, doc_prune=DOC_PRUNE, device=device, progress=False,
-                               batch_size=batch_size, codec=codec, num_docs_hint=n)
+        row = make()
         sync(device)
         seconds = time.perf_counter() - start
-    stats = manifest.build_stats  # seconds per phase, summed over segments
     size = folder_bytes(index_dir)
-    return index_dir, {
-        "docs": manifest.num_docs, "codec": manifest.codec, "tokens": manifest.num_tokens,
-        "build": {"total_s": round(seconds, 2),
-                  **{key: round(float(stats[key]), 2) for key in BUILD_STAT_KEYS if key in stats}},
-        "passages_per_s": round(manifest.num_docs / seconds, 1),
-        "peak_gpu_build_gib": gib(gpu_peak_bytes(device)), "peak_rss_build_gib": gib(peaks.peak_rss),
-        "peak_disk_bytes": max(peaks.peak_disk, size), "index_bytes": size,
-        "bytes_per_passage": round(size / manifest.num_docs, 1),
-    }
+    return {**row, "build": {"total_s": round(seconds, 2), **row.get("build", {})},
+            "passages_per_s": round(row["docs"] / seconds, 1),
+            "peak_gpu_build_gib": gib(gpu_peak_bytes(device)), "peak_rss_build_gib": gib(peaks.peak_rss),
+            "peak_disk_bytes": max(peaks.peak_disk, size), "index_bytes": size,
+            "bytes_per_passage": round(size / row["docs"], 1)}
+
+
+Ranker = Callable[[list[str], int], Ranking]  # (query texts, batch size) -> top-10 per query
+
+
+def time_search(open_ranker: Callable[[], Ranker], texts: Sequence[str], device: str,
+                batches: Sequence[int] = BATCHES) -> tuple[dict, Ranking]:
+    """Load a search engine (``open_ranker``, timed) and time it at k=10: p50/p95 one query at a time (query
+    encoding included) after WARMUP queries, q/s over ``texts`` per batch size (median of QPS_REPEATS passes), peak
+    GPU memory (torch's allocator) from the load on, after the one-query pass and over all, and host RSS; (figures,
+    ranking of the last pass)."""
+    texts = list(texts)
+    reset_gpu_peak(device)
+    with Peaks() as peaks:
+        start = time.perf_counter()
+        rank = open_ranker()
+        row = {"queries": len(texts), "load_s": round(time.perf_counter() - start, 2)}
+        row.update(percentiles_ms(per_query_latency(lambda q: rank([q], max(batches)), texts, warmup=WARMUP)))
+        row["peak_gpu_one_query_gib"] = gib(gpu_peak_bytes(device))
+        for batch in batches:
+            times = []
+            for _ in range(QPS_REPEATS):
+                start = time.perf_counter()
+                ranked = rank(texts, batch)
+                times.append(time.perf_counter() - start)
+            row[f"qps_b{batch}"] = round(len(texts) / statistics.median(times), 1)
+    row["peak_gpu_search_gib"], row["peak_rss_search_gib"] = gib(gpu_peak_bytes(device)), gib(peaks.peak_rss)
+    return row, ranked
+
+
+def quality(ranked: Ranking, qids: Sequence[str], qrels: dict, exact: Ranking | None = None) -> dict:
+    """nDCG@10 of ``ranked`` (the queries ``qids`` in order) and, given the ``exact`` ranking
+    (:func:`.exact.exact_ranking` of the same queries), its overlap@10 with it and the exact ranking's nDCG@10."""
+    judged = {qid: qrels[qid] for qid in qids}
+    row = {"ndcg@10": round(evaluate(judged, run_dict(qids, ranked), ("ndcg@10",))["ndcg@10"], 4)}
+    if exact is not None:
+        row["overlap@10_exact"] = round(overlap_at_k(ranked, exact, 10), 4)
+        row["ndcg@10_exact"] = round(evaluate(judged, run_dict(qids, exact), ("ndcg@10",))["ndcg@10"], 4)
+    return row
 
 
 def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, exhaustive: bool,
@@ -85,31 +135,11 @@ def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, e
     """Latency at k=10 one query at a time (query encoding included), q/s per batch size, and the quality of the
     k=10 ranking: nDCG@10, overlap with exhaustive scoring of the same index and, given the ``exact`` ranking
     (:func:`.exact.exact_ranking` of the same queries), overlap with exhaustive scoring of the exact vectors."""
-    from pyserini_aligner.search import AlignerSearcher
-
     texts, qids = list(queries.values()), list(queries)
     judged = {qid: qrels[qid] for qid in qids}
-    reset_gpu_peak(device)
-    with Peaks() as peaks:
-        start = time.perf_counter()
-        searcher = AlignerSearcher(index_dir, device=device, batch_size=max(BATCHES))
-        row = {"queries": len(texts), "load_s": round(time.perf_counter() - start, 2)}
-        row.update(percentiles_ms(per_query_latency(lambda q: searcher.rank([q], k=10), texts, warmup=WARMUP)))
-        for batch in BATCHES:
-            searcher.batch_size = batch
-            times = []
-            for _ in range(QPS_REPEATS):
-                start = time.perf_counter()
-                ranked = searcher.rank(texts, k=10)
-                times.append(time.perf_counter() - start)
-            row[f"qps_b{batch}"] = round(len(texts) / statistics.median(times), 1)
-    row["peak_gpu_search_gib"], row["peak_rss_search_gib"] = gib(gpu_peak_bytes(device)), gib(peaks.peak_rss)
-    row["ndcg@10"] = round(evaluate(judged, run_dict(qids, ranked), ("ndcg@10",))["ndcg@10"], 4)
-    if exact is not None:
-        row["overlap@10_exact"] = round(overlap_at_k(ranked, exact, 10), 4)
-        row["ndcg@10_exact"] = round(evaluate(judged, run_dict(qids, exact), ("ndcg@10",))["ndcg@10"], 4)
-    del searcher
-    _release(device)
+    row, ranked = time_search(lambda: aligner_ranker(index_dir, device), texts, device)
+    row.update(quality(ranked, qids, qrels, exact))
+    release_memory(device)
     if exhaustive:
         from pyserini_aligner.search.exhaustive import ExhaustiveScorer
 
@@ -120,8 +150,21 @@ def search(index_dir: Path, queries: dict[str, str], qrels: dict, device: str, e
         row["overlap@10"] = round(overlap_at_k(ranked, best, 10), 4)
         row["ndcg@10_exhaustive"] = round(evaluate(judged, run_dict(qids, best), ("ndcg@10",))["ndcg@10"], 4)
         del scorer
-        _release(device)
+        release_memory(device)
     return row
+
+
+def aligner_ranker(index_dir: Path, device: str) -> Ranker:
+    """The top-10 of an AlignerSearcher over ``index_dir`` (its defaults), in batches of the given size."""
+    from pyserini_aligner.search import AlignerSearcher
+
+    searcher = AlignerSearcher(index_dir, device=device, batch_size=max(BATCHES))
+
+    def rank(texts: list[str], batch: int) -> Ranking:
+        searcher.batch_size = batch
+        return searcher.rank(texts, k=10)
+
+    return rank
 
 
 def add_documents(corpus: SyntheticCorpus, index_dir: Path, n: int, fraction: float, device: str,
@@ -186,11 +229,11 @@ def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, c
                 start = time.perf_counter()
                 exact = exact_ranking(list(corpus.passages(n)), list(queries.values()), encoder, device,
                                       batch_size, progress=not quiet)
-                _release(device)
+                release_memory(device)
                 log.info("exact reference of %s: %.1f s", size_label(n), time.perf_counter() - start)
             index_dir, row = build(corpus, n, work / size_label(n), device, batch_size, codec, encoder, quiet)
             row = {"label": size_label(n), "tiled": None, **row}
-            _release(device)
+            release_memory(device)
             exhaustive = exhaustive_max_docs is None or n <= exhaustive_max_docs
             row.update(search(index_dir, queries, source.qrels, device, exhaustive, exact))
             report["rows"].append(row)
