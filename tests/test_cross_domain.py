@@ -218,3 +218,25 @@ def test_refine_trains_from_the_shipped_checkpoint_and_tests_only_the_chosen(bun
     assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "w2"), "--refine", "nope",
                  "--device", "cpu", "--quiet"]) == 2
     assert "--refine: unknown setting" in capsys.readouterr().err
+
+
+def test_wide_recipe_without_adaptation(bundle_dir, tmp_path, capsys):
+    """A 384-d recipe (the backbone's own token space, identity projection) runs end to end with no label-free
+    adaptation: its models and the exported checkpoint have dim 384 and no adaptation is reported."""
+    from eval.experiments.cross_domain.__main__ import main
+
+    tiny = {"epochs": 1, "max_steps": 2, "batch_queries": 4, "query_maxlen": 16, "doc_maxlen": 24,
+            "eval_batch_size": 16, "precision": "fp32", "prune_k_per_token": 4, "negatives_per_query": 1,
+            "negative_depth": 3, "negative_skip": 0, "train_layers": 1, "projection_fit_steps": 5}
+    sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
+    export = tmp_path / "export"
+    assert main(["--bundle", str(bundle_dir), "--output", str(tmp_path / "work"), "--export", str(export),
+                 "--recipes", "wide", "--adaptations", "none", "--device", "cpu", "--quiet",
+                 *sets]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    results = json.loads((export / "results.json").read_text())
+    assert printed["choice"] == "wide" and "adaptation" not in results and "adaptation_choice" not in results
+    assert not any(name.startswith("adapt") for name in results["test"])
+    assert not any(name.startswith("adaptation") for name in results["targets"])
+    assert "dim: 384" in (tmp_path / "work" / "runs" / "wide.scifact" / "config.yaml").read_text()
+    assert AlignerModel.from_pretrained(export / "checkpoint").config.dim == 384

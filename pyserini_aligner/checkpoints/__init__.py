@@ -4,6 +4,8 @@ Every folder here with a ``config.json`` is a shipped checkpoint, named after th
 (``aligner_mix`` is ``aligner-mix``); ``aligner`` comes first, the others in name order. Today:
 
 - ``aligner``: the default; trained on SciFact and NFCorpus train with top-k:1 alignment.
+- ``aligner-384``: the same training in the backbone's own 384-d token space (identity projection, weights 0.7 of the
+  way from the untrained backbone), chosen for collections unlike the training ones.
 - ``aligner-mix``: ``aligner`` trained further under a mix of top-k:1 and top-p alignments, so that top-p (and the
   alignment ``pyserini_aligner.adapt`` chooses) keeps working with it.
 

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated candidate recipes (known: {', '.join(RECIPES)}); <recipe>@<alpha> "
                              "exports the same run with weight_interpolation alpha")
     parser.add_argument("--adaptations", default=",".join(DEFAULT_ADAPTATIONS),
-                        help=f"comma-separated label-free adaptation settings (known: {', '.join(ADAPTATIONS)})")
+                        help=f"comma-separated label-free adaptation settings (known: {', '.join(ADAPTATIONS)}), "
+                             "or none")
     parser.add_argument("--validation-only", action="store_true",
                         help="stop after the recipe and adaptation choices (or the --refine choice) on validation "
                              "(no final run; the test file is not opened)")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         experiment = Experiment(args.bundle, args.output, [r for r in args.recipes.split(",") if r], overrides,
                                 device=args.device, progress=not args.quiet, salience=not args.no_salience,
-                                export=args.export, adaptations=[a for a in args.adaptations.split(",") if a],
+                                export=args.export, adaptations=[a for a in args.adaptations.split(",") if a and a != "none"],
                                 validation_only=args.validation_only)
         if args.top_p_only is not None:
             checkpoints = [c for c in args.top_p_only.split(",") if c]
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.validation_only:
         print(json.dumps({"choice": results["choice"]["recipe"],
-                          "adaptation": results["adaptation_choice"]}, indent=2))
+                          "adaptation": results.get("adaptation_choice")}, indent=2))
         return 0
     print(json.dumps({"choice": results["choice"]["recipe"], "test": results["test"],
                       "targets": {k: v["ok"] for k, v in results["targets"].items()}}, indent=2))
