@@ -1,13 +1,29 @@
-"""Helpers shared by the command lines: the help layout, argparse value checks that name the flag, and the one-line
-exits."""
+"""What every command line shares: the help layout, argparse types that parse a flag's value into what the
+library takes (and name the flag when it is wrong; the index's own, such as ``--codec``, are in
+:mod:`pyserini_aligner.index.options`), one logging set-up and one runner with one exit-status convention
+(:func:`run_main`)."""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import re
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+if TYPE_CHECKING:
+    from pyserini_aligner.alignment import Strategy
+
+USAGE_EXIT = 2  # a flag value or combination that can't work (argparse's own status)
+ERROR_EXIT = 1  # the command failed while it ran
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+RUN_TIME_ERRORS = (ValueError, OSError, RuntimeError, ImportError)  # one line, no traceback; others are bugs
+_NOISY_LOGGERS = ("faiss", "faiss.loader", "matplotlib", "urllib3", "httpx", "filelock")
+
+
+class UsageError(ValueError):
+    """A flag value or combination that can't work, found after argparse parsed the flags: one line naming the flag
+    and exit status 2, as argparse's own errors."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -83,15 +99,21 @@ def device(text: str) -> str:
     return text
 
 
-def strategy(text: str) -> str:
-    """argparse ``type``: an alignment strategy (top-k:1, top-p:0.015, da:4:0.04), checked before any model loads."""
+def strategy(text: str) -> Strategy:
+    """argparse ``type``: an alignment strategy (top-k:1, top-p:0.015, da:4:0.04), parsed before any model loads."""
     from pyserini_aligner.alignment import parse_strategy
 
     try:
-        parse_strategy(text)
+        return parse_strategy(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+
+
+def add_quiet_flag(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, which every command line has: warnings and errors only (:func:`configure_logging`), no
+    progress bars."""
+    parser.add_argument("--quiet", action="store_true", help="warnings and errors only: no info messages and no "
+                                                             "progress bars")
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -105,10 +127,71 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
-def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a command's ``main``: Ctrl-C prints "interrupted" and gives exit status 130 instead of a traceback."""
+def configure_logging(quiet: bool = False, timestamps: bool = False) -> None:
+    """The logging of a command line: INFO messages on stderr (WARNING and up with ``quiet``, which also hides the
+    Hugging Face progress bars; the commands hide their own with it), each line "LEVEL logger: message" (preceded by
+    the time with ``timestamps``); FAISS's and other libraries' chatter stays at WARNING."""
+    form = "%(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format=f"%(asctime)s {form}" if timestamps else form)
+    logging.getLogger().setLevel(logging.WARNING if quiet else logging.INFO)  # also when a handler exists already
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if quiet:  # the variable is read when huggingface_hub is imported (not imported for nothing here)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        if "huggingface_hub" in sys.modules:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+
+
+def one_line(error: BaseException) -> str:
+    """The message of ``error`` on one line (its type's name when it has none)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def exit_status(code: int | str | None) -> int:
+    """The exit status ``sys.exit(code)`` gives: None 0, an integer itself, a message 1 (printed to stderr)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return ERROR_EXIT
+
+
+def run_main(parse: Callable[[list[str] | None], argparse.Namespace],
+             command: Callable[[argparse.Namespace], int | None], argv: list[str] | None = None, *,
+             timestamps: bool = False) -> int:
+    """Run a command line: ``parse(argv)`` (argparse), :func:`configure_logging` from its ``--quiet``, then
+    ``command(args)``; returns the exit status, never raises for a user's error:
+
+    - 0 when the command returns None or 0 (or its status when it returns one);
+    - 2 for a usage error: argparse's own (its message and usage printed by argparse) or a :class:`UsageError`
+      (``error: <message>``);
+    - 1 for a run-time error (ValueError, OSError, RuntimeError, ImportError): ``error: <message>`` on one line, no
+      traceback (any other exception is a bug, and shows its traceback);
+    - 130 for Ctrl-C (``interrupted``).
+    """
     try:
-        return main(argv) or 0
+        args = parse(argv)
+    except SystemExit as stop:  # --help, or argparse's usage error (already printed)
+        return exit_status(stop.code)
+    configure_logging(bool(getattr(args, "quiet", False)), timestamps)
+    try:
+        return command(args) or 0
+    except SystemExit as stop:
+        return exit_status(stop.code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT
+    except UsageError as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return USAGE_EXIT
+    except RUN_TIME_ERRORS as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return ERROR_EXIT

@@ -226,6 +226,20 @@ def killed_at(point: str, folder: Path, snapshot: Path, write) -> None:
             write()
 
 
+def cli_error(main, *args) -> str:
+    """The one line that a command line's ``main`` (run in this process on ``args``) prints when it fails with exit
+    status 1, the run-time error convention; asserts that it does."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main([*map(str, args)])
+    lines = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
+    assert status == 1 and len(lines) == 1 and "Traceback" not in err.getvalue(), (status, err.getvalue()[-2000:])
+    return lines[0]
+
+
 def run_module(module: str, *args: str) -> int:
     """``python -m <module> <args>`` in this process (through the same import hooks); its exit status."""
     import runpy

@@ -1,16 +1,25 @@
 """The plugin's command lines follow Pyserini's: unknown flags are errors (Lucene-only flags dropped on purpose when
 Pyserini's Lucene CLI forwards), run files come from Pyserini's writers (trec, msmarco, MaxP), defaults show in
 --help, indexing shows a progress bar with a total, and Pyserini's CLIs know an AligneR checkpoint folder by its
-config.json."""
+config.json. Flag values are parsed by argparse types into what the library takes (a bad one names the flag), and
+every command line runs through one runner: exit status 2 for a usage error, 1 for a run-time error (one line, no
+traceback), 130 for Ctrl-C, and --quiet keeps warnings only."""
 import argparse
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pyserini_aligner import cli as shared
+from pyserini_aligner.alignment import Strategy
+from pyserini_aligner.index.codec import AUTO_CODEC, CodecSpec
+from pyserini_aligner.index.options import codec_arg
 
 from pyserini_aligner.index import build_index
 from pyserini_aligner.index import __main__ as index_cli
@@ -29,7 +38,8 @@ QUERIES = {"q1": "vitamin D deficiency and bone density", "q2": "stem cells in t
            "q3": "antibiotic resistance of bacteria"}
 CLI_MODULES = ["pyserini_aligner.search.__main__", "pyserini_aligner.index.__main__", "pyserini_aligner.index.merge",
                "pyserini_aligner.adapt.__main__", "pyserini_aligner.explain.__main__", "pyserini_aligner.train.__main__",
-               "pyserini_aligner.train.prepare", "pyserini_aligner.checkpoints.make_default"]
+               "pyserini_aligner.train.prepare", "pyserini_aligner.checkpoints.make_default",
+               "pyserini_aligner.serve.__main__"]
 
 
 @pytest.fixture(scope="module")
@@ -190,10 +200,11 @@ def test_corpus_counts_give_the_progress_total(tmp_path, capsys):
     lines = tmp_path / "lines.json"
     lines.write_text("\n".join(json.dumps(d) for d in docs) + "\n\n")
     assert count_corpus(array) == count_corpus(lines) == 3
-    index_cli.main(["--corpus", str(array), "--index", str(tmp_path / "index"), "--codec", "fp16"])
+    assert index_cli.main(["--corpus", str(array), "--index", str(tmp_path / "index"), "--codec", "fp16"]) == 0
     err = capsys.readouterr().err
     assert "3/3" in err and "<" in err  # total and ETA
-    index_cli.main(["--corpus", str(lines), "--index", str(tmp_path / "quiet"), "--codec", "fp16", "--quiet"])
+    assert index_cli.main(["--corpus", str(lines), "--index", str(tmp_path / "quiet"), "--codec", "fp16",
+                           "--quiet"]) == 0
     assert "3/3" not in capsys.readouterr().err
 
 
@@ -226,3 +237,145 @@ def test_pyserini_faiss_cli_takes_a_checkpoint_folder(index_dir, topics, tmp_pat
     assert run_module("pyserini.search.faiss", "--index", str(index_dir), "--encoder", str(folder), "--topics",
                       str(topics), "--output", str(output), "--hits", "3") == 0
     assert {qid: len(hits) for qid, hits in read_run(output).items()} == {qid: 3 for qid in QUERIES}
+
+
+# argparse types: the typed value the library takes, or an error naming the flag
+
+
+@pytest.mark.parametrize("parse, text, value", [
+    (shared.strategy, "top-k:1", Strategy("top-k", k=1)), (shared.strategy, "top-p:0.02", Strategy("top-p", p=0.02)),
+    (shared.strategy, "da:4:0.04", Strategy("da", k=4, eps=0.04)), (codec_arg, "auto", AUTO_CODEC),
+    (codec_arg, "FP16", CodecSpec()), (codec_arg, "IVF4096,PQ16", CodecSpec(4096, 16)),
+    (codec_arg, "IVF64,PQ4,Refine(PQ32)", CodecSpec(64, 4, 32)), (shared.positive_int, "3", 3),
+    (shared.fraction, "1", 1.0), (shared.non_negative, "0", 0.0), (shared.positive_number, "0.5", 0.5),
+    (shared.device, "cpu", "cpu")])
+def test_argparse_types_give_typed_values(parse, text, value):
+    assert parse(text) == value and type(parse(text)) is type(value)
+
+
+@pytest.mark.parametrize("parse, text, message", [
+    (shared.strategy, "top-q:1", "bad alignment strategy 'top-q:1'"),
+    (shared.strategy, "top-k:0", "top-k needs an integer k >= 1"), (shared.strategy, "top-p:2", "0 < p <= 1"),
+    (codec_arg, "PQ8", "bad codec 'PQ8': expected 'auto', 'fp16'"),
+    (codec_arg, "IVF70000,PQ8", "nlist must be in [2, 65536]"),
+    (codec_arg, "IVF64,PQ8,Refine(PQ8)", "must be finer than PQ8"),
+    (shared.positive_int, "0", "expected an integer >= 1, got '0'"), (shared.positive_int, "x", "got 'x'"),
+    (shared.fraction, "0", "expected a number in (0, 1], got '0'"), (shared.non_negative, "nan", "got 'nan'"),
+    (shared.positive_number, "inf", "expected a number > 0"), (shared.device, "gpu", "expected cpu or cuda[:N]")])
+def test_argparse_types_refuse_bad_values(parse, text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+        parse(text)
+
+
+@pytest.mark.parametrize("parser, argv, message", [
+    (index_cli.build_parser, ["--corpus", "c", "--index", "i", "--codec", "IVF64,PQ"],
+     "argument --codec: bad codec 'IVF64,PQ'"),
+    (search_cli.build_parser, ["--index", "i", "--topics", "t", "--output", "o", "--strategy", "da:4"],
+     "argument --strategy: bad alignment strategy 'da:4'"),
+    (search_cli.build_parser, ["--index", "i", "--topics", "t", "--output", "o", "--query-prune", "0"],
+     "argument --query-prune: expected a number in (0, 1], got '0'"),
+], ids=["index-codec", "search-strategy", "search-query-prune"])
+def test_a_bad_flag_value_is_an_argparse_error_naming_the_flag(parser, argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parser().parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_flags_reach_the_library_typed():
+    args = search_cli.build_parser().parse_args(["--index", "i", "--topics", "t", "--output", "o", "--strategy",
+                                                 "top-p:0.02"])
+    assert search_cli.searcher_knobs(args)["strategy"] == Strategy("top-p", p=0.02)
+    args = index_cli.parse_args(["--corpus", "c", "--index", "i", "--codec", "IVF64,PQ8", "--prune-redundancy", "off"])
+    fields = index_cli.option_flags(args)
+    assert fields["codec"] == CodecSpec(64, 8) and fields["prune_redundancy"] is None
+    assert "doc_prune" not in fields  # not given: the default, or the source index's with --from-index
+
+
+# the runner: one exit-status convention and one logging set-up
+
+
+def runner_parse(argv):
+    parser = argparse.ArgumentParser(prog="probe")
+    parser.add_argument("--fail", choices=["usage", "value", "os", "interrupt", "exit", "bug"])
+    shared.add_quiet_flag(parser)
+    return parser.parse_args(argv)
+
+
+def runner_command(args):
+    failures = {"usage": shared.UsageError("--fail usage: that flag can't go here"),
+                "value": ValueError("the index is\nbroken"), "os": FileNotFoundError("no such file: x"),
+                "interrupt": KeyboardInterrupt(), "exit": SystemExit("error: stopped"), "bug": KeyError("k")}
+    if args.fail:
+        raise failures[args.fail]
+    logging.getLogger("pyserini_aligner.probe").info("working")
+    return None
+
+
+@pytest.mark.parametrize("argv, status, err", [
+    ([], 0, ""), (["--help"], 0, None), (["--bogus"], 2, "probe: error: unrecognized arguments: --bogus"),
+    (["--fail", "usage"], 2, "error: --fail usage: that flag can't go here"),
+    (["--fail", "value"], 1, "error: the index is broken"), (["--fail", "os"], 1, "error: no such file: x"),
+    (["--fail", "interrupt"], 130, "interrupted"), (["--fail", "exit"], 1, "error: stopped")])
+def test_runner_exit_status(argv, status, err, capsys):
+    assert shared.run_main(runner_parse, runner_command, argv) == status
+    text = capsys.readouterr().err
+    if err is not None:
+        assert text.strip().splitlines()[-1:] == ([err] if err else []) and "Traceback" not in text
+
+
+def test_runner_lets_a_bug_show_its_traceback():
+    with pytest.raises(KeyError):
+        shared.run_main(runner_parse, runner_command, ["--fail", "bug"])
+
+
+def test_runner_quiet_keeps_warnings_only(caplog):
+    shared.run_main(runner_parse, runner_command, [])
+    assert logging.getLogger().level == logging.INFO and "working" in caplog.text
+    caplog.clear()
+    shared.run_main(runner_parse, runner_command, ["--quiet"])
+    assert logging.getLogger().level == logging.WARNING and "working" not in caplog.text
+    assert logging.getLogger("faiss").level == logging.WARNING and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    logging.getLogger().setLevel(logging.INFO)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:") or ": error:" in line]
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("pyserini_aligner.index", ["--corpus", "c", "--index", "i", "--codec", "PQ8"], "argument --codec: bad codec"),
+    ("pyserini_aligner.search", ["--index", "i", "--topics", "t", "--output", "o", "--hits", "0"],
+     "argument --hits: expected an integer >= 1"),
+    ("pyserini_aligner.adapt", ["--index", "i", "--topics", "t", "--qrels", "q", "--strategies", "top-k:0"],
+     "argument --strategies: bad alignment strategy 'top-k:0'"),
+    ("pyserini_aligner.explain", ["--index", "i", "--query", "q", "--strategy", "top"],
+     "argument --strategy: bad alignment strategy 'top'"),
+    ("pyserini_aligner.serve", ["--index", "a=b", "--rest", "--max-batch", "0"], "argument --max-batch: expected"),
+    ("pyserini_aligner.train", ["--config", "c.yaml", "--device", "gpu"], "argument --device: expected cpu or cuda"),
+    ("pyserini_aligner.index.merge", ["--inputs", "a", "--index", "b", "--bogus"], "unrecognized arguments: --bogus"),
+    ("pyserini_aligner.train.prepare", ["--depth", "0"], "argument --depth: expected an integer >= 1"),
+    ("pyserini_aligner.checkpoints.make_default", [], "the following arguments are required: --output"),
+], ids=lambda value: value.rsplit(".", 1)[-1] if isinstance(value, str) and value.startswith("pyserini") else None)
+def test_every_command_line_gives_2_for_a_usage_error(module, argv, message):
+    result = run("-m", module, *argv)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(error_lines(result.stderr)) == 1 and message in error_lines(result.stderr)[0], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("pyserini_aligner.index", ["--verify", "--index", "{tmp}/missing"], "index folder not found: {tmp}/missing"),
+    ("pyserini_aligner.search", ["--index", "{tmp}/missing", "--topics", "{topics}", "--output", "{tmp}/run.trec"],
+     "index folder not found: {tmp}/missing"),
+    ("pyserini_aligner.adapt", ["--index", "{tmp}/missing", "--topics", "{topics}", "--qrels", "{tmp}/missing.qrels"],
+     "{tmp}/missing"),
+    ("pyserini_aligner.explain", ["--index", "{tmp}/missing", "--query", "bone"], "{tmp}/missing"),
+    ("pyserini_aligner.index.merge", ["--inputs", "{tmp}/missing", "--index", "{tmp}/merged"], "{tmp}/missing"),
+], ids=["index", "search", "adapt", "explain", "merge"])
+def test_every_command_line_gives_1_and_one_line_for_a_run_time_error(module, argv, message, topics, tmp_path):
+    def fill(text: str) -> str:
+        return text.format(tmp=tmp_path, topics=topics)
+
+    result = run("-m", module, *map(fill, argv))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and fill(message) in errors[0], result.stderr[-2000:]

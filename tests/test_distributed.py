@@ -1,6 +1,7 @@
 """Distributed builds (torchrun, Gloo on the CPU), shard builds + merge, and sharded search: the same codes, docids
 and rankings as one process; a rank that dies leaves no index and a message naming it."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pyserini_aligner.index import merge as merge_cli
 from pyserini_aligner.index.shards import merge_indexes, shard_range
 from pyserini_aligner.search.searcher import AlignerSearcher
 
+from conftest import cli_error
 from test_index import short_records, write_jsonl
 
 N_DOCS = 24
@@ -92,7 +94,9 @@ def test_shard_range_follows_pyserini():
 
 def test_torchrun_build_and_search_equal_one_process(tmp_path, single, corpus):
     """torchrun builds one index of two segments (one a rank) equal to the one-process build; torchrun then searches
-    it with --distributed (a segment a rank) into the run a one-process search writes."""
+    it with --distributed into the run a one-process search writes: with --placement shard (a segment a rank),
+    replicate (the index on every rank, each batch split across them; the last batch of one query leaves a rank
+    without work) and auto (shard: CPU ranks take no replica by choice)."""
     target = tmp_path / "idx"
     result = torchrun("pyserini_aligner.index", "--corpus", corpus, "--index", target, "--codec-from", single,
                       "--dist-timeout", "60")
@@ -108,15 +112,18 @@ def test_torchrun_build_and_search_equal_one_process(tmp_path, single, corpus):
 
     topics = tmp_path / "topics.tsv"
     topics.write_text("".join(f"q{i}\t{text}\n" for i, text in enumerate(QUERIES)))
-    result = torchrun("pyserini_aligner.search", "--distributed", "--index", target, "--topics", topics,
-                      "--output", tmp_path / "dist.trec", "--hits", "10", "--quiet")
-    assert result.returncode == 0, result.stderr[-6000:]
     from pyserini_aligner.search import __main__ as search_cli
 
     assert search_cli.main(["--index", str(single), "--topics", str(topics), "--output", str(tmp_path / "one.trec"),
                             "--hits", "10", "--quiet"]) == 0
-    run = (tmp_path / "dist.trec").read_text()
-    assert run == (tmp_path / "one.trec").read_text() and len(run.splitlines()) == 10 * len(QUERIES)
+    one = (tmp_path / "one.trec").read_text()
+    assert len(one.splitlines()) == 10 * len(QUERIES)
+    for placement in ("shard", "replicate", "auto"):
+        output = tmp_path / f"dist-{placement}.trec"
+        result = torchrun("pyserini_aligner.search", "--distributed", "--placement", placement, "--index", target,
+                          "--topics", topics, "--output", output, "--hits", "10", "--batch-size", "3", "--quiet")
+        assert result.returncode == 0, result.stderr[-6000:]
+        assert output.read_text() == one, placement
 
 
 def test_torchrun_skips_blank_documents_as_one_process(tmp_path, model):
@@ -140,10 +147,10 @@ def test_torchrun_skips_blank_documents_as_one_process(tmp_path, model):
 def test_shards_and_merge_equal_one_process(tmp_path, single, corpus):
     shards = [tmp_path / f"shard_{i}" for i in range(3)]
     for i, shard in enumerate(shards):
-        index_cli.main(["--corpus", str(corpus), "--index", str(shard), "--shard-id", str(i), "--shard-num", "3",
-                        "--codec-from", str(single), "--quiet"])
+        assert index_cli.main(["--corpus", str(corpus), "--index", str(shard), "--shard-id", str(i), "--shard-num", "3",
+                               "--codec-from", str(single), "--quiet"]) == 0
     assert [read_manifest(s).num_docs for s in shards] == [8, 8, 8]
-    merge_cli.main(["--inputs", *map(str, shards), "--index", str(tmp_path / "merged"), "--quiet"])
+    assert merge_cli.main(["--inputs", *map(str, shards), "--index", str(tmp_path / "merged"), "--quiet"]) == 0
     merged = read_manifest(tmp_path / "merged")
     assert len(merged.segments) == 3 and merged.generation == 1
     same_index(single, tmp_path / "merged")
@@ -161,8 +168,8 @@ def test_merge_refuses_mismatches(tmp_path, model, single, corpus):
     other = tmp_path / "other"
     build_index([(d["id"] + "x", d["contents"]) for d in docs[:6]], other, model, codec="IVF8,PQ4",
                 progress=False)  # its own codec
-    with pytest.raises(SystemExit, match=r"error: .*other: field 'codec_files' .* differs from .*idx's"):
-        merge_cli.main(["--inputs", str(single), str(other), "--index", str(tmp_path / "m1"), "--quiet"])
+    assert re.match(r"error: .*other: field 'codec_files' .* differs from .*idx's",
+                    cli_error(merge_cli.main, "--inputs", single, other, "--index", tmp_path / "m1", "--quiet"))
     pruned = tmp_path / "pruned"
     build_index([(d["id"] + "y", d["contents"]) for d in docs[:6]], pruned, model, codec_from=single,
                 doc_prune=0.5, progress=False)

@@ -17,6 +17,8 @@ from pyserini_aligner.index import read_json_collection
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search import AlignerSearcher
 
+from conftest import cli_error
+
 QUERY = "diffusion tensor imaging of white matter in newborn brains"
 STRATEGY = "top-k:2"
 
@@ -84,8 +86,7 @@ def test_query_is_escaped(default_index, corpus):
 def test_missing_or_wrong_corpus(default_index, corpus, model, explanations):
     with pytest.raises(ValueError, match=r"records no corpus.*--corpus"):
         explain(default_index, QUERY)
-    with pytest.raises(SystemExit, match="--corpus"):
-        cli.main(["--index", str(default_index), "--query", QUERY])
+    assert "--corpus" in cli_error(cli.main, "--index", default_index, "--query", QUERY)
     with pytest.raises(ValueError, match="no document with id 'nope'"):
         explain(default_index, QUERY, docids=["nope"], corpus=corpus)
     ex = explanations[0]
@@ -124,8 +125,8 @@ def test_salience_model_shades_by_salience(corpus):
 
 def test_cli_writes_html_and_png(default_index, corpus, tmp_path, capsys):
     html_path, png_path = tmp_path / "explain.html", tmp_path / "explain.png"
-    cli.main(["--index", str(default_index), "--query", QUERY, "--corpus", str(corpus), "--hits", "2",
-              "--strategy", STRATEGY, "--output", str(html_path), "--png", str(png_path)])
+    assert cli.main(["--index", str(default_index), "--query", QUERY, "--corpus", str(corpus), "--hits", "2",
+                     "--strategy", STRATEGY, "--output", str(html_path), "--png", str(png_path)]) == 0
     assert "wrote" in capsys.readouterr().out
     page = html_path.read_text(encoding="utf-8")
     assert page.count('class="card doc"') == 2 and 'class="tok aligned"' in page

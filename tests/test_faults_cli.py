@@ -59,7 +59,7 @@ def index(corpus) -> Path:
     from pyserini_aligner.index.__main__ import main
 
     target = corpus.parent / "idx"
-    main(["--corpus", str(corpus), "--index", str(target), "--quiet"])
+    assert main(["--corpus", str(corpus), "--index", str(target), "--quiet"]) == 0
     return target
 
 

@@ -17,7 +17,9 @@ from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, 
 from pyserini_aligner.index import __main__ as cli
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE
-from pyserini_aligner.index.codec import HIERARCHY_MIN_NLIST, choose_nlist, parse_codec
+from pyserini_aligner.index.codec import (AUTO_CODEC, DEFAULT_MAX_BYTES_PER_TOKEN, HIERARCHY_MIN_NLIST, CodecSpec,
+                                          choose_nlist, parse_codec)
+from pyserini_aligner.index.options import BuildOptions
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, keep_count
 
@@ -194,6 +196,72 @@ def test_failed_overwrite_keeps_old_index(tmp_path, model):
     assert [p.name for p in plain.iterdir()] == ["a.txt"]
 
 
+# build options: one typed object, checked once
+
+
+def test_build_options_parse_the_codec_and_keep_the_defaults(tmp_path):
+    assert BuildOptions().codec is AUTO_CODEC and str(BuildOptions().codec) == "auto"
+    assert BuildOptions(codec="fp16").codec == CodecSpec() and BuildOptions(codec="fp16").fp16
+    assert BuildOptions(codec=" IVF64,PQ4,Refine(PQ16) ").codec == CodecSpec(64, 4, 16)
+    assert BuildOptions(codec=CodecSpec(8, 4)).codec == CodecSpec(8, 4)  # a typed codec is taken as it is
+    assert BuildOptions(codec_from=str(tmp_path)).codec_from == tmp_path
+    assert (BuildOptions().doc_prune, BuildOptions().prune_redundancy) == (DEFAULT_DOC_PRUNE,
+                                                                          DEFAULT_PRUNE_REDUNDANCY)
+    changed = BuildOptions(codec="fp16").replace(doc_prune=0.5, prune_redundancy=None)
+    assert (changed.doc_prune, changed.prune_redundancy, changed.codec) == (0.5, None, CodecSpec())
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("doc_prune", 0.0, "doc_prune must be in (0, 1], got 0.0"),
+    ("doc_prune", 1.5, "doc_prune must be in (0, 1], got 1.5"),
+    ("doc_prune", True, "doc_prune must be in (0, 1], got True"),
+    ("codec", "PQ8", "codec: bad codec 'PQ8': expected 'auto', 'fp16'"),
+    ("codec", "IVF1,PQ8", "codec: bad codec 'IVF1,PQ8': nlist must be in [2, 65536]"),
+    ("codec", "IVF64,PQ8,Refine(PQ4)", "must be finer than PQ8"),
+    ("codec", 8, "codec: codec must be a string, CodecSpec or AutoCodec, got int"),
+    ("index_type", " ", "index_type must be a FAISS factory string"),
+    ("max_bytes_per_token", 5, "max_bytes_per_token must be an integer >= 6"),
+    ("prune_redundancy", 0.0, "prune_redundancy must be None or a cosine threshold in (0, 1], got 0.0"),
+    ("prune_redundancy", "off", "prune_redundancy must be None or a cosine threshold"),
+    ("max_length", 1, "max_length must be None or an integer >= 2 (room for the special tokens), got 1"),
+    ("batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+    ("train_size", 2.5, "train_size must be an integer >= 1, got 2.5"),
+    ("max_docs", 0, "max_docs must be None or an integer >= 1, got 0"),
+    ("seed", "1", "seed must be an integer, got '1'"),
+    ("progress", "no", "progress must be True or False, got 'no'"),
+    ("codec_from", 3, "codec_from must be an index folder, got 3"),
+])
+def test_build_options_name_the_bad_field(field, value, message):
+    with pytest.raises(ValueError) as error:
+        BuildOptions(**{field: value})
+    assert str(error.value).startswith(field) and message in str(error.value)  # the field first
+    with pytest.raises(ValueError, match=re.escape(message)):
+        BuildOptions().replace(**{field: value})  # a change is checked as the constructor checks
+
+
+def test_build_index_takes_options_or_their_fields(tmp_path, model):
+    """Keyword arguments go over an options object; a bad one is refused before anything is read or written, an
+    unknown one names the fields there are."""
+    docs = [(r["id"], r["contents"]) for r in short_records(4)]
+    options = BuildOptions(codec="fp16", doc_prune=1.0, index_type="HNSW8", progress=False)
+    first = build_index(docs, tmp_path / "a", model, options, model_name="aligner")
+    assert (first.codec, first.doc_prune, first.index_type, first.model_name) == ("fp16", 1.0, "HNSW8", "aligner")
+    second = build_index(docs, tmp_path / "b", model, options, doc_prune=0.5, corpus_name="four")
+    assert (second.codec, second.doc_prune, second.index_type, second.corpus) == ("fp16", 0.5, "HNSW8", "four")
+    with pytest.raises(ValueError, match=r"doc_prune must be in \(0, 1\], got 0"):
+        build_index(iter(docs), tmp_path / "c", model, doc_prune=0)
+    with pytest.raises(TypeError, match="unknown build option.* doc_prun; the fields of BuildOptions are doc_prune"):
+        build_index(docs, tmp_path / "c", model, doc_prun=0.5)
+    assert not (tmp_path / "c").exists() and leftovers(tmp_path) == []
+    derived = derive_index(tmp_path / "a", tmp_path / "d", BuildOptions(doc_prune=0.25, codec="fp16",
+                                                                        progress=False))
+    assert (derived.doc_prune, derived.index_type) == (0.25, "Flat")  # an options object is the whole setting
+    inherited = derive_index(tmp_path / "a", tmp_path / "e", doc_prune=0.25, progress=False)
+    assert (inherited.doc_prune, inherited.index_type, inherited.codec) == (0.25, "HNSW8", "fp16")  # the source's
+    assert BuildOptions.of_index(read_manifest(tmp_path / "b")) == BuildOptions(
+        doc_prune=0.5, codec="fp16", index_type="HNSW8", prune_redundancy=DEFAULT_PRUNE_REDUNDANCY)
+
+
 def test_duplicate_docids_refused(tmp_path, model):
     records = short_records(6)
     records[4]["id"] = records[1]["id"]
@@ -316,14 +384,14 @@ def test_compressed_index_layout_and_decoding(tmp_path, index_dir):
         StoredIndex(target)
 
 
-def test_compressed_build_from_corpus(tmp_path, model):
+def test_compressed_build_from_corpus(tmp_path, model, capsys):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(40, words=30))
-    cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "IVF4,PQ8", "--quiet"])
+    assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "IVF4,PQ8", "--quiet"]) == 0
     m = read_manifest(tmp_path / "idx")
     assert (m.num_docs, m.codec, m.doc_prune) == (40, "IVF4,PQ8", DEFAULT_DOC_PRUNE)
     assert m.num_kept == sum(keep_count(int(n), DEFAULT_DOC_PRUNE) for n in StoredIndex(tmp_path / "idx").lengths)
-    with pytest.raises(SystemExit, match=r"error: bad codec 'PQ8'"):
-        cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx2"), "--codec", "PQ8", "--quiet"])
+    assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx2"), "--codec", "PQ8", "--quiet"]) == 2
+    assert "error: argument --codec: bad codec 'PQ8'" in capsys.readouterr().err
     salient = copy.deepcopy(model)
     salient.config.use_salience = salient.config.salience_in_score = True
     with pytest.raises(ValueError, match="stores no token saliences, but the model scores with them"):
@@ -371,7 +439,7 @@ def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, cap
     with pytest.raises(IndexFormatError, match=re.escape(f"{seg_dir / store.DOCIDS}: checksum mismatch")):
         StoredIndex(broken)
     flip_byte(seg_dir / store.DOCIDS, 3)
-    cli.main(["--index", str(broken), "--verify"])
+    assert cli.main(["--index", str(broken), "--verify"]) == 0
     assert "every file matches its checksum" in capsys.readouterr().out
     residuals = seg_dir / store.TOKEN_RESIDUALS
     monkeypatch.setattr(store, "SMALL_FILE", residuals.stat().st_size - 1)  # token_residuals.u8 counts as large
@@ -379,9 +447,8 @@ def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, cap
     assert StoredIndex(broken).num_docs == N_DOCS  # large files are not read on open
     with pytest.raises(IndexFormatError, match=re.escape(f"{residuals}: checksum mismatch")):
         StoredIndex(broken, verify=True)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--index", str(broken), "--verify"])
-    assert exit_info.value.code != 0 and f"{residuals}: checksum mismatch" in str(exit_info.value.code)
+    assert cli.main(["--index", str(broken), "--verify"]) == 1
+    assert f"{residuals}: checksum mismatch" in capsys.readouterr().err
 
 
 def test_v1_index_is_refused_with_a_rebuild_command(tmp_path, model):
@@ -434,48 +501,47 @@ def test_json_collection_reader(tmp_path):
         list(read_json_collection(tmp_path / "missing.jsonl"))
 
 
-def test_an_old_index_inside_the_corpus_folder_is_skipped(tmp_path, caplog):
+def test_an_old_index_inside_the_corpus_folder_is_skipped(tmp_path, caplog, capsys):
     folder = tmp_path / "corpus"
     folder.mkdir()
     write_jsonl(folder / "docs.jsonl", short_records(3))
-    cli.main(["--corpus", str(folder), "--index", str(tmp_path / "old"), "--codec", "fp16", "--quiet"])
+    assert cli.main(["--corpus", str(folder), "--index", str(tmp_path / "old"), "--codec", "fp16", "--quiet"]) == 0
     shutil.move(tmp_path / "old", folder / "old-idx")  # an earlier index kept beside the documents
     (folder / ".idx.building-x1y2").mkdir()  # and a build folder a killed build left there
     (folder / ".idx.building-x1y2" / "manifest.json").write_text("{}")
     with caplog.at_level("WARNING"):
-        cli.main(["--corpus", str(folder), "--index", str(tmp_path / "new"), "--codec", "fp16", "--quiet"])
+        assert cli.main(["--corpus", str(folder), "--index", str(tmp_path / "new"), "--codec", "fp16", "--quiet"]) == 0
     assert read_manifest(tmp_path / "new").num_docs == 3
     assert f"skipping {folder / 'old-idx'}, a pyserini-aligner index" in caplog.text
     assert StoredIndex(tmp_path / "new").docids == [r["id"] for r in short_records(3)]
-    with pytest.raises(SystemExit, match="is a pyserini-aligner index, not a JsonCollection"):
-        cli.main(["--corpus", str(folder / "old-idx"), "--index", str(tmp_path / "other"), "--quiet"])
+    assert cli.main(["--corpus", str(folder / "old-idx"), "--index", str(tmp_path / "other"), "--quiet"]) == 1
+    assert "is a pyserini-aligner index, not a JsonCollection" in capsys.readouterr().err
 
 
 def test_cli_builds_and_reports_errors(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(4))
-    cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "fp16", "--index-type", "HNSW8",
-              "--quiet"])
+    assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "fp16", "--index-type",
+                     "HNSW8", "--quiet"]) == 0
     m = read_manifest(tmp_path / "idx")
     assert (m.num_docs, m.codec, m.index_type, m.corpus) == (4, "fp16", "HNSW8", str(corpus.resolve()))
     bad = write_jsonl(tmp_path / "bad.jsonl", short_records(2), extra_lines={2: "oops"})
-    with pytest.raises(SystemExit, match=r"error: .*bad\.jsonl, line 2: not valid JSON"):
-        cli.main(["--corpus", str(bad), "--index", str(tmp_path / "idx2"), "--quiet"])
-    with pytest.raises(SystemExit, match="error: index target exists"):
-        cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--quiet"])
-    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx3"), "--doc-prune", "0.5",
-              "--quiet"])
+    assert cli.main(["--corpus", str(bad), "--index", str(tmp_path / "idx2"), "--quiet"]) == 1
+    assert re.search(r"^error: .*bad\.jsonl, line 2: not valid JSON", capsys.readouterr().err, re.M)
+    assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--quiet"]) == 1
+    assert capsys.readouterr().err.startswith("error: index target exists")
+    assert cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx3"), "--doc-prune", "0.5",
+                     "--quiet"]) == 0
     assert read_manifest(tmp_path / "idx3").index_type == "HNSW8"
     assert read_manifest(tmp_path / "idx3").prune_redundancy == DEFAULT_PRUNE_REDUNDANCY  # the source's
-    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx4"), "--doc-prune", "0.5",
-              "--prune-redundancy", "off", "--quiet"])
+    assert cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx4"), "--doc-prune", "0.5",
+                     "--prune-redundancy", "off", "--quiet"]) == 0
     assert read_manifest(tmp_path / "idx4").prune_redundancy is None
-    with pytest.raises(SystemExit):
-        cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx5"), "--prune-redundancy",
-                  "1.5", "--quiet"])
+    assert cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "idx5"), "--prune-redundancy",
+                     "1.5", "--quiet"]) == 2
     assert "--prune-redundancy: expected 'off' or a number in (0, 1]" in capsys.readouterr().err
     # an fp16 build derives to a compressed codec without re-encoding
-    cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "small"), "--codec", "IVF4,PQ8",
-              "--doc-prune", "0.5", "--quiet"])
+    assert cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "small"), "--codec", "IVF4,PQ8",
+                     "--doc-prune", "0.5", "--quiet"]) == 0
     small, source = StoredIndex(tmp_path / "small", verify=True), StoredIndex(tmp_path / "idx")
     assert (small.manifest.codec, small.manifest.index_type, small.docids) == ("IVF4,PQ8", "IVF4,PQ8", source.docids)
     assert np.array_equal(small.kept, StoredIndex(tmp_path / "idx3").kept)
@@ -505,7 +571,7 @@ def test_auto_codec_is_sized_from_the_whole_corpus_not_a_slice():
 
 
 def test_max_bytes_per_token_is_refused_where_it_does_nothing(tmp_path, capsys):
-    from pyserini_aligner.index.__main__ import parse_args
+    from pyserini_aligner.index.__main__ import option_flags, parse_args
 
     for argv, message in ((["--codec", "IVF64,PQ8"], "it does nothing with --codec IVF64,PQ8"),
                           (["--from-index", str(tmp_path)], "it does nothing with --codec fp16"),
@@ -515,5 +581,6 @@ def test_max_bytes_per_token_is_refused_where_it_does_nothing(tmp_path, capsys):
                         *argv, *(["--max-bytes-per-token", "18"] if "5" not in argv else [])])
         assert stop.value.code == 2 and message in capsys.readouterr().err
     args = parse_args(["--corpus", "c", "--index", str(tmp_path / "i"), "--max-bytes-per-token", "18"])
-    assert args.max_bytes_per_token == 18
-    assert parse_args(["--corpus", "c", "--index", str(tmp_path / "i")]).max_bytes_per_token == 34
+    assert BuildOptions(**option_flags(args)).max_bytes_per_token == 18
+    args = parse_args(["--corpus", "c", "--index", str(tmp_path / "i")])
+    assert BuildOptions(**option_flags(args)).max_bytes_per_token == DEFAULT_MAX_BYTES_PER_TOKEN == 34

@@ -11,12 +11,12 @@ left as it is (its manifest is not rewritten).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from pyserini_aligner.adapt.select import (ALPHA, CANDIDATE_STRATEGIES, METRIC, MIN_GAIN, PERMUTATIONS, Choice,
                                            choose_strategy, rescore, strategy_table)
-from pyserini_aligner.cli import HelpFormatter, fraction, non_negative, positive_int
+from pyserini_aligner.cli import (HelpFormatter, add_quiet_flag, fraction, non_negative, positive_int, run_main,
+                                  strategy)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--qrels", required=True, help="judgements: TREC qrels file (4 columns), BEIR qrels TSV (with "
                                                        "its header), BEIR folder or ir_datasets id")
     parser.add_argument("--candidates", type=positive_int, default=100, help="documents retrieved and rescored per query")
-    parser.add_argument("--strategies", nargs="+", default=list(CANDIDATE_STRATEGIES),
+    parser.add_argument("--strategies", nargs="+", type=strategy, default=list(CANDIDATE_STRATEGIES),
                         help="strategies to try (the baseline is always tried)")
     parser.add_argument("--alpha", type=fraction, default=ALPHA,
                         help=f"significance level a strategy's gain over the baseline must reach (default {ALPHA})")
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoder", default=None, help="checkpoint folder (default: the model in the manifest)")
     parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--dry-run", action="store_true", help="print the table but leave the index unchanged")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet_flag(parser)
     return parser
 
 
@@ -68,8 +68,12 @@ def verdict(choice: Choice, alpha: float, min_gain: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(build_parser().parse_args, adapt, argv)
+
+
+def adapt(args: argparse.Namespace) -> int:
+    """Rescore the candidates of the labelled queries with every strategy and keep or replace the baseline."""
     from pyserini_aligner.adapt.inputs import labelled_topics
     from pyserini_aligner.alignment import parse_strategy
     from pyserini_aligner.data import load_topics, read_qrels
@@ -77,24 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     from pyserini_aligner.resolve import model_for_index
     from pyserini_aligner.search.searcher import AlignerSearcher
 
-    try:
-        qrels = read_qrels(args.qrels)
-        topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
-        strategies = [str(parse_strategy(s)) for s in args.strategies]
-        manifest = read_manifest(args.index)
-        model = model_for_index(args.encoder, manifest, args.index)
-        baseline = str(parse_strategy(manifest.default_strategy))  # the strategy the index uses now
-        searcher = AlignerSearcher(args.index, encoder=model, strategy=baseline)
-        strategies = list(dict.fromkeys([baseline, *strategies]))
-        qids = list(topics)
-        found = searcher.batch_search([topics[q] for q in qids], qids, k=args.candidates, threads=args.threads)
-        candidates = {q: [hit.docid for hit in found[q]] for q in qids}
-        runs = rescore(searcher.store, searcher.model, topics, candidates, strategies, progress=not args.quiet)
-        choice = choose_strategy(strategy_table(qrels, runs), qids, baseline, args.alpha, args.min_gain,
-                                 args.permutations, args.seed)
-    except (OSError, ValueError) as error:  # DataError, IndexFormatError and bad strategies are ValueErrors
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    qrels = read_qrels(args.qrels)
+    topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
+    manifest = read_manifest(args.index)
+    model = model_for_index(args.encoder, manifest, args.index)
+    baseline = str(parse_strategy(manifest.default_strategy))  # the strategy the index uses now
+    searcher = AlignerSearcher(args.index, encoder=model, strategy=baseline)
+    strategies = list(dict.fromkeys([baseline, *(str(parse_strategy(s)) for s in args.strategies)]))
+    qids = list(topics)
+    found = searcher.batch_search([topics[q] for q in qids], qids, k=args.candidates, threads=args.threads)
+    candidates = {q: [hit.docid for hit in found[q]] for q in qids}
+    runs = rescore(searcher.store, searcher.model, topics, candidates, strategies, progress=not args.quiet)
+    choice = choose_strategy(strategy_table(qrels, runs), qids, baseline, args.alpha, args.min_gain,
+                             args.permutations, args.seed)
     print(format_table(choice))
     print(verdict(choice, args.alpha, args.min_gain))
     if not any(value > 0 for value in choice.means.values()):

@@ -10,10 +10,10 @@ token states), salience heads W=0, b=1 (every real token equally salient) and us
 from __future__ import annotations
 
 import argparse
-import logging
+import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter
+from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, run_main
 from pyserini_aligner.model import AlignerConfig, AlignerModel
 
 SEED = 0
@@ -48,14 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", type=Path, required=True,
                         help="checkpoint folder to write (not the shipped checkpoints/aligner, which is trained)")
+    add_quiet_flag(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(build_parser().parse_args, run, argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Write the checkpoint at --output and name its fingerprint."""
     print(f"wrote {args.output} (fingerprint {make_default(args.output)})")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

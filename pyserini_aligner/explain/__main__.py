@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter, positive_int, strategy
+from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, positive_int, run_main, strategy
 from pyserini_aligner.explain import explain, render_html, render_png
 
 
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-query", type=positive_int, default=8, help="most salient query tokens whose alignments are shown")
     parser.add_argument("--output", default="explain.html", help="HTML page to write")
     parser.add_argument("--png", default=None, help="also write a PNG heat map (needs matplotlib)")
+    add_quiet_flag(parser)
     return parser
 
 
@@ -39,24 +40,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(parse_args, run, argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Explain the documents and write the page (and the PNG)."""
     logging.getLogger("pyserini_aligner.model").setLevel(logging.ERROR)  # the page marks truncated documents
-    try:
-        explanations = explain(args.index, args.query, docids=args.docid, hits=args.hits, strategy=args.strategy,
-                               corpus=args.corpus, encoder=args.encoder)
-        if not explanations:
-            sys.exit(f"error: the search returned no documents for {args.query!r}")
-        details = {"index": args.index, "corpus": args.corpus or "(from the index manifest)"}
-        page = render_html(explanations, top_query=args.top_query, details=details)
-        Path(args.output).write_text(page, encoding="utf-8")
-        if args.png:
-            render_png(explanations, args.png)
-    except (ValueError, OSError, ImportError) as err:
-        sys.exit(f"error: {err}")
+    explanations = explain(args.index, args.query, docids=args.docid, hits=args.hits, strategy=args.strategy,
+                           corpus=args.corpus, encoder=args.encoder)
+    if not explanations:
+        raise ValueError(f"the search returned no documents for {args.query!r}")
+    details = {"index": args.index, "corpus": args.corpus or "(from the index manifest)"}
+    page = render_html(explanations, top_query=args.top_query, details=details)
+    Path(args.output).write_text(page, encoding="utf-8")
+    if args.png:
+        render_png(explanations, args.png)
     print(f"wrote {args.output}" + (f" and {args.png}" if args.png else ""))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,21 +7,25 @@ import logging
 import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import INTERRUPTED_EXIT, HelpFormatter, device, fraction, positive_int, positive_number
-from pyserini_aligner.index.codec import AUTO, DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M
-from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, build_index,
-                                            derive_index)
+from pyserini_aligner.cli import (HelpFormatter, UsageError, add_quiet_flag, device, fraction, positive_int,
+                                  positive_number, run_main)
+from pyserini_aligner.index.codec import DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M, FP16, AutoCodec
+from pyserini_aligner.index.builder import build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distributed, dist_context
+from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, BuildOptions,
+                                            codec_arg)
 from pyserini_aligner.index.shards import shard_corpus
 from pyserini_aligner.index.store import read_manifest
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
+OFF = "off"  # --prune-redundancy off: prune by salience alone
+
 
 def redundancy_arg(text: str) -> float | str:
     """--prune-redundancy value: "off" or a cosine threshold in (0, 1]."""
-    if text.lower() == "off":
-        return "off"
+    if text.lower() == OFF:
+        return OFF
     try:
         return fraction(text)
     except argparse.ArgumentTypeError:
@@ -75,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "document is indexed only if the distinct tokens leave room; 'off' prunes by "
                              f"salience alone (default {DEFAULT_PRUNE_REDUNDANCY} when building, the source's "
                              "with --from-index)")
-    parser.add_argument("--codec", default=None,
+    parser.add_argument("--codec", type=codec_arg, default=None,
                         help=f"token store: '{DEFAULT_CODEC}' (the default: IVF<nlist>,PQ4,Refine(PQ<R>), nlist and "
                              "the residual bytes R chosen from the corpus size and --max-bytes-per-token), "
                              "IVF<nlist>,PQ<M>[,Refine(PQ<R>)], or fp16 (exact vectors plus a FAISS --index-type index)")
@@ -101,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shard-num", type=int, default=None, help="number of shards (with --shard-id)")
     parser.add_argument("--dist-timeout", type=positive_number, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others before the build fails")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet_flag(parser)
     return parser
 
 
@@ -114,13 +118,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--retrain-codec goes with --compact (it retrains the codec of the compacted index)")
     if args.strict and not args.delete:
         parser.error("--strict goes with --delete (it fails on ids that are not in the index)")
-    codec = args.codec or (DEFAULT_CODEC if not args.from_index else "fp16")
-    if args.max_bytes_per_token is not None and (codec.strip().lower() != AUTO or args.codec_from):
+    chosen = args.codec or (DEFAULT_CODEC if not args.from_index else FP16)
+    if args.max_bytes_per_token is not None and (not isinstance(chosen, AutoCodec) or args.codec_from):
         parser.error("--max-bytes-per-token sizes the residuals of --codec auto; it does nothing with "
-                     f"--codec {codec}{' and --codec-from' if args.codec_from else ''}")
-    if args.max_bytes_per_token is None:
-        args.max_bytes_per_token = DEFAULT_MAX_BYTES_PER_TOKEN
+                     f"--codec {chosen}{' and --codec-from' if args.codec_from else ''}")
     return args
+
+
+def option_flags(args: argparse.Namespace) -> dict:
+    """The BuildOptions fields that the flags set; a flag left out is absent (the default, or the source index's
+    setting with --from-index)."""
+    given = dict(doc_prune=args.doc_prune, codec=args.codec, index_type=args.index_type, codec_from=args.codec_from,
+                 max_bytes_per_token=args.max_bytes_per_token, max_length=args.max_length, max_docs=args.max_docs,
+                 prune_redundancy=args.prune_redundancy)
+    fields = {name: None if value == OFF else value for name, value in given.items() if value is not None}
+    return dict(fields, batch_size=args.batch_size, device=args.device, progress=not args.quiet,
+                overwrite=args.overwrite)
 
 
 def corpus_name(spec: str) -> str:
@@ -156,65 +169,51 @@ def live_update(args: argparse.Namespace) -> None:
           f"generation {manifest.generation}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
-    common = dict(progress=not args.quiet, overwrite=args.overwrite)
-    redundancy = None if args.prune_redundancy == "off" else args.prune_redundancy
-    try:
-        if args.verify:
-            from pyserini_aligner.index.store import StoredIndex
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(parse_args, run, argv)
 
-            StoredIndex(args.index, verify=True)
-            print(f"{args.index}: every file matches its checksum")
-            return
-        if args.add or args.upsert or args.delete or args.compact:
-            live_update(args)
-            return
-        if args.from_index:
-            manifest = derive_index(args.from_index, args.index, doc_prune=args.doc_prune, index_type=args.index_type,
-                                    codec=args.codec or "fp16", device=args.device,
-                                    prune_redundancy="source" if args.prune_redundancy is None else redundancy,
-                                    max_bytes_per_token=args.max_bytes_per_token, **common)
+
+def run(args: argparse.Namespace) -> None:
+    """Build, derive, verify or update the index the flags name. Every write removes what it had written when it
+    fails or is interrupted."""
+    if args.verify:
+        from pyserini_aligner.index.store import StoredIndex
+
+        StoredIndex(args.index, verify=True)
+        print(f"{args.index}: every file matches its checksum")
+        return
+    if args.add or args.upsert or args.delete or args.compact:
+        live_update(args)
+        return
+    if args.from_index:
+        options = BuildOptions.of_index(read_manifest(args.from_index)).replace(**option_flags(args))
+        manifest = derive_index(args.from_index, args.index, options)
+    else:
+        from pyserini_aligner.index.corpus import count_corpus
+
+        options = BuildOptions(corpus_name=corpus_name(args.corpus), **option_flags(args))
+        if dist_context() is not None:  # under torchrun: every rank encodes its slice into one index
+            if args.shard_num is not None:
+                raise UsageError("--shard-id/--shard-num build one shard per process; under torchrun the ranks "
+                                 "split the corpus themselves")
+            manifest = build_distributed(args.corpus, args.index, args.encoder, options, timeout_s=args.dist_timeout)
+            if manifest is None:  # ranks > 0: rank 0 reports
+                return
         else:
-            from pyserini_aligner.index.corpus import count_corpus
-
-            knobs = dict(doc_prune=DEFAULT_DOC_PRUNE if args.doc_prune is None else args.doc_prune,
-                         codec=args.codec or DEFAULT_CODEC, codec_from=args.codec_from,
-                         index_type=args.index_type or DEFAULT_INDEX_TYPE, batch_size=args.batch_size,
-                         device=args.device, max_docs=args.max_docs, corpus_name=corpus_name(args.corpus),
-                         max_length=args.max_length,
-                         prune_redundancy=DEFAULT_PRUNE_REDUNDANCY if args.prune_redundancy is None else redundancy,
-                         max_bytes_per_token=args.max_bytes_per_token, **common)
-            if dist_context() is not None:  # under torchrun: every rank encodes its slice into one index
-                if args.shard_num is not None:
-                    raise ValueError("--shard-id/--shard-num build one shard per process; under torchrun the ranks "
-                                     "split the corpus themselves")
-                manifest = build_distributed(args.corpus, args.index, args.encoder, timeout_s=args.dist_timeout,
-                                             **knobs)
-                if manifest is None:  # ranks > 0: rank 0 reports
-                    return
-            else:
-                corpus, hint = read_corpus(args.corpus), count_corpus(args.corpus)
-                if args.shard_num is not None:
-                    corpus, start, end, total = shard_corpus(args.corpus, args.shard_id, args.shard_num,
-                                                             args.max_docs)
-                    if args.shard_num > total:
-                        raise ValueError(f"--shard-num {args.shard_num} is larger than the corpus ({total} "
-                                         "documents): every shard needs at least one document")
-                    hint, knobs["max_docs"] = end - start, None
-                manifest = build_index(corpus, args.index, args.encoder, num_docs_hint=hint,
-                                       corpus_path=args.corpus if Path(args.corpus).exists() else None, **knobs)
-    except (ValueError, OSError, RuntimeError) as err:
-        sys.exit(f"error: {err}")
-    except KeyboardInterrupt:  # every write removes what it had written
-        print("interrupted", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+            corpus, hint = read_corpus(args.corpus), count_corpus(args.corpus)
+            if args.shard_num is not None:
+                corpus, start, end, total = shard_corpus(args.corpus, args.shard_id, args.shard_num, args.max_docs)
+                if args.shard_num > total:
+                    raise ValueError(f"--shard-num {args.shard_num} is larger than the corpus ({total} documents): "
+                                     "every shard needs at least one document")
+                hint, options = end - start, options.replace(max_docs=None)
+            manifest = build_index(corpus, args.index, args.encoder, options, num_docs_hint=hint,
+                                   corpus_path=args.corpus if Path(args.corpus).exists() else None)
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
               f"{manifest.num_kept} indexed, codec {manifest.codec}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,20 +26,18 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.codec import (AUTO, DEFAULT_MAX_BYTES_PER_TOKEN, SMALL_CORPUS_TOKENS, CodecSpec,
-                                          ResidualCodec, parse_codec, resolve_codec)
+from pyserini_aligner.index.codec import (DEFAULT_MAX_BYTES_PER_TOKEN, SMALL_CORPUS_TOKENS, AutoCodec, CodecSpec,
+                                          ResidualCodec, resolve_codec)
 from pyserini_aligner.index.corpus import Location
+from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE,  # noqa: F401
+                                            BuildOptions, build_options)
 from pyserini_aligner.index.segment import SegmentWriter, write_codec
 from pyserini_aligner.index.store import check_factory_string, faiss_factory_string
 from pyserini_aligner.resolve import load_model
-from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 from pyserini_aligner.textio import is_blank
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INDEX_TYPE = "Flat"
-DEFAULT_CODEC = AUTO
-DEFAULT_DOC_PRUNE = 0.2
 CODEC_POINTS_PER_CENTROID = 32  # k-means sample: this many tokens per coarse centroid (all tokens when fewer)
 BLANK_EXAMPLES = 5  # docids named in the warning about documents skipped for blank text
 _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
@@ -224,13 +222,6 @@ def copy_codec(source: Path, records: dict, folder: Path) -> dict:
     return dict(records)
 
 
-def _check_redundancy(threshold) -> None:
-    """prune_redundancy must be None or a cosine threshold in (0, 1]."""
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                  or not 0.0 < threshold <= 1.0):
-        raise ValueError(f"prune_redundancy must be None or a cosine threshold in (0, 1], got {threshold!r}")
-
-
 def check_target(target: Path, overwrite: bool, corpus_path: str | os.PathLike | None = None) -> None:
     """Refuse a target that would lose a user's data: an existing non-empty folder that is not an index of this
     package (even with ``overwrite``), an index without ``overwrite``, a path under a file, or a folder that holds,
@@ -348,94 +339,83 @@ def check_max_length(model, max_length: int | None) -> None:
                          f"{positions}")
 
 
-def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner", *,
-                doc_prune: float = DEFAULT_DOC_PRUNE, codec: str = DEFAULT_CODEC,
-                index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str | None = None,
-                max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
-                overwrite: bool = False, seed: int = 0, model_name: str | None = None, corpus_name: str = "",
-                corpus_path: str | os.PathLike | None = None, num_docs_hint: int | None = None,
-                max_length: int | None = None, codec_from: str | os.PathLike | None = None,
-                prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY,
-                max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN) -> store.Manifest:
+def check_codec(model, codec: CodecSpec | AutoCodec, index_type: str) -> None:
+    """ValueError, before any document is encoded, for a codec that can't store ``model``'s vectors: PQ codes that
+    don't split them, a FAISS ``index_type`` FAISS can't build (fp16), or a compressed codec for a model that scores
+    with token saliences (which only fp16 stores)."""
+    dim = model.config.dim
+    if isinstance(codec, CodecSpec):
+        codec.check(dim)
+        if not codec.compressed:
+            check_factory_string(dim, index_type)
+            return
+    if model.scores_with_salience:
+        raise ValueError("a compressed codec stores no token saliences, but the model scores with them; use codec fp16")
+
+
+def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner",
+                options: BuildOptions | None = None, *, corpus_path: str | os.PathLike | None = None,
+                num_docs_hint: int | None = None, **changes) -> store.Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
-    AlignerModel. doc_prune: β^d in (0, 1], the fraction of each document's most salient tokens indexed for
-    candidate generation (refinement scores with all tokens). codec: "auto" (IVF<nlist>,PQ4,Refine(PQ<R>) with
-    nlist and R from the corpus size and ``max_bytes_per_token``: :func:`.codec.resolve_codec`),
-    "IVF<nlist>,PQ<M>[,Refine(PQ<R>)]" or "fp16" (exact vectors plus a FAISS ``index_type`` index). codec_from:
-    take the trained codec of that index instead of training one (shards, updates). num_docs_hint: the corpus
-    size when known (progress bar total, and the corpus size for "auto"). max_length: tokens per document (default:
-    the model's doc_maxlen). corpus_path: the corpus file/folder, which the index may never hold or overwrite.
-    prune_redundancy: cosine threshold of redundancy-aware pruning (salience.prune_mask); None: salience alone.
-    max_bytes_per_token: "auto" stores at most this many bytes a token (centroid id and residual code).
+    AlignerModel. options: how to build (:class:`.options.BuildOptions`: β^d, codec, ...; default: its defaults);
+    ``changes``: BuildOptions fields as keyword arguments, applied over ``options``, e.g. ``build_index(docs,
+    "idx", codec="fp16", doc_prune=0.5)``. corpus_path: the corpus file/folder, which the index may never hold or
+    overwrite. num_docs_hint: the corpus size when known (progress bar total, and the corpus size for "auto").
     """
-    from pyserini_aligner.salience import keep_count
-
+    opts = build_options(options, **changes)
     if isinstance(corpus, (str, bytes, os.PathLike)):
         raise TypeError(f"corpus must be (docid, text) items, not a path or a single string ({corpus!r:.60}); read "
                         "a file or folder with pyserini_aligner.index.read_corpus(path)")
-    keep_count(1, doc_prune)  # validates β^d
-    _check_redundancy(prune_redundancy)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_docs is not None and max_docs < 1:
-        raise ValueError(f"max_docs must be >= 1, got {max_docs}")
-    if max_length is not None and max_length < 2:
-        raise ValueError(f"max_length must be >= 2 (room for the special tokens), got {max_length}")
     target = Path(index_dir).absolute()
-    check_target(target, overwrite, corpus_path)
-    model = load_model(encoder, device)
+    check_target(target, opts.overwrite, corpus_path)
+    model = load_model(encoder, opts.device)
     dim = model.config.dim
-    source_codec, *source_files = codec_source(codec_from) if codec_from is not None else (None,)
-    if source_codec is not None:
-        codec = str(source_codec.spec)
-    if codec.strip().lower() != AUTO:
-        spec = parse_codec(codec, dim)
-        if not spec.compressed:
-            check_factory_string(dim, index_type)
-    if codec.strip().lower() != "fp16" and model.scores_with_salience:
-        raise ValueError("a compressed codec stores no token saliences, but the model scores with them; use codec fp16")
-    check_max_length(model, max_length)
-    if max_length is not None and max_length > model.config.doc_maxlen:
-        log.info("max_length %d exceeds the model's doc_maxlen %d", max_length, model.config.doc_maxlen)
-    total = min(x for x in (num_docs_hint, max_docs, _sized(corpus)) if x is not None) \
-        if any(x is not None for x in (num_docs_hint, max_docs, _sized(corpus))) else None
+    source_codec, *source_files = codec_source(opts.codec_from) if opts.codec_from is not None else (None,)
+    codec = source_codec.spec if source_codec is not None else opts.codec
+    check_codec(model, codec, opts.index_type)
+    check_max_length(model, opts.max_length)
+    if opts.max_length is not None and opts.max_length > model.config.doc_maxlen:
+        log.info("max_length %d exceeds the model's doc_maxlen %d", opts.max_length, model.config.doc_maxlen)
+    sizes = [x for x in (num_docs_hint, opts.max_docs, _sized(corpus)) if x is not None]
+    total = min(sizes) if sizes else None
 
     def write(root: Path, generation: int) -> store.Manifest:
         started = time.perf_counter()
         docids = DocidRegistry()
-        bar = tqdm(total=total, unit="doc", desc="index", disable=not progress, smoothing=0.05)
-        stream = encode_chunks(model, checked_items(corpus, max_docs, docids), batch_size, max_length)
+        bar = tqdm(total=total, unit="doc", desc="index", disable=not opts.progress, smoothing=0.05)
+        stream = encode_chunks(model, checked_items(corpus, opts.max_docs, docids), opts.batch_size,
+                               opts.max_length)
         chunks, trained, codec_files, codec_dir, codec_seconds = [], source_codec, {}, None, 0.0
         try:
-            if codec.strip().lower() == "fp16":
-                spec = CodecSpec()
+            if isinstance(codec, CodecSpec) and not codec.compressed:
+                spec = codec
             else:  # buffer the first chunks: the codec is trained on their tokens
-                chunks, spec = sample_for_codec(stream, codec, dim, total, train_size, max_bytes_per_token)
+                chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
                 if trained is None:
                     begin = time.perf_counter()
                     log.info("training codec %s on the first %d documents", spec,
                              sum(len(c.docids) for c in chunks))
-                    trained = train_codec(spec, chunks, train_size, seed)
+                    trained = train_codec(spec, chunks, opts.train_size, opts.seed)
                     codec_seconds = time.perf_counter() - begin
                 codec_dir = store.new_name("codec", generation)
                 codec_files = copy_codec(*source_files, root / codec_dir) if source_files else \
                     write_codec(root / codec_dir, trained)
                 trained = trained.to(model.device)
                 spec = trained.spec
-            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim, doc_prune,
-                                 prune_redundancy, trained, index_type, train_size, seed, progress, bar.update)
+            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim,
+                                 opts.doc_prune, opts.prune_redundancy, trained, opts.index_type, opts.train_size,
+                                 opts.seed, opts.progress, bar.update)
         finally:
             bar.close()
         info.num_empty = docids.blank
         if spec.compressed:
             record_codec_training(info.build_stats, codec_seconds)
         info.build_stats["total_s"] = time.perf_counter() - started
-        return new_manifest(model, encoder, model_name, spec, doc_prune, index_type, prune_redundancy, max_length,
-                            corpus_name, codec_dir, codec_files, [info])
+        return new_manifest(model, encoder, spec, opts, codec_dir, codec_files, [info])
 
-    manifest = write_index(target, overwrite, corpus_path, write)
+    manifest = write_index(target, opts.overwrite, corpus_path, write)
     log.info("indexed %d documents (%d tokens, %d indexed, codec %s) into %s", manifest.num_docs,
              manifest.num_tokens, manifest.num_kept, manifest.codec, target)
     return manifest
@@ -454,7 +434,7 @@ def _chain(first: list, rest: Iterator) -> Iterator:
     yield from rest
 
 
-def sample_for_codec(stream: Iterator[EncodedChunk], codec: str, dim: int, total: int | None,
+def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCodec, dim: int, total: int | None,
                      train_size: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
                      ) -> tuple[list[EncodedChunk], CodecSpec]:
     """Buffer the first chunks of ``stream`` until they hold the codec's training sample; returns them with the
@@ -477,7 +457,7 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: str, dim: int, total
         docs = sum(len(c.docids) for c in chunks)
         tokens = int(round(buffered / max(docs, 1) * max(total, docs))) if total else buffered
         spec = resolve_codec(codec, dim, tokens, max_bytes_per_token)
-        if codec.strip().lower() == AUTO and tokens < SMALL_CORPUS_TOKENS:
+        if isinstance(codec, AutoCodec) and tokens < SMALL_CORPUS_TOKENS:
             log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
                         "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist,
                         tokens * dim * 2 / 1e6)
@@ -508,47 +488,43 @@ def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_pr
     return info
 
 
-def new_manifest(model, encoder, model_name: str | None, spec: CodecSpec, doc_prune: float, index_type: str,
-                 prune_redundancy: float | None, max_length: int | None, corpus_name: str, codec_dir: str | None,
-                 codec_files: dict, segments: list) -> store.Manifest:
+def new_manifest(model, encoder, spec: CodecSpec, options: BuildOptions, codec_dir: str | None, codec_files: dict,
+                 segments: list) -> store.Manifest:
     """The manifest of a freshly built index (generation set by :func:`write_index`)."""
     from pyserini_aligner import __version__
 
     return store.Manifest(
-        model_name=model_name if model_name is not None else model_name_of(encoder),
-        model_fingerprint=model.fingerprint(), dim=model.config.dim, doc_prune=float(doc_prune),
-        index_type=str(spec) if spec.compressed else faiss_factory_string(index_type),
-        default_strategy=model.config.default_strategy, codec=str(spec), prune_redundancy=prune_redundancy,
-        doc_maxlen=max_length, corpus=corpus_name, codec_dir=codec_dir, codec_files=codec_files,
+        model_name=options.model_name if options.model_name is not None else model_name_of(encoder),
+        model_fingerprint=model.fingerprint(), dim=model.config.dim, doc_prune=float(options.doc_prune),
+        index_type=str(spec) if spec.compressed else faiss_factory_string(options.index_type),
+        default_strategy=model.config.default_strategy, codec=str(spec), prune_redundancy=options.prune_redundancy,
+        doc_maxlen=options.max_length, corpus=options.corpus_name, codec_dir=codec_dir, codec_files=codec_files,
         segments=segments, package_version=__version__)
 
 
-def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *, doc_prune: float | None = None,
-                 index_type: str | None = None, progress: bool = True, train_size: int = 100_000,
-                 overwrite: bool = False, seed: int = 0, codec: str = "fp16", device: str | None = None,
-                 prune_redundancy: float | None | str = "source",
-                 max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN) -> store.Manifest:
+def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, options: BuildOptions | None = None,
+                 **changes) -> store.Manifest:
     """A new index from an existing fp16 one without re-encoding: the same stored tokens with another β^d
     (recomputed from the stored saliences and vectors), FAISS factory string and/or codec; returns the new
-    manifest. prune_redundancy: as in :func:`build_index`, or "source" (default) for the source's."""
+    manifest. options: the new index's settings (default: the source's, :meth:`BuildOptions.of_index`: its β^d,
+    FAISS factory string and redundancy threshold, codec fp16); ``changes``: BuildOptions fields as keyword
+    arguments, applied over them (``derive_index(src, dst, doc_prune=0.5)``). The options of encoding (max_length,
+    batch_size, max_docs, codec_from) and of the manifest (model_name, corpus_name: the source's) play no part."""
     source = store.StoredIndex(source_dir)
     old = source.manifest
     if source.codec is not None:
         raise ValueError(f"cannot derive from {source_dir}: its tokens are compressed ({old.codec}); derive from an "
                          "fp16 index (build with --codec fp16)")
-    doc_prune = old.doc_prune if doc_prune is None else doc_prune
-    index_type = old.index_type if index_type is None else index_type
-    redundancy = old.prune_redundancy if prune_redundancy == "source" else prune_redundancy
-    _check_redundancy(redundancy)
-    if not 0.0 < doc_prune <= 1.0:
-        raise ValueError(f"doc_prune must be in (0, 1], got {doc_prune}")
+    opts = build_options(options, BuildOptions.of_index(old), **changes)
     target = Path(index_dir).absolute()
     if target == source.index_dir.absolute():
         raise ValueError(f"derive_index needs a new folder, got the source itself: {target}")
-    spec = resolve_codec(codec, old.dim, old.num_tokens, max_bytes_per_token)
+    spec = resolve_codec(opts.codec, old.dim, old.num_tokens, opts.max_bytes_per_token)
     if not spec.compressed:
-        check_factory_string(old.dim, index_type)
-    dev = torch.device(device or "cpu")
+        check_factory_string(old.dim, opts.index_type)
+    doc_prune, index_type, redundancy = opts.doc_prune, opts.index_type, opts.prune_redundancy
+    train_size, seed, progress = opts.train_size, opts.seed, opts.progress
+    dev = torch.device(opts.device or "cpu")
 
     def chunks_of(rows: np.ndarray, step: int = 256) -> Iterator[EncodedChunk]:
         for start in range(0, len(rows), step):
@@ -591,6 +567,6 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, *,
                                    index_type=str(spec) if spec.compressed else faiss_factory_string(index_type),
                                    prune_redundancy=redundancy)
 
-    manifest = write_index(target, overwrite, None, write)
+    manifest = write_index(target, opts.overwrite, None, write)
     log.info("derived %s (codec %s, doc_prune=%g) from %s", target, manifest.codec, doc_prune, source.index_dir)
     return manifest

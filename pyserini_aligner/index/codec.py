@@ -48,11 +48,37 @@ _SEARCH_ROWS = 1 << 17  # tokens per CentroidSearch call
 @dataclass(frozen=True)
 class CodecSpec:
     """A parsed codec string: nlist = 0 means fp16 (no compression). pq_m: bytes of an inverted-list entry's code;
-    refine_m: bytes of every token's residual code when finer than pq_m (0: the tokens store the pq_m codes)."""
+    refine_m: bytes of every token's residual code when finer than pq_m (0: the tokens store the pq_m codes).
+    ValueError for sizes no codec has; whether PQ<M> and PQ<R> split the vectors is checked by :meth:`check` once
+    their dimension is known."""
 
     nlist: int = 0
     pq_m: int = 0
     refine_m: int = 0
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (self.nlist, self.pq_m, self.refine_m)):
+            raise ValueError(f"codec sizes must be integers, got {self.nlist!r}, {self.pq_m!r}, {self.refine_m!r}")
+        if self.nlist == 0:
+            if self.pq_m or self.refine_m:
+                raise ValueError(f"an fp16 codec (nlist 0) has no PQ codes, got PQ{self.pq_m}")
+            return
+        if not 2 <= self.nlist <= 65536:
+            raise ValueError(f"bad codec {str(self)!r}: nlist must be in [2, 65536] (centroid ids are uint16), got "
+                             f"{self.nlist}")
+        if self.pq_m < 1 or self.refine_m < 0:
+            raise ValueError(f"bad codec {str(self)!r}: PQ<M> needs M >= 1")
+        if self.refine_m and self.refine_m <= self.pq_m:
+            raise ValueError(f"bad codec {str(self)!r}: the refinement code PQ{self.refine_m} must be finer than "
+                             f"PQ{self.pq_m}")
+
+    def check(self, dim: int) -> "CodecSpec":
+        """This spec, once its PQ codes split ``dim``-d vectors into equal sub-vectors (else ValueError)."""
+        for m in (self.pq_m, self.refine_m) if self.refine_m else (self.pq_m,) if self.compressed else ():
+            if dim % m:
+                raise ValueError(f"bad codec {str(self)!r}: PQ{m} must split the {dim}-d vectors into equal "
+                                 "sub-vectors")
+        return self
 
     @property
     def compressed(self) -> bool:
@@ -75,29 +101,50 @@ class CodecSpec:
         return f"IVF{self.nlist},PQ{self.pq_m}{refine}"
 
 
-def parse_codec(spec: str, dim: int | None = None) -> CodecSpec:
-    """Parse "fp16", "IVF<nlist>,PQ<M>" or "IVF<nlist>,PQ<M>,Refine(PQ<R>)" (2 <= nlist <= 65536, M and R divide
-    ``dim``, R > M); ValueError naming the problem ("auto" is resolved by :func:`resolve_codec` once the corpus size
-    is known)."""
+@dataclass(frozen=True)
+class AutoCodec:
+    """The codec "auto": IVF<nlist>,PQ<DEFAULT_PQ_M>,Refine(PQ<R>) with nlist and R chosen from the corpus size
+    when an index is built (:func:`resolve_codec`)."""
+
+    def __str__(self) -> str:
+        return AUTO
+
+
+AUTO_CODEC = AutoCodec()
+_FORMS = ("expected 'auto', 'fp16', 'IVF<nlist>,PQ<M>' or 'IVF<nlist>,PQ<M>,Refine(PQ<R>)' (e.g. IVF4096,PQ16 or "
+          "IVF4096,PQ4,Refine(PQ32))")
+
+
+def codec_choice(spec: "str | CodecSpec | AutoCodec") -> "CodecSpec | AutoCodec":
+    """The typed codec of "auto", "fp16", "IVF<nlist>,PQ<M>" or "IVF<nlist>,PQ<M>,Refine(PQ<R>)" (2 <= nlist <=
+    65536, R > M; a CodecSpec or AutoCodec is returned as it is); ValueError naming the problem. Whether the PQ
+    codes split the vectors is checked once their dimension is known (:meth:`CodecSpec.check`)."""
+    if isinstance(spec, (CodecSpec, AutoCodec)):
+        return spec
     if not isinstance(spec, str):
-        raise TypeError(f"codec must be a string, got {type(spec).__name__}")
-    if spec.strip().lower() == AUTO:
-        raise ValueError("codec 'auto' is resolved from the corpus size when an index is built")
-    if spec.strip().lower() == FP16:
+        raise TypeError(f"codec must be a string, CodecSpec or AutoCodec, got {type(spec).__name__}")
+    text = spec.strip()
+    if text.lower() == AUTO:
+        return AUTO_CODEC
+    if text.lower() == FP16:
         return CodecSpec()
-    match = _SPEC.fullmatch(spec.strip())
+    match = _SPEC.fullmatch(text)
     if not match:
-        raise ValueError(f"bad codec {spec!r}: expected 'auto', 'fp16', 'IVF<nlist>,PQ<M>' or "
-                         "'IVF<nlist>,PQ<M>,Refine(PQ<R>)' (e.g. IVF4096,PQ16 or IVF4096,PQ4,Refine(PQ32))")
-    nlist, pq_m, refine_m = int(match[1]), int(match[2]), int(match[3] or 0)
-    if not 2 <= nlist <= 65536:
-        raise ValueError(f"bad codec {spec!r}: nlist must be in [2, 65536] (centroid ids are uint16), got {nlist}")
-    for m in (pq_m, refine_m) if refine_m else (pq_m,):
-        if m < 1 or (dim is not None and dim % m):
-            raise ValueError(f"bad codec {spec!r}: PQ{m} must split the {dim}-d vectors into equal sub-vectors")
-    if refine_m and refine_m <= pq_m:
-        raise ValueError(f"bad codec {spec!r}: the refinement code PQ{refine_m} must be finer than PQ{pq_m}")
-    return CodecSpec(nlist, pq_m, refine_m)
+        raise ValueError(f"bad codec {spec!r}: {_FORMS}")
+    try:
+        return CodecSpec(int(match[1]), int(match[2]), int(match[3] or 0))
+    except ValueError as error:  # name the string as given
+        raise ValueError(str(error).replace(repr(text), repr(spec), 1)) from None
+
+
+def parse_codec(spec: "str | CodecSpec", dim: int | None = None) -> CodecSpec:
+    """Parse "fp16", "IVF<nlist>,PQ<M>" or "IVF<nlist>,PQ<M>,Refine(PQ<R>)" (see :func:`codec_choice`; M and R
+    divide ``dim`` when given); ValueError naming the problem ("auto" is resolved by :func:`resolve_codec` once the
+    corpus size is known)."""
+    choice = codec_choice(spec)
+    if isinstance(choice, AutoCodec):
+        raise ValueError("codec 'auto' is resolved from the corpus size when an index is built")
+    return choice if dim is None else choice.check(dim)
 
 
 def choose_nlist(num_tokens: int) -> int:
@@ -131,16 +178,17 @@ def choose_refine_m(dim: int, num_tokens: int, max_bytes_per_token: int = DEFAUL
     return best
 
 
-def resolve_codec(spec: str, dim: int, num_tokens: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN,
+def resolve_codec(spec: "str | CodecSpec | AutoCodec", dim: int, num_tokens: int,
+                  max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN,
                   max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> CodecSpec:
-    """Parse ``spec``; "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>,Refine(PQ<R>) with R from
-    :func:`choose_refine_m` (plain IVF<nlist>,PQ<DEFAULT_PQ_M> where R is no finer)."""
-    if isinstance(spec, str) and spec.strip().lower() == AUTO:
+    """The codec of ``spec`` for ``dim``-d vectors: "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>,
+    Refine(PQ<R>) with R from :func:`choose_refine_m` (plain IVF<nlist>,PQ<DEFAULT_PQ_M> where R is no finer)."""
+    choice = codec_choice(spec)
+    if isinstance(choice, AutoCodec):
         refine = choose_refine_m(dim, num_tokens, max_bytes_per_token, max_code_bytes)
         pq_m = min(DEFAULT_PQ_M, dim)
-        tail = f",Refine(PQ{refine})" if refine > pq_m else ""
-        return parse_codec(f"IVF{choose_nlist(num_tokens)},PQ{pq_m}{tail}", dim)
-    return parse_codec(spec, dim)
+        choice = CodecSpec(choose_nlist(num_tokens), pq_m, refine if refine > pq_m else 0)
+    return choice.check(dim)
 
 
 def nearest(x: Tensor, centroids: Tensor, metric: str = "ip") -> Tensor:
@@ -389,7 +437,7 @@ class ResidualCodec:
         if not spec.compressed:
             raise ValueError("fp16 has nothing to train")
         dim = sample.shape[1]
-        parse_codec(str(spec), dim)
+        spec.check(dim)
         if restricted_search(spec.nlist, sample.device):
             centroids = two_level_kmeans(sample, spec.nlist, iters, seed)
         else:

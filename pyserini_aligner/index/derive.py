@@ -21,5 +21,8 @@ def derive_pruned_index(src_dir: str | os.PathLike, dst_dir: str | os.PathLike, 
         raise ValueError(f"doc_prune must be in (0, 1], got {doc_prune!r}")
     if not (Path(src_dir) / store.MANIFEST).is_file():
         raise FileNotFoundError(f"source index not found: {Path(src_dir) / store.MANIFEST} is missing")
-    return derive_index(src_dir, dst_dir, doc_prune=float(doc_prune), index_type=index_type, progress=progress,
-                        overwrite=overwrite, prune_redundancy=prune_redundancy)
+    changes = {} if index_type is None else {"index_type": index_type}
+    if prune_redundancy != "source":
+        changes["prune_redundancy"] = prune_redundancy
+    return derive_index(src_dir, dst_dir, doc_prune=float(doc_prune), progress=progress, overwrite=overwrite,
+                        **changes)

@@ -30,16 +30,15 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.dist import DEFAULT_TIMEOUT_S, Collectives, DistContext, dist_context, lost_rank_message
 from pyserini_aligner.index import store
-from pyserini_aligner.index.builder import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, DocidRegistry,
-                                            check_max_length, checked_items, codec_source, copy_codec, encode_chunks,
+from pyserini_aligner.index.builder import (DocidRegistry, check_codec, check_max_length, checked_items,
+                                            codec_source, copy_codec, encode_chunks,
                                             new_manifest, record_codec_training, sample_for_codec, train_codec,
                                             write_index, write_segment)
-from pyserini_aligner.index.codec import DEFAULT_MAX_BYTES_PER_TOKEN, CodecSpec, parse_codec
+from pyserini_aligner.index.codec import CodecSpec
+from pyserini_aligner.index.options import BuildOptions, build_options
 from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
-from pyserini_aligner.index.store import check_factory_string
 from pyserini_aligner.resolve import load_model
-from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 log = logging.getLogger(__name__)
 
@@ -127,27 +126,22 @@ def _device_for(device: str, ctx: DistContext) -> str:
     return "cpu"
 
 
-def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligner", *,
-                      doc_prune: float = DEFAULT_DOC_PRUNE, codec: str = DEFAULT_CODEC,
-                      index_type: str = DEFAULT_INDEX_TYPE, batch_size: int = 32, device: str = "cpu",
-                      max_docs: int | None = None, progress: bool = True, train_size: int = 100_000,
-                      overwrite: bool = False, seed: int = 0, model_name: str | None = None,
-                      corpus_name: str = "", max_length: int | None = None,
-                      codec_from: str | os.PathLike | None = None,
-                      prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY,
-                      timeout_s: float = DEFAULT_TIMEOUT_S,
-                      max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN) -> store.Manifest | None:
+def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligner",
+                      options: BuildOptions | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                      **changes) -> store.Manifest | None:
     """Build one index of ``corpus`` (a JsonCollection path or an ir_datasets id) with every rank of the torchrun
     job this process belongs to; all ranks call it with the same arguments. Returns the manifest on rank 0, None on
-    the others; raises (on every rank) when any rank fails. Knobs as :func:`.builder.build_index`; device "cuda"
-    means cuda:LOCAL_RANK. The process group (NCCL + Gloo on CUDA, Gloo on the CPU) is created with a
+    the others; raises (on every rank) when any rank fails. ``options`` and ``changes`` as in
+    :func:`.builder.build_index`; device "cuda" means cuda:LOCAL_RANK. The process group (NCCL + Gloo on CUDA, Gloo on the CPU) is created with a
     ``timeout_s`` timeout unless one exists already."""
     ctx = dist_context()
     if ctx is None:
         raise RuntimeError("build_distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
     if timeout_s <= 0:
         raise ValueError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
-    dev = _device_for(device, ctx)
+    opts = build_options(options, **changes)
+    dev = _device_for(opts.device or "cpu", ctx)
+    opts = opts.replace(device=dev)
     # torchrun sets OMP_NUM_THREADS=1; tokenising, pruning and writing want this rank's share of the cores
     local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
@@ -165,14 +159,9 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
         except RuntimeError as err:  # a rank died between joining the group and this first exchange
             raise RuntimeError(f"rank {ctx.rank} lost contact with another rank at start-up: "
                                f"{lost_rank_message(err)}") from None
-        knobs = dict(doc_prune=doc_prune, codec=codec, index_type=index_type, batch_size=batch_size, device=dev,
-                     max_docs=max_docs, progress=progress, train_size=train_size, seed=seed,
-                     max_length=max_length, prune_redundancy=prune_redundancy,
-                     max_bytes_per_token=max_bytes_per_token)
         if ctx.rank == 0:
-            return _lead(job, corpus, Path(index_dir).absolute(), encoder, overwrite, model_name, corpus_name,
-                         codec_from, timeout_s, **knobs)
-        _follow(job, corpus, encoder, codec_from, **knobs)
+            return _lead(job, corpus, Path(index_dir).absolute(), encoder, opts, timeout_s)
+        _follow(job, corpus, encoder, opts)
         return None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -187,10 +176,7 @@ def _slice(corpus: str, rank: int, world: int, max_docs: int | None, total: int 
     return items, start, end, total
 
 
-def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_name: str | None,
-          corpus_name: str, codec_from, timeout_s: float, *, doc_prune, codec, index_type, batch_size, device,
-          max_docs, progress, train_size, seed, max_length, prune_redundancy,
-          max_bytes_per_token) -> store.Manifest:
+def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, timeout_s: float) -> store.Manifest:
     """Rank 0: train and broadcast the codec, encode slice 0, wait for the others, check docids, commit."""
     world = job.ctx.world_size
     stage = {"announced": False, "gathered": False}
@@ -202,27 +188,22 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
     def write(root: Path, generation: int) -> store.Manifest:
         started = time.perf_counter()
         job.root = root
-        model = load_model(encoder, device)
-        check_max_length(model, max_length)
+        model = load_model(encoder, opts.device)
+        check_max_length(model, opts.max_length)
         dim = model.config.dim
-        source = codec_source(codec_from) if codec_from is not None else None
-        spec_text = str(source[0].spec) if source else codec
-        if spec_text.strip().lower() not in ("auto", "fp16"):
-            parse_codec(spec_text, dim)
-        if spec_text.strip().lower() == "fp16":
-            check_factory_string(dim, index_type)
-        elif model.scores_with_salience:
-            raise ValueError("a compressed codec stores no token saliences, but the model scores with them; use "
-                             "codec fp16")
-        items, start, end, total = _slice(corpus, 0, world, max_docs)
-        bar = tqdm(total=total, unit="doc", desc=f"index ({world} ranks)", disable=not progress, smoothing=0.05)
+        source = codec_source(opts.codec_from) if opts.codec_from is not None else None
+        codec = source[0].spec if source else opts.codec
+        check_codec(model, codec, opts.index_type)
+        items, start, end, total = _slice(corpus, 0, world, opts.max_docs)
+        bar = tqdm(total=total, unit="doc", desc=f"index ({world} ranks)", disable=not opts.progress,
+                   smoothing=0.05)
         try:
             registry = DocidRegistry()
-            stream = encode_chunks(model, checked_items(items, None, registry), batch_size, max_length)
+            stream = encode_chunks(model, checked_items(items, None, registry), opts.batch_size, opts.max_length)
             chunks, trained, codec_dir, codec_files, codec_seconds = [], None, None, {}, 0.0
             spec = CodecSpec()
-            if spec_text.strip().lower() != "fp16":
-                chunks, spec = sample_for_codec(stream, spec_text, dim, total, train_size, max_bytes_per_token)
+            if not (isinstance(codec, CodecSpec) and not codec.compressed):
+                chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
                 codec_dir = store.new_name("codec", generation)
                 if source:
                     trained = source[0]
@@ -230,7 +211,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
                 else:
                     begin = time.perf_counter()
                     log.info("training codec %s on the first %d documents", spec, sum(len(c.docids) for c in chunks))
-                    trained = train_codec(spec, chunks, train_size, seed)
+                    trained = train_codec(spec, chunks, opts.train_size, opts.seed)
                     codec_seconds = time.perf_counter() - begin
                     codec_files = write_codec(root / codec_dir, trained)
                 spec = trained.spec
@@ -242,9 +223,10 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
                 own[0] += count
                 bar.update(own[0] + job.progress() - bar.n)
 
-            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim, doc_prune,
-                                 prune_redundancy, None if trained is None else trained.to(model.device),
-                                 index_type, train_size, seed, progress=False, on_chunk=advance)
+            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim,
+                                 opts.doc_prune, opts.prune_redundancy,
+                                 None if trained is None else trained.to(model.device), opts.index_type,
+                                 opts.train_size, opts.seed, progress=False, on_chunk=advance)
             record_codec_training(info.build_stats, codec_seconds)
             info.num_empty = registry.blank
             info.build_stats["total_s"] = time.perf_counter() - started
@@ -265,11 +247,10 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, overwrite: bool, model_
                              for r, i in enumerate(infos)])
         for rank in range(world):
             job.status(rank).path.unlink(missing_ok=True)
-        return new_manifest(model, encoder, model_name, spec, doc_prune, index_type, prune_redundancy, max_length,
-                            corpus_name, codec_dir, codec_files, infos)
+        return new_manifest(model, encoder, spec, opts, codec_dir, codec_files, infos)
 
     try:
-        manifest = write_index(target, overwrite, corpus if Path(corpus).exists() else None, write)
+        manifest = write_index(target, opts.overwrite, corpus if Path(corpus).exists() else None, write)
     except BaseException as err:
         if not stage["announced"] or stage["gathered"]:  # the other ranks wait in a broadcast: tell them
             try:
@@ -325,12 +306,11 @@ def _named(job: _Job, err: BaseException) -> BaseException:
     return err
 
 
-def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, index_type, batch_size, device,
-            max_docs, progress, train_size, seed, max_length, prune_redundancy, max_bytes_per_token) -> None:
+def _follow(job: _Job, corpus: str, encoder, opts: BuildOptions) -> None:
     """Rank r > 0: encode slice r into a segment of rank 0's build folder; report its SegmentInfo."""
     rank, world = job.ctx.rank, job.ctx.world_size
     try:
-        model = load_model(encoder, device)
+        model = load_model(encoder, opts.device)
         error = None
     except Exception as err:  # reported to rank 0 once the build folder exists
         model, error = None, err
@@ -347,9 +327,9 @@ def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, in
         if error is not None:
             raise error
         status.write(state="running", done=0)
-        items, start, end, _ = _slice(corpus, rank, world, max_docs, header["total"])
+        items, start, end, _ = _slice(corpus, rank, world, opts.max_docs, header["total"])
         registry = DocidRegistry()
-        stream = encode_chunks(model, checked_items(items, None, registry), batch_size, max_length)
+        stream = encode_chunks(model, checked_items(items, None, registry), opts.batch_size, opts.max_length)
         trained = header["codec"].to(model.device) if header["codec"] is not None else None
         done = [0]
 
@@ -358,8 +338,8 @@ def _follow(job: _Job, corpus: str, encoder, codec_from, *, doc_prune, codec, in
             status.write(state="running", done=done[0])
 
         info = write_segment(job.root / store.new_name("seg", header["generation"]), stream, model.config.dim,
-                             doc_prune, prune_redundancy, trained, index_type, train_size, seed, progress=False,
-                             on_chunk=advance)
+                             opts.doc_prune, opts.prune_redundancy, trained, opts.index_type, opts.train_size,
+                             opts.seed, progress=False, on_chunk=advance)
         info.num_empty = registry.blank
         status.write(state="done", done=done[0])
         outcome = (True, asdict(info))

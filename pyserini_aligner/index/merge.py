@@ -6,10 +6,9 @@ re-encoding: segment files are hard-linked (copied where the file system refuses
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
-from pyserini_aligner.cli import HelpFormatter
+from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, run_main
 from pyserini_aligner.index.shards import merge_indexes
 
 
@@ -20,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--index", required=True, help="the merged index folder to write")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index of this package (never any other folder)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_flag(parser)
     return parser
 
 
@@ -28,18 +27,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pyserini_aligner").setLevel(logging.WARNING if args.quiet else logging.INFO)
-    try:
-        manifest = merge_indexes(args.inputs, args.index, overwrite=args.overwrite, progress=not args.quiet)
-    except (ValueError, OSError, RuntimeError) as err:
-        sys.exit(f"error: {err}")
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(parse_args, merge, argv)
+
+
+def merge(args: argparse.Namespace) -> None:
+    """Merge the --inputs into --index."""
+    manifest = merge_indexes(args.inputs, args.index, overwrite=args.overwrite, progress=not args.quiet)
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents in {len(manifest.segments)} segments, "
               f"codec {manifest.codec}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

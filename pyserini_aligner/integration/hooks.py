@@ -9,6 +9,7 @@ from pathlib import Path
 from types import CodeType, ModuleType
 
 from pyserini_aligner.checkpoints import SHIPPED
+from pyserini_aligner.cli import ERROR_EXIT, INTERRUPTED_EXIT, USAGE_EXIT, UsageError, flag_value, one_line
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "pyserini-aligner"
@@ -182,11 +183,6 @@ def _asks_help() -> bool:
     return any(arg in ("-h", "--help") for arg in sys.argv[1:])
 
 
-class UsageError(ValueError):
-    """A flag value of Pyserini's command line that can't work with an AligneR index or encoder (exit status 2, as
-    argparse's errors)."""
-
-
 def command_sections(argv: list[str], names: tuple[str, ...]) -> dict[str, list[str]]:
     """``argv`` of a Pyserini command line with sub-commands (``hybrid``: dense, sparse, fusion, run) split as
     Pyserini splits it: each sub-command's arguments under its name, those before the first under ""."""
@@ -219,8 +215,6 @@ def check_search_flags(name: str, argv: list[str]) -> dict[str, int]:
     a folder nor a model in the local Hugging Face cache (Pyserini would retry the hub for a minute); a sparse
     --index of ``hybrid`` that is an AligneR index or a folder that holds no Lucene index; a --max-length below 3.
     """
-    from pyserini_aligner.cli import flag_value
-
     hybrid = name == "pyserini.search.hybrid.__main__"
     sections = command_sections(argv, ("dense", "sparse", "fusion", "run")) if hybrid else {"dense": argv}
     dense, sparse = sections.get("dense", []), sections.get("sparse", [])
@@ -297,15 +291,13 @@ def refuse_pyserini_encode() -> None:
     """``python -m pyserini.encode ... --encoder aligner``: Pyserini's encoder writes one vector per document, which
     an AligneR model does not give; one line naming the command that builds an AligneR index, exit status 2,
     nothing written."""
-    from pyserini_aligner.cli import flag_value
-
     argv = sys.argv[1:]
     encoder = next(e for e in _argv_encoders() if e in SHIPPED or is_aligner_checkpoint(e))
     corpus, target = flag_value(argv, "--corpus") or "<corpus>", flag_value(argv, "--embeddings") or "<index>"
     print(f"error: pyserini.encode writes one vector per document, but the {encoder} encoder gives one per token; "
           f"build an AligneR index with python -m pyserini_aligner.index --corpus {corpus} --index {target} "
           f"--encoder {encoder}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(USAGE_EXIT)
 
 
 def run_plugin_search() -> None:
@@ -332,7 +324,7 @@ def forward_to_lucene() -> None:
         status = child.wait()
     except KeyboardInterrupt:
         child.wait()
-        status = 130
+        status = INTERRUPTED_EXIT
     sys.exit(status if status >= 0 else 128 - status)
 
 
@@ -388,13 +380,12 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
     """
     import pyserini.output_writer
 
-    from pyserini_aligner.cli import INTERRUPTED_EXIT, flag_value
     from pyserini_aligner.textio import check_output_path, discard_output
     from pyserini_aligner.topics import TSV_SUFFIXES, check_tsv_qids
 
     output = flag_value(sys.argv[1:], "--output")
     topics = flag_value(sys.argv[1:], "--topics")
-    status: int | str | None = 1
+    status: int | str | None = ERROR_EXIT
     try:
         if output:
             check_output_path(output)
@@ -418,10 +409,10 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
         status = INTERRUPTED_EXIT
         print("interrupted", file=sys.stderr)
     except UsageError as error:
-        status = 2
-        print(f"error: {error}", file=sys.stderr)
+        status = USAGE_EXIT
+        print(f"error: {one_line(error)}", file=sys.stderr)
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {one_line(error)}", file=sys.stderr)
     finally:
         _SEARCHER_KNOBS.clear()  # this command's only
         if status not in (0, None) and discard_output(output):
@@ -460,7 +451,7 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
             if not running_a_command():
                 raise
             print(f"error: {error}", file=sys.stderr)
-            sys.exit(2 if isinstance(error, ValueError) else 1)
+            sys.exit(USAGE_EXIT if isinstance(error, ValueError) else ERROR_EXIT)
     if name == "pyserini.encode._openai":
         with _openai_key_placeholder():
             inner.exec_module(module)

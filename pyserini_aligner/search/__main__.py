@@ -13,8 +13,9 @@ import sys
 from tqdm import tqdm
 
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
-from pyserini_aligner.cli import HelpFormatter, device, flag_value, fraction, positive_int, run_main, strategy
-from pyserini_aligner.textio import check_output_path, discard_output
+from pyserini_aligner.cli import (HelpFormatter, UsageError, add_quiet_flag, device, flag_value, fraction,
+                                  positive_int, run_main, strategy)
+from pyserini_aligner.textio import OutputPathError, check_output_path, discard_output
 from pyserini_aligner.data import load_topics
 from pyserini_aligner.hits import drop_query_hits
 from pyserini_aligner.trec import OUTPUT_FORMATS, write_run
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--distributed", action="store_true",
                         help="under torchrun: every rank searches its share of the index's segments (torch backend, "
                              "compressed index; --device cuda means cuda:LOCAL_RANK); rank 0 writes the run")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_flag(parser)
     return parser
 
 
@@ -144,15 +145,12 @@ def run_distributed(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a search; returns the exit status. A failed search leaves no run under --output: a run there from an
-    earlier command is removed, so that it can't be taken for this one's."""
+    """Run a search; returns the exit status (:func:`pyserini_aligner.cli.run_main`). A failed search leaves no run
+    under --output: a run there from an earlier command is removed, so that it can't be taken for this one's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     status = 1
     try:
-        status = run_main(_search, argv)
-    except SystemExit as stop:  # argparse: bad flag value, --help
-        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        raise
+        status = run_main(build_parser().parse_args, search, argv)
     finally:
         output = flag_value(argv, "--output")
         if status != 0 and discard_output(output):
@@ -160,35 +158,32 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _search(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("faiss").setLevel(logging.WARNING)
+def search(args: argparse.Namespace) -> int | None:
+    """Search the --topics and write the run (--distributed: with the other ranks of a torchrun job)."""
     if args.distributed:
         return run_distributed(args)
     from pyserini_aligner.search.searcher import AlignerSearcher
 
     try:
         check_output_path(args.output)
-        topics = load_topics(args.topics)
-        searcher = AlignerSearcher(args.index, device=args.device, backend=args.backend, **searcher_knobs(args))
-        qids = list(topics)
-        extra = 1 if args.remove_query else 0
-        hits = {}
-        with tqdm(total=len(qids), unit="query", disable=args.quiet) as bar:
-            for start in range(0, len(qids), args.batch_size):
-                batch = qids[start:start + args.batch_size]
-                ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
-                hits.update(zip(batch, ranked))  # plain (docid, score) lists: Pyserini (and its JVM) stay unloaded
-                bar.update(len(batch))
-        if args.remove_query:
-            hits = drop_query_hits(hits, args.hits)
-        write_hits(hits, args)
-    except (OSError, ValueError) as error:  # IndexFormatError, DataError and bad knobs are ValueErrors
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
+    topics = load_topics(args.topics)
+    searcher = AlignerSearcher(args.index, device=args.device, backend=args.backend, **searcher_knobs(args))
+    qids = list(topics)
+    extra = 1 if args.remove_query else 0
+    hits = {}
+    with tqdm(total=len(qids), unit="query", disable=args.quiet) as bar:
+        for start in range(0, len(qids), args.batch_size):
+            batch = qids[start:start + args.batch_size]
+            ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
+            hits.update(zip(batch, ranked))  # plain (docid, score) lists: Pyserini (and its JVM) stay unloaded
+            bar.update(len(batch))
+    if args.remove_query:
+        hits = drop_query_hits(hits, args.hits)
+    write_hits(hits, args)
     log.info("wrote %d queries to %s", len(hits), args.output)
-    return 0
+    return None
 
 
 if __name__ == "__main__":

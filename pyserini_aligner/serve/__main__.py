@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pyserini_aligner.cli import HelpFormatter, non_negative, positive_int, run_main
+from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, device, non_negative, positive_int, run_main
 from pyserini_aligner.serve.config import (DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUERY_CHARS,
                                            DEFAULT_RELOAD_S, ConfigError, ServeConfig, configure, parse_pair)
 
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "document texts")
     parser.add_argument("--qrels", action="append", default=[], metavar="NAME=QRELS",
                         help="judgements (TREC or BEIR qrels file, BEIR folder, ir_datasets id) for eval_hits on NAME")
-    parser.add_argument("--device", default="cpu", help="where queries are encoded and searched: cpu or cuda[:N]")
+    parser.add_argument("--device", type=device, default="cpu", help="where queries are encoded and searched: cpu or cuda[:N]")
     parser.add_argument("--batch-wait-ms", type=non_negative, default=DEFAULT_BATCH_WAIT_MS, metavar="MS",
                         help="how long a batch waits for more concurrent queries after its first one")
     parser.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=positive_int, default=None,
                         help="port to listen on (default: 8081 for --rest, 8000 for --mcp, as Pyserini's)")
+    add_quiet_flag(parser)
     return parser
 
 
@@ -96,18 +97,29 @@ def serve_mcp(transport: str, host: str, port: int, concurrency: int) -> None:
     anyio.run(serve)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, with the checked :class:`ServeConfig` as ``config``; argparse errors for what can't be served."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.transport != "stdio" and not args.mcp:
         parser.error("--transport goes with --mcp")
-    configure(parse_config(parser, args))
+    args.config = parse_config(parser, args)
+    return args
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Register the indexes with Pyserini's server and serve them until stopped."""
+    configure(args.config)
     if args.rest:
         serve_rest(args.host, args.port or 8081, args.concurrency)
     else:
         serve_mcp(args.transport, args.host, args.port or 8000, args.concurrency)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(parse_args, serve, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(main())

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shutil
+import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter
+from pyserini_aligner.cli import HelpFormatter, UsageError, add_quiet_flag, device, run_main
 from pyserini_aligner.train.config import init_model_fields, load_config
 from pyserini_aligner.train.loop import Trainer
 
@@ -61,16 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--init", default="aligner", help="with --unsupervised: starting checkpoint, a shipped name "
                              "(aligner, aligner-mix) or a folder (default aligner)")
     parser.add_argument("--threads", type=int, default=2, help="BM25 threads when preparing --corpus")
-    parser.add_argument("--device", help="cuda | cpu (default: cuda when available)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    parser.add_argument("--device", type=device, help="cpu or cuda[:N] (default: cuda when available)")
+    add_quiet_flag(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags; argparse errors for flags that don't go together or an --output that can't take the run."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.unsupervised:
         if bool(args.corpus) == bool(args.bundle):
             parser.error("--unsupervised needs exactly one of --corpus and --bundle")
@@ -78,36 +77,46 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--unsupervised needs --output (the checkpoint folder to write)")
         output = Path(args.output)
         if output.exists() and not output.is_dir():
-            parser.exit(2, f"error: --output {output} exists and is not a folder\n")
+            parser.error(f"--output {output} exists and is not a folder")
         if not args.resume and output.is_dir() and any(output.iterdir()):
-            parser.exit(2, f"error: --output {output} is not empty (choose a new folder, or --resume)\n")
-        work = output / "train"
-        config_path = args.config or UNSUPERVISED_CONFIG
+            parser.error(f"--output {output} is not empty (choose a new folder, or --resume)")
     elif args.corpus or args.bundle:
         parser.error("--corpus and --bundle go with --unsupervised")
     elif not args.config:
         parser.error("--config is required (or --unsupervised)")
-    try:
-        overrides = args.set
-        if args.unsupervised:
-            bundle = Path(args.bundle) if args.bundle else work / "bundle.json.gz"
-            if args.corpus and not (args.resume and bundle.is_file()):
-                from pyserini_aligner.train.prepare import prepare_corpus
+    return args
 
-                try:
-                    prepare_corpus(args.corpus, work, work / "lucene", threads=args.threads)
-                finally:
-                    shutil.rmtree(work / "lucene", ignore_errors=True)
-            overrides = unsupervised_overrides(args.init, bundle) + args.set
-        cfg = load_config(config_path if args.unsupervised else args.config, overrides)
-        if cfg.objective == "salience_distill":
-            from pyserini_aligner.train.distill import SalienceDistiller as trainer_class
-        else:
-            trainer_class = Trainer
-        trainer = trainer_class(cfg, output_dir=work if args.unsupervised else args.output, device=args.device,
-                                progress=not args.quiet)
-    except (ValueError, FileNotFoundError) as err:
-        parser.exit(2, f"error: {err}\n")
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(parse_args, train, argv, timestamps=True)
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train (after preparing the pseudo-query bundle of --corpus with --unsupervised); prints the run's summary."""
+    overrides = args.set
+    if args.unsupervised:
+        output = Path(args.output)
+        work = output / "train"
+        bundle = Path(args.bundle) if args.bundle else work / "bundle.json.gz"
+        if args.corpus and not (args.resume and bundle.is_file()):
+            from pyserini_aligner.train.prepare import prepare_corpus
+
+            try:
+                prepare_corpus(args.corpus, work, work / "lucene", threads=args.threads)
+            finally:
+                shutil.rmtree(work / "lucene", ignore_errors=True)
+        overrides = unsupervised_overrides(args.init, bundle) + args.set
+    try:
+        cfg = load_config((args.config or UNSUPERVISED_CONFIG) if args.unsupervised else args.config, overrides)
+    except (ValueError, FileNotFoundError) as err:  # the --config file or a --set value
+        raise UsageError(str(err)) from None
+    if cfg.objective == "salience_distill":
+        from pyserini_aligner.train.distill import SalienceDistiller as trainer_class
+    else:
+        trainer_class = Trainer
+    trainer = trainer_class(cfg, output_dir=work if args.unsupervised else args.output, device=args.device,
+                            progress=not args.quiet)
     summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
     if args.unsupervised and summary.get("finished"):
         finish_unsupervised(work, output)
@@ -116,4 +125,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import sys
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter
+from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, positive_int, run_main
 from pyserini_aligner.train.data import load_bundle, write_bundle
 from pyserini_aligner.train.pseudo import PseudoQuery, pseudo_queries, title_queries
 
@@ -148,43 +149,47 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"folder for {BUNDLE_NAME}")
     parser.add_argument("--work", type=Path, default=Path(".cache/train_prepare"), help="Lucene index folder")
-    parser.add_argument("--depth", type=int, default=50, help="BM25 negatives kept per labelled query")
+    parser.add_argument("--depth", type=positive_int, default=50, help="BM25 negatives kept per labelled query")
     parser.add_argument("--heldout-fraction", type=float, default=0.1, help="SciFact train queries held out")
     parser.add_argument("--pseudo-per-doc", type=int, default=0,
                         help="label-free pseudo-queries per document (0: none; --unsupervised: default 1)")
-    parser.add_argument("--pseudo-depth", type=int, default=30, help="BM25 negatives kept per pseudo-query")
+    parser.add_argument("--pseudo-depth", type=positive_int, default=30, help="BM25 negatives kept per pseudo-query")
     parser.add_argument("--corpus", help="with --unsupervised: JsonCollection file/folder, BEIR folder or "
                                          "ir_datasets id to cut pseudo-queries from")
     parser.add_argument("--unsupervised", action="store_true", help="label-free bundle of --corpus only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
-    parser.add_argument("--threads", type=int, default=2, help="Lucene indexing and BM25 search threads")
-    parser.add_argument("--quiet", action="store_true", help="warnings only")
+    parser.add_argument("--threads", type=positive_int, default=2, help="Lucene indexing and BM25 search threads")
+    add_quiet_flag(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags; argparse errors for values and pairs that can't work."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.depth < 1 or args.pseudo_depth < 1:
-        parser.error("--depth and --pseudo-depth must be >= 1")
     if args.pseudo_per_doc < 0:
         parser.error("--pseudo-per-doc must be >= 0")
     if not 0.0 < args.heldout_fraction < 1.0:
         parser.error("--heldout-fraction must be in (0, 1)")
     if bool(args.corpus) != args.unsupervised:
         parser.error("--corpus and --unsupervised go together")
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if args.unsupervised:
-            prepare_corpus(args.corpus, args.output, args.work, args.pseudo_depth, args.pseudo_per_doc or 1,
-                           args.seed, args.threads)
-        else:
-            prepare(args.output, args.work, args.depth, args.heldout_fraction, args.seed, args.threads,
-                    args.pseudo_per_doc, args.pseudo_depth)
-    except (ValueError, FileNotFoundError) as err:
-        parser.exit(2, f"error: {err}\n")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (:func:`pyserini_aligner.cli.run_main`)."""
+    return run_main(parse_args, run, argv, timestamps=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Write the bundle the flags ask for."""
+    if args.unsupervised:
+        prepare_corpus(args.corpus, args.output, args.work, args.pseudo_depth, args.pseudo_per_doc or 1, args.seed,
+                       args.threads)
+    else:
+        prepare(args.output, args.work, args.depth, args.heldout_fraction, args.seed, args.threads,
+                args.pseudo_per_doc, args.pseudo_depth)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
