@@ -78,8 +78,8 @@ def test_compressed_probe_matches_faiss_search(tmp_path, model):
     searcher = AlignerSearcher(index_dir, encoder=model)
     probes = torch.from_numpy(np.random.default_rng(0).standard_normal((40, model.config.dim)).astype(np.float32))
     for per_token, nprobe in ((5, 1), (50, 4), (200, searcher.store.codec_spec.nlist)):
-        scores, labels = searcher._probe(probes, per_token, nprobe)
-        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=searcher._live_selector())
-        expected_scores, expected_labels = searcher.index.search(probes.numpy(), per_token, params=params)
+        scores, labels = searcher.engine.probe(probes, per_token, nprobe)
+        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=searcher.engine.live_selector())
+        expected_scores, expected_labels = searcher.engine.index.search(probes.numpy(), per_token, params=params)
         assert np.array_equal(labels.numpy(), expected_labels)
         assert np.allclose(scores.numpy(), expected_scores, atol=1e-5)

@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens per query, special tokens included (default: the model's query_maxlen, 64 for "
                              "the shipped model); longer queries are cut")
     parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--devices", type=device, nargs="+", default=None, metavar="DEVICE",
+                        help="several devices searched by one process, e.g. cuda:0 cuda:1 cuda:2 cuda:3 (torch "
+                             "backend, compressed index; queries are encoded on the first); instead of --device")
+    parser.add_argument("--placement", choices=["auto", "replicate", "shard"], default="auto",
+                        help="the index on several devices (--devices) or ranks (--distributed): replicate (a whole "
+                             "copy on each, every batch of queries split across them), shard (consecutive segments "
+                             "on each, every search step on all at once), or auto: replicate when a copy and room "
+                             "to search fit in every GPU's free memory, else shard. The ranking is the same")
     parser.add_argument("--backend", choices=["faiss", "torch"], default=None,
                         help="candidate generation and refinement with FAISS + the memory-mapped store (default on "
                              "cpu) or with torch on --device (default on cuda)")
@@ -75,18 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="score candidates with all stored doc tokens or only the indexed ones")
     parser.add_argument("--tag", default="AligneR", help="run tag (last column of --output-format trec)")
     parser.add_argument("--distributed", action="store_true",
-                        help="under torchrun: every rank searches its share of the index's segments (torch backend, "
-                             "compressed index; --device cuda means cuda:LOCAL_RANK); rank 0 writes the run")
+                        help="under torchrun: every rank searches with its share of the index's segments or, "
+                             "with --placement replicate (or auto, where the index fits), its share of every batch "
+                             "of queries (torch backend, compressed index; --device cuda means cuda:LOCAL_RANK); "
+                             "rank 0 writes the run")
     add_quiet_flag(parser)
     return parser
 
 
 def searcher_knobs(args: argparse.Namespace) -> dict:
-    """AlignerSearcher keyword arguments from the flags (device and backend aside)."""
+    """AlignerSearcher keyword arguments from the flags (device, devices and backend aside)."""
     return dict(encoder=None if args.encoder == GENERIC_ENCODER else args.encoder, strategy=args.strategy,
                 k_per_token=args.k_per_token, query_prune=args.query_prune, max_candidates=args.max_candidates,
                 nprobe=args.nprobe, interaction_candidates=args.interaction_candidates,
-                refine_with=args.refine_with, batch_size=args.batch_size, query_max_length=args.query_max_length)
+                refine_with=args.refine_with, batch_size=args.batch_size, query_max_length=args.query_max_length,
+                placement=args.placement)
 
 
 def write_hits(hits: dict[str, list[tuple[str, float]]], args: argparse.Namespace) -> None:
@@ -100,10 +111,14 @@ def run_distributed(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from pyserini_aligner.dist import Collectives, join_group, lost_rank_message
-    from pyserini_aligner.search.distributed import sharded_searcher
+    from pyserini_aligner.search.distributed import distributed_searcher
 
     if args.backend == "faiss":
         print("error: --distributed searches with backend torch, not --backend faiss", file=sys.stderr)
+        return 2
+    if args.devices:
+        print("error: --distributed searches on one device a rank (--device cuda means cuda:LOCAL_RANK), not "
+              "--devices", file=sys.stderr)
         return 2
     try:
         ctx, created = join_group()
@@ -114,7 +129,7 @@ def run_distributed(args: argparse.Namespace) -> int:
     try:
         problem, topics = None, None
         try:
-            searcher = sharded_searcher(args.index, ctx, device=args.device, **searcher_knobs(args))
+            searcher = distributed_searcher(args.index, ctx, device=args.device, **searcher_knobs(args))
             topics = load_topics(args.topics) if ctx.rank == 0 else None
         except (OSError, ValueError) as error:
             problem = f"rank {ctx.rank}: {error}"
@@ -169,7 +184,8 @@ def search(args: argparse.Namespace) -> int | None:
     except OutputPathError as error:
         raise UsageError(str(error)) from None
     topics = load_topics(args.topics)
-    searcher = AlignerSearcher(args.index, device=args.device, backend=args.backend, **searcher_knobs(args))
+    searcher = AlignerSearcher(args.index, device=args.device, devices=args.devices, backend=args.backend,
+                               **searcher_knobs(args))
     qids = list(topics)
     extra = 1 if args.remove_query else 0
     hits = {}

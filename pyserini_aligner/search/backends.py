@@ -1,0 +1,634 @@
+"""Search backends: where an index's codes or vectors live, and how a batch of encoded queries is searched there.
+
+:class:`~pyserini_aligner.search.searcher.AlignerSearcher` encodes the queries and hands them to one backend,
+chosen by :func:`open_backend` when an index generation is opened. Every backend ranks by the rule of
+:mod:`.engine`: each kept query token's best indexed tokens (``probe``), the best documents by the proxy score
+(:func:`.engine.select_candidates`), optionally narrowed by centroid interaction (``interaction``), rescored with
+the full alignment score (``refine``), top k. The backends:
+
+- :class:`FaissIVF`: a compressed index on the CPU. FAISS's ``IndexIVFPQ`` scans the inverted lists; interaction
+  and refinement read the memory-mapped codes (one :class:`.engine.CodeShard` a segment, in parallel threads).
+- :class:`FaissFlat`: an fp16 index on the CPU. Each segment's FAISS index finds the tokens; refinement scores the
+  stored float16 tokens.
+- :class:`TorchCodes`: a compressed index's codes on one device, every step as tensor operations; on a GPU, one
+  query at a time replays its CUDA-graph plan (:class:`.static.GraphedSearch`).
+- :class:`TorchTokens`: an fp16 index's tokens on one device (:class:`.torch_backend.TorchTokenIndex`).
+- :class:`Replicated`: a whole copy of the codes on each of several devices; a batch of queries is split across
+  the copies, each searched on its own device by its own thread; one query goes to the first copy.
+- :class:`Sharded`: consecutive segments on each device; every step runs on all devices at once (a thread each),
+  and the steps' results are merged on the first device.
+- :class:`Exchanged` and :class:`ExchangedReplica`: the same two placements across the processes of a torchrun job
+  (:mod:`.distributed`), combined through collectives.
+
+Every backend returns the ranking one device computes over the whole index.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pyserini_aligner.alignment import Strategy, alignment_scores
+from pyserini_aligner.index.store import StoredIndex, Workspace
+from pyserini_aligner.search.engine import (CodeShard, merge_probes, narrow, query_chunks, select_candidates,
+                                            top_hits)
+from pyserini_aligner.search.flat import search_index
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("faiss", "torch")
+PLACEMENTS = ("auto", "replicate", "shard")
+REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
+DEFAULT_EF_SEARCH = 128
+# device memory a search needs beside the index (a batch of 300 queries at the GPU's default depth peaks near
+# 1.3 GiB), kept free when deciding whether a whole copy of the index fits on a device
+WORKSPACE_BYTES = 4 << 30
+_REFINE_BUDGET = {True: 1 << 26, False: 1 << 22}  # elements of a query chunk in CodeShard.refine, on CUDA or not
+
+Depth = tuple[int, int, int, int]  # (entries per probe K, nprobe, candidates narrowed by interaction W or 0, refined C)
+Clock = Callable[[str], None]
+
+
+def _no_clock(step: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What an index generation is searched with: the alignment strategy, the stored tokens refinement scores
+    ("all" or "kept"), whether the model weights tokens by salience, β^q, and the token width every document pads
+    to in refinement (the longest document of the index, so that scores do not depend on how it is split)."""
+
+    strategy: Strategy
+    refine_with: str
+    use_salience: bool
+    query_prune: float
+    refine_width: int
+
+
+@dataclass
+class Queries:
+    """A batch of encoded queries on one device: vectors [B, n, d] float32, mask [B, n] bool, salience [B, n]
+    float32, probe_mask [B, n] bool (the tokens sent to candidate generation); ``weighted``: the model scores with
+    salience (probes are weighted and refinement uses it)."""
+
+    vectors: Tensor
+    mask: Tensor
+    salience: Tensor
+    probe_mask: Tensor
+    weighted: bool
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    @property
+    def refine_salience(self) -> Tensor | None:
+        return self.salience if self.weighted else None
+
+    def part(self, rows: slice) -> "Queries":
+        return Queries(self.vectors[rows], self.mask[rows], self.salience[rows], self.probe_mask[rows], self.weighted)
+
+    def to(self, device: torch.device) -> "Queries":
+        return Queries(self.vectors.to(device), self.mask.to(device), self.salience.to(device),
+                       self.probe_mask.to(device), self.weighted)
+
+
+class SearchBackend(Protocol):
+    """What the searcher needs of a backend."""
+
+    device: torch.device  # where the backend merges and returns its results
+    has_interaction: bool  # whether it has the centroid-interaction stage (the depth's W applies)
+    placement: str  # "one" device, or several in "replicate" / "shard" placement
+
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        """(scores [B, k'] float32, global doc rows [B, k'] int64), best first, k' <= k; −inf / −1 past the
+        documents found."""
+
+    def search_one(self, text: str, depth: Depth, k: int) -> tuple[Tensor, Tensor, int] | None:
+        """One query through a captured plan: (scores [k], rows [k]) on the host and its real token count (its
+        vectors stay in the graphed encoder's output), or None where there is no plan."""
+
+
+class Staged:
+    """A backend made of the three steps ``probe``, ``interaction`` and ``refine``; :meth:`search` runs the
+    candidate rule of :mod:`.engine` over them."""
+
+    device: torch.device
+    has_interaction = True
+    placement = "one"
+
+    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        """(scores [R, K], global doc rows [R, K]) of each probe's K best indexed tokens; probes [R, d]."""
+        raise NotImplementedError
+
+    def interaction(self, q: Tensor, q_mask: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
+        """Centroid-interaction scores [B, C] on ``self.device`` of candidate ``rows`` [B, C] (−inf where not
+        valid)."""
+        raise NotImplementedError
+
+    def refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor) -> Tensor:
+        """Alignment scores [B, C] of candidate ``rows`` [B, C] (−inf where not valid)."""
+        raise NotImplementedError
+
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        per_token, nprobe, wide, limit = depth
+        q, q_mask = queries.vectors, queries.mask
+        owner, token = queries.probe_mask.nonzero(as_tuple=True)
+        probe_scores, probe_rows = self.probe(q[owner, token], per_token, nprobe)
+        clock("probe")
+        weights = queries.salience[owner, token].to(probe_scores.device) if queries.weighted else None
+        rows, valid = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(q),
+                                        wide or limit, weights)
+        clock("select")
+        if wide:
+            rows, valid = narrow(self.interaction(q, q_mask, rows, valid), rows.to(self.device), limit)
+            clock("interaction")
+        refined = self.refine(q, q_mask, queries.refine_salience, rows, valid)
+        return top_hits(refined, rows.to(refined.device), k)
+
+    def search_one(self, text: str, depth: Depth, k: int) -> tuple[Tensor, Tensor, int] | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- the CPU
+class FaissIVF(Staged):
+    """A compressed index on the CPU: FAISS's IndexIVFPQ over every segment's inverted lists (labelled by global
+    document row) finds each probe's best entries; interaction and refinement decode the memory-mapped codes."""
+
+    def __init__(self, store: StoredIndex, scoring: Scoring):
+        self.store, self.device = store, torch.device("cpu")
+        parts = [(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
+                 for seg, base in zip(store.segments, store.row_base)]
+        self.index = store.codec.faiss_index(parts)
+        self.codes = Sharded([TorchCodes(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
+            if store.segments else None
+        self._selector = None
+
+    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        """The coarse step (each probe's nprobe nearest centroids) on torch's BLAS, then FAISS scans the chosen
+        lists; deleted documents are skipped."""
+        import faiss
+
+        x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
+        params = faiss.SearchParametersIVF(nprobe=nprobe)
+        if not self.store.live.all():
+            params.sel = self.live_selector()
+        lists_scores, lists = search_index(self.index.quantizer, x, nprobe)
+        distances = np.empty((len(x), per_token), dtype=np.float32)
+        labels = np.empty((len(x), per_token), dtype=np.int64)
+        self.index.search_preassigned_c(len(x), faiss.swig_ptr(x), per_token, faiss.swig_ptr(lists),
+                                        faiss.swig_ptr(lists_scores), faiss.swig_ptr(distances),
+                                        faiss.swig_ptr(labels), False, params)
+        return torch.from_numpy(distances), torch.from_numpy(labels)
+
+    def live_selector(self):
+        """FAISS's selector of the live documents' rows (made once per generation)."""
+        import faiss
+
+        if self._selector is None:
+            self._bitmap = np.packbits(self.store.live, bitorder="little")
+            self._selector = faiss.IDSelectorBitmap(len(self.store.live), faiss.swig_ptr(self._bitmap))
+        return self._selector
+
+    def interaction(self, q, q_mask, rows, valid) -> Tensor:
+        return self.codes.interaction(q, q_mask, rows, valid)
+
+    def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
+        return self.codes.refine(q, q_mask, q_sal, rows, valid)
+
+
+class FaissFlat(Staged):
+    """An fp16 index on the CPU: each segment's FAISS index finds each probe's best tokens; refinement scores the
+    candidates' stored float16 tokens. No interaction stage."""
+
+    has_interaction = False
+
+    def __init__(self, store: StoredIndex, scoring: Scoring, nprobe: int | None, ef_search: int | None,
+                 k_per_token: int):
+        self.store, self.scoring, self.device = store, scoring, torch.device("cpu")
+        self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
+        self._workspace = Workspace()
+        self._set_params(store, nprobe, ef_search, k_per_token)
+
+    def _set_params(self, store: StoredIndex, nprobe: int | None, ef_search: int | None, k_per_token: int) -> None:
+        import faiss
+
+        space = faiss.ParameterSpace()
+        for index, _ in self.index:
+            ivf = faiss.try_extract_index_ivf(index)
+            if ivf is not None:
+                space.set_index_parameter(index, "nprobe", min(nprobe or 32, ivf.nlist))
+            elif nprobe is not None:
+                raise ValueError(f"nprobe given but the index ({store.manifest.index_type}) is not an IVF index")
+            try:
+                space.set_index_parameter(index, "efSearch", max(ef_search or DEFAULT_EF_SEARCH, k_per_token))
+            except RuntimeError:
+                if ef_search is not None:
+                    raise ValueError(f"ef_search given but the index ({store.manifest.index_type}) is not an HNSW "
+                                     "index") from None
+
+    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
+        parts = []
+        for (index, base), seg in zip(self.index, self.store.segments):
+            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)))
+            found = labels >= 0  # a FAISS label is a position in the segment's faiss_ids, not a token position
+            positions = seg.faiss_ids[np.where(found, labels, 0)] if index.ntotal else np.zeros_like(labels)
+            rows = np.where(found, self.store.doc_of_token(positions + base), -1)
+            rows = np.where((rows >= 0) & self.store.live[np.maximum(rows, 0)], rows, -1)
+            distances = np.where(rows >= 0, distances, -np.inf).astype(np.float32)
+            parts.append((torch.from_numpy(distances), torch.from_numpy(rows)))
+        return merge_probes(parts, per_token) if len(parts) > 1 else parts[0]
+
+    def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
+        out = torch.full(rows.shape, -torch.inf)
+        kept_only = self.scoring.refine_with == "kept"
+        for b in range(len(rows)):
+            picked = rows[b][valid[b]].numpy()
+            for start in range(0, len(picked), REFINE_CHUNK):
+                chunk = picked[start:start + REFINE_CHUNK]
+                d, d_mask, d_sal = self.store.gather(chunk, kept_only, self._workspace)
+                out[b, start:start + len(chunk)] = alignment_scores(
+                    q[b:b + 1], q_mask[b:b + 1], d, d_mask, self.scoring.strategy,
+                    None if q_sal is None else q_sal[b:b + 1], None if q_sal is None else d_sal)[0]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------- one device
+class TorchCodes(Staged):
+    """Segments ``numbers`` of a compressed index as codes on ``device`` (:class:`.engine.CodeShard`). With a
+    graphed query ``encoder`` on the same CUDA device, one query at a time is encoded and searched by replaying
+    CUDA graphs (:class:`.static.GraphedSearch`, captured per query width, depth and k on first use)."""
+
+    def __init__(self, store: StoredIndex, numbers: Sequence[int], device: str | torch.device, scoring: Scoring,
+                 encoder=None):
+        self.shard = CodeShard(store, list(numbers), device, scoring.refine_with)
+        self.device, self.scoring = self.shard.device, scoring
+        self.plan = None
+        if encoder is not None and self.device.type == "cuda" and encoder.ids.device == self.device:
+            from pyserini_aligner.search.static import GraphedSearch
+
+            self.plan = GraphedSearch(encoder, self.shard, scoring.query_prune, scoring.strategy,
+                                      scoring.use_salience)
+
+    def probe(self, probes, per_token, nprobe):
+        return self.shard.probe(probes, per_token, nprobe)
+
+    def interaction(self, q, q_mask, rows, valid):
+        return self.shard.interaction(q, q_mask, rows, valid)
+
+    def refine(self, q, q_mask, q_sal, rows, valid):
+        return self.shard.refine(q, q_mask, q_sal, rows, valid, self.scoring.strategy, self.scoring.refine_width)
+
+    def refine_held(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor) -> Tensor:
+        """:meth:`refine` of only the candidates this shard holds (the others score −inf), so that a shard of a
+        split index scores its own share of the candidates rather than a padded tensor of all of them. The queries
+        go in the chunks that :meth:`.engine.CodeShard.refine` makes of the whole candidate list, each chunk's held
+        candidates gathered to the front: every query-dependent table is computed over the same queries as on one
+        device, so the scores are those of one device to the last bit. Scores [B, C] on this device."""
+        shard = self.shard
+        rows, valid = rows.to(self.device), valid.to(self.device)
+        q, q_mask = q.to(self.device), q_mask.to(self.device)
+        held = valid & (rows >= shard.row_base) & (rows < shard.row_base + shard.num_rows)
+        out = torch.full(rows.shape, -torch.inf, device=self.device)
+        padded = torch.full((len(rows),), rows.shape[1] * self.scoring.refine_width, device=self.device)
+        budget = _REFINE_BUDGET[self.device.type == "cuda"]
+        for part, _ in query_chunks(q_mask.sum(1), padded, 0, budget, padded * shard.centroids.shape[1]):
+            mine = held[part]
+            count = int(mine.sum(1).max())
+            if count == 0:
+                continue
+            order = torch.sort((~mine).to(torch.int8), dim=1, stable=True).indices[:, :count]  # held first, in order
+            picked, ok = rows[part].gather(1, order), mine.gather(1, order)
+            scores = self.refine(q[part], q_mask[part], None if q_sal is None else q_sal[part].to(self.device),
+                                 picked, ok)
+            out[part] = out[part].scatter(1, order, torch.where(ok, scores, torch.full_like(scores, -torch.inf)))
+        return out
+
+    def search_one(self, text, depth, k):
+        if self.plan is None:
+            return None
+        try:
+            return self.plan(text, depth, k)
+        except RuntimeError as err:  # a strategy whose scoring reads sizes back to the host cannot be captured
+            log.warning("single queries run step by step (CUDA graph capture failed: %s)", str(err).splitlines()[0])
+            self.plan = None
+            torch.cuda.synchronize(self.device)
+            return None
+
+
+class TorchTokens:
+    """An fp16 index's tokens resident on one device, searched exactly by tensor operations
+    (:class:`.torch_backend.TorchTokenIndex`). No interaction stage."""
+
+    has_interaction = False
+    placement = "one"
+
+    def __init__(self, store: StoredIndex, device: str | torch.device, scoring: Scoring):
+        from pyserini_aligner.search.torch_backend import TorchTokenIndex
+
+        self.scoring = scoring
+        self.tokens = TorchTokenIndex(store, device, scoring.refine_with, with_salience=scoring.use_salience)
+        self.device = self.tokens.device
+
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        per_token, _, _, limit = depth
+        return self.tokens.search(queries.vectors, queries.mask, queries.salience, queries.probe_mask, k, per_token,
+                                  limit, self.scoring.strategy, queries.refine_salience)
+
+    def search_one(self, text, depth, k):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- several
+class DeviceWorkers:
+    """One worker thread per device. Work for a device always runs on its own thread with that device current, so
+    its kernels go to that device's own stream: the devices work at once, and a host wait for one device (a size
+    read back, a copy to the host) holds up no other. Tensor operations release the GIL while they run."""
+
+    def __init__(self, devices: Sequence[torch.device]):
+        self.devices = list(devices)
+        self._pools = [ThreadPoolExecutor(1, thread_name_prefix=f"aligner-{d}") for d in self.devices] \
+            if len(self.devices) > 1 else []
+
+    def map(self, step: Callable, items: Sequence) -> list:
+        """[step(items[i]) run on worker i] in order (len(items) <= the number of devices); the first error is
+        raised once every item is done."""
+        if len(items) < 2 or not self._pools:
+            return [_on_device(device, step, item) for device, item in zip(self.devices, items)]
+        futures = [pool.submit(_on_device, device, step, item)
+                   for pool, device, item in zip(self._pools, self.devices, items)]
+        return [future.result() for future in futures]
+
+
+def _on_device(device: torch.device, step: Callable, item):
+    """``step(item)`` with ``device`` as the current CUDA device (its kernels go to its own stream)."""
+    if device.type != "cuda":
+        return step(item)
+    with torch.cuda.device(device):
+        return step(item)
+
+
+def _max_combine(parts: list[Tensor]) -> Tensor:
+    """Element-wise maximum of per-part candidate scores (each −inf for the rows the part does not hold), on the
+    first part's device."""
+    out = parts[0]
+    for part in parts[1:]:
+        out = torch.maximum(out, part.to(out.device))
+    return out
+
+
+class Sharded(Staged):
+    """Consecutive segments on each device (``parts``, one :class:`TorchCodes` each, in segment order). Every step
+    runs on all devices at once, each part on its own worker thread; probes are merged (:func:`.engine.merge_probes`)
+    and candidate scores combined on ``parts[0]``'s device, where the candidates are selected. Each part refines only
+    the candidates it holds."""
+
+    placement = "shard"
+
+    def __init__(self, parts: list[TorchCodes]):
+        self.parts = parts
+        self.device = parts[0].device
+        self.workers = DeviceWorkers([part.device for part in parts])
+
+    def probe(self, probes, per_token, nprobe):
+        found = self.workers.map(lambda part: tuple(t.to(self.device) for t in part.probe(probes, per_token, nprobe)),
+                                 self.parts)
+        return merge_probes(found, per_token)
+
+    def interaction(self, q, q_mask, rows, valid):
+        return _max_combine(self.workers.map(
+            lambda part: part.interaction(q, q_mask, rows, valid).to(self.device), self.parts))
+
+    def refine(self, q, q_mask, q_sal, rows, valid):
+        return _max_combine(self.workers.map(
+            lambda part: part.refine_held(q, q_mask, q_sal, rows, valid).to(self.device), self.parts))
+
+
+def batch_parts(queries: Queries, count: int) -> list[slice]:
+    """``count`` consecutive slices of the batch (the last ones empty when it holds fewer queries), balanced by the
+    number of probing tokens (the work of a query grows with it): slice i ends with the query that takes the load
+    past i/count of the whole."""
+    load = queries.probe_mask.sum(1).cpu().numpy().astype(np.float64) + 1.0
+    prefix = np.concatenate([[0.0], np.cumsum(load)])  # load of the first j queries
+    cuts = [0] + [int(np.searchsorted(prefix, prefix[-1] * i / count)) for i in range(1, count)] + [len(load)]
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _on_host(found: tuple[Tensor, Tensor], k: int) -> tuple[Tensor, Tensor]:
+    """(scores [b, k], rows [b, k]) on the CPU: ``found`` padded with −inf / −1 to k columns."""
+    scores, rows = (t.cpu() for t in found)
+    pad = k - scores.shape[1]
+    if pad > 0:
+        scores = torch.nn.functional.pad(scores, (0, pad), value=-torch.inf)
+        rows = torch.nn.functional.pad(rows, (0, pad), value=-1)
+    return scores, rows
+
+
+def _concat(found: list[tuple[Tensor, Tensor]], k: int) -> tuple[Tensor, Tensor]:
+    if not found:
+        return torch.full((0, k), -torch.inf), torch.full((0, k), -1, dtype=torch.long)
+    return torch.cat([s for s, _ in found]), torch.cat([r for _, r in found])
+
+
+class Replicated:
+    """A whole copy of the codes on each device (``replicas``, one :class:`TorchCodes` each). A batch is split into
+    consecutive parts (balanced by probing tokens), and each copy searches its part on its own worker thread from
+    encoding to top k; the parts' hits are joined on the host. One query at a time goes to the first copy (its CUDA
+    graph plan, on the query encoder's device)."""
+
+    has_interaction = True
+    placement = "replicate"
+
+    def __init__(self, replicas: list[TorchCodes]):
+        self.replicas = replicas
+        self.device = replicas[0].device
+        self.workers = DeviceWorkers([replica.device for replica in replicas])
+
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        work = list(zip(self.replicas, batch_parts(queries, len(self.replicas))))
+
+        def run(item) -> tuple[Tensor, Tensor]:
+            replica, part = item
+            if part.start == part.stop:
+                return _on_host((torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long)), k)
+            return _on_host(replica.search(queries.part(part).to(replica.device), depth, k), k)
+
+        return _concat(self.workers.map(run, work), k)
+
+    def search_one(self, text, depth, k):
+        return self.replicas[0].search_one(text, depth, k)
+
+
+# ---------------------------------------------------------------------------------------------------- torchrun
+class Exchanged(Staged):
+    """This process's consecutive segments (``local``; None when it holds none) of an index split across the
+    ranks of a torchrun job. Probes are gathered from every rank and merged, candidate scores gathered and combined
+    (small CPU objects through ``exchange``: ``broadcast(obj)`` from rank 0, ``all_gather(obj)``), so that every
+    rank selects the same candidates and ends with the ranking of the whole index."""
+
+    placement = "shard"
+
+    def __init__(self, local: TorchCodes | None, exchange):
+        self.local, self.exchange, self.device = local, exchange, torch.device("cpu")
+
+    def probe(self, probes, per_token, nprobe):
+        mine = [] if self.local is None else [tuple(t.cpu() for t in self.local.probe(probes, per_token, nprobe))]
+        return merge_probes([part for held in self.exchange.all_gather(mine) for part in held], per_token)
+
+    def _combine(self, mine: list[Tensor]) -> Tensor:
+        return _max_combine([part for held in self.exchange.all_gather([p.cpu() for p in mine]) for part in held])
+
+    def interaction(self, q, q_mask, rows, valid):
+        return self._combine([] if self.local is None else [self.local.interaction(q, q_mask, rows, valid)])
+
+    def refine(self, q, q_mask, q_sal, rows, valid):
+        return self._combine([] if self.local is None else [self.local.refine_held(q, q_mask, q_sal, rows, valid)])
+
+
+class ExchangedReplica:
+    """The whole index in every process of a torchrun job (``local``); each rank searches its consecutive part of
+    every batch (balanced by probing tokens) and the parts' hits are gathered on every rank (through ``exchange``)."""
+
+    has_interaction = True
+    placement = "replicate"
+
+    def __init__(self, local: TorchCodes, exchange):
+        self.local, self.exchange, self.device = local, exchange, local.device
+
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        part = batch_parts(queries, self.exchange.world_size)[self.exchange.rank]
+        if part.start == part.stop:
+            mine = _on_host((torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long)), k)
+        else:
+            mine = _on_host(self.local.search(queries.part(part).to(self.local.device), depth, k), k)
+        return _concat(self.exchange.all_gather(mine), k)
+
+    def search_one(self, text, depth, k):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- choosing
+def split_devices(store: StoredIndex, devices: Sequence, numbers: Sequence[int] | None = None) -> list[list[int]]:
+    """Consecutive segment numbers (of ``numbers``, default all) per device, balanced by token count (a device
+    may get none)."""
+    numbers = list(range(len(store.segments))) if numbers is None else list(numbers)
+    tokens = np.array([store.segments[i].info.num_tokens for i in numbers], dtype=np.float64)
+    bounds = np.cumsum(tokens) / max(tokens.sum(), 1) * len(devices)
+    owner = np.minimum((bounds - tokens / max(tokens.sum(), 1) * len(devices) / 2).astype(int), len(devices) - 1)
+    return [[numbers[i] for i in range(len(tokens)) if owner[i] == d] for d in range(len(devices))]
+
+
+def resident_bytes(store: StoredIndex, numbers: Sequence[int], refine_with: str, device: torch.device) -> int:
+    """Bytes a :class:`.engine.CodeShard` of segments ``numbers`` takes on ``device``: every token's centroid id and
+    residual code (and kept flag with refine_with "kept"), every inverted-list entry's document and code, two
+    int64 and a flag per document, and the codec's tables."""
+    spec, dim = store.codec_spec, store.manifest.dim
+    infos = [store.segments[i].info for i in numbers]
+    tokens, docs, entries = (sum(getattr(i, name) for i in infos) for name in ("num_tokens", "num_docs", "num_kept"))
+    per_token = 2 + spec.residual_m + (1 if refine_with == "kept" else 0)
+    tables = (spec.nlist + 512) * dim * 4 + (65536 * dim * 4 if device.type == "cuda" else 0)
+    return tokens * per_token + docs * 17 + entries * (4 + spec.pq_m) + 16 * (spec.nlist + 1) + tables
+
+
+def fits_whole(store: StoredIndex, device: torch.device, refine_with: str) -> bool:
+    """Whether a whole copy of the index's codes, and room to search, fit in ``device``'s free memory (a GPU)."""
+    if device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return resident_bytes(store, range(len(store.segments)), refine_with, device) + WORKSPACE_BYTES <= free
+
+
+def _consecutive(store: StoredIndex, segments: Sequence[int] | None) -> list[int]:
+    if segments is None:
+        return list(range(len(store.segments)))
+    mine = list(segments)
+    if mine and (mine[0] < 0 or mine[-1] >= len(store.segments) or mine != list(range(mine[0], mine[0] + len(mine)))):
+        raise ValueError(f"segments must be consecutive numbers in [0, {len(store.segments)}), got {mine}")
+    return mine
+
+
+def check_backend(backend: str, devices: Sequence[str], placement: str, segments, exchange) -> None:
+    """ValueError for a backend that cannot search on ``devices`` with these options."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    if backend == "faiss" and any(str(d).startswith("cuda") for d in devices):
+        raise ValueError("backend 'faiss' runs on the CPU; use backend 'torch' (the default) on CUDA")
+    if backend == "faiss" and (len(devices) > 1 or segments is not None or exchange is not None):
+        raise ValueError("several devices, segments and exchange need backend 'torch'")
+
+
+def default_backend(device: str) -> str:
+    """"torch" on CUDA, else "faiss"."""
+    return "torch" if str(device).startswith("cuda") else "faiss"
+
+
+def _device(name: str | torch.device) -> torch.device:
+    """``name`` as a torch.device, a CUDA device with its number (plain "cuda" is the current one)."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scoring: Scoring, *, k_per_token: int,
+                 nprobe: int | None = None, ef_search: int | None = None, segments: Sequence[int] | None = None,
+                 exchange=None, placement: str = "auto", encoder=None) -> SearchBackend:
+    """The backend that searches ``store`` (one index generation) by ``backend`` ("faiss" or "torch") on
+    ``devices``. Several devices (compressed index, torch): "replicate" puts a whole copy of the codes on each,
+    "shard" consecutive segments on each, "auto" replicates when a copy and room to search fit in every device's
+    free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per process of a torchrun job) the
+    same choice is made across the processes, replicating only when it fits on every rank; ``segments`` (this
+    process's consecutive segments) shards explicitly. ``encoder``: the graphed query encoder, for the one-query
+    plan of the copy on its device. ValueError for knobs the index or backend does not take."""
+    compressed = store.codec is not None
+    devices = [_device(d) for d in devices]
+    if ef_search is not None and compressed:
+        raise ValueError("ef_search tunes HNSW FAISS indexes of fp16 stores; this index is compressed")
+    if backend == "faiss":
+        return FaissIVF(store, scoring) if compressed else FaissFlat(store, scoring, nprobe, ef_search, k_per_token)
+    if not compressed:
+        if len(devices) > 1 or nprobe is not None or segments is not None or exchange is not None:
+            raise ValueError("several devices, segments and nprobe need a compressed index (codec IVF<nlist>,PQ<M>)")
+        return TorchTokens(store, devices[0], scoring)
+    mine = _consecutive(store, segments)
+    if exchange is not None:
+        return _exchanged(store, devices[0], scoring, segments, exchange, placement, encoder)
+    if len(devices) == 1:
+        return TorchCodes(store, mine, devices[0], scoring, encoder)
+    if placement == "auto":
+        placement = "replicate" if all(fits_whole(store, d, scoring.refine_with) for d in devices) else "shard"
+    if placement == "replicate":
+        return Replicated([TorchCodes(store, mine, d, scoring, encoder) for d in devices])
+    owned = [(d, numbers) for d, numbers in zip(devices, split_devices(store, devices, mine)) if numbers]
+    if len(owned) < 2:  # too few segments to split: one device holds them all
+        log.info("%d segment(s) cannot be spread over %d devices: searching on %s", len(mine), len(devices),
+                 owned[0][0] if owned else devices[0])
+        return TorchCodes(store, mine, owned[0][0] if owned else devices[0], scoring, encoder)
+    return Sharded([TorchCodes(store, numbers, d, scoring) for d, numbers in owned])
+
+
+def _exchanged(store: StoredIndex, device: torch.device, scoring: Scoring, segments: Sequence[int] | None, exchange,
+               placement: str, encoder) -> SearchBackend:
+    """The backend of one rank of a torchrun job (see :func:`open_backend`)."""
+    if segments is not None:
+        if placement == "replicate":
+            raise ValueError("segments and placement 'replicate' exclude each other: a replica holds every segment")
+        placement = "shard"
+    if placement == "auto":  # every rank takes part, so that all decide alike
+        placement = "replicate" if all(exchange.all_gather(fits_whole(store, device, scoring.refine_with))) \
+            else "shard"
+    if placement == "replicate":
+        return ExchangedReplica(TorchCodes(store, range(len(store.segments)), device, scoring), exchange)
+    if segments is None:
+        segments = split_devices(store, range(exchange.world_size))[exchange.rank]
+    mine = _consecutive(store, segments)
+    return Exchanged(TorchCodes(store, mine, device, scoring) if mine else None, exchange)
+

@@ -1,0 +1,187 @@
+"""The search backends behind AlignerSearcher's seam: each one, searched to exhaustion, ranks as a loop over every
+live document with the slow alignment score of tests/reference.py; several (CPU) devices rank exactly as one in both
+placements; the placement rules and the batch split."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pyserini_aligner.alignment import parse_strategy
+from pyserini_aligner.index import StoredIndex, build_index
+from pyserini_aligner.index.live import AlignerIndex
+from pyserini_aligner.search import AlignerSearcher
+from pyserini_aligner.search import backends
+from pyserini_aligner.search.backends import (FaissFlat, FaissIVF, Queries, Replicated, Sharded, TorchCodes,
+                                              TorchTokens, batch_parts)
+
+import reference
+from test_index import short_records
+
+N_DOCS = 24
+QUERIES = ["protein folding in cells", "cancer risk and diet", "gene expression of neurons"]
+GONE = "deleted"  # the docid of a document deleted from the compressed index
+
+
+def segmented_index(folder: Path, model, codec: str) -> Path:
+    """The first N_DOCS SciFact documents (8 words each) in three segments (12, 6 and 6 documents) sharing one
+    codec, plus one more document in the last segment, deleted."""
+    docs = [(r["id"], r["contents"]) for r in short_records(N_DOCS, words=8)]
+    build_index(docs[:12], folder, model, codec=codec, progress=False, model_name="aligner")
+    live = AlignerIndex(folder, encoder=model)
+    live.add(docs[12:18])
+    live.add(docs[18:] + [(GONE, "protein folding in cells and cancer risk")])
+    live.delete([GONE])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def codes_index(tmp_path_factory, model) -> Path:
+    return segmented_index(tmp_path_factory.mktemp("codes") / "idx", model, "IVF8,PQ4")
+
+
+@pytest.fixture(scope="module")
+def fp16_index(tmp_path_factory, model) -> Path:
+    return segmented_index(tmp_path_factory.mktemp("fp16") / "idx", model, "fp16")
+
+
+def exhaustive_knobs(index: Path) -> dict:
+    """Knobs under which candidate generation keeps every live document: every inverted list probed, every indexed
+    token taken per probe, every document refined, no interaction stage."""
+    store = StoredIndex(index)
+    knobs = dict(k_per_token=int(store.manifest.num_kept), max_candidates=store.num_docs, interaction_candidates=0)
+    if store.codec is not None:
+        knobs["nprobe"] = store.codec_spec.nlist
+    return knobs
+
+
+def reference_ranking(store: StoredIndex, model, text: str, k: int) -> list[tuple[str, float]]:
+    """The top k live documents by reference.alignment_score of the query's real tokens against each document's
+    stored (decoded) tokens, ties to the lower row."""
+    out = model.encode_padded([text], is_query=True)
+    q = out.vectors[0][out.mask[0]].double().tolist()
+    s = parse_strategy(store.manifest.default_strategy)
+    scored = []
+    for row in np.flatnonzero(store.live):
+        start, end = int(store.offsets[row]), int(store.offsets[row + 1])
+        d = store.token_vectors(np.arange(start, end)).double().tolist()
+        score = reference.alignment_score(q, [True] * len(q), d, [True] * len(d), s.kind, s.k, s.p, s.eps)
+        scored.append((-score, int(row)))
+    return [(store.docids[row], -negative) for negative, row in sorted(scored)[:k]]
+
+
+CASES = {  # name: (index fixture, searcher arguments, the backend it opens)
+    "faiss-ivf": ("codes_index", dict(backend="faiss"), FaissIVF),
+    "faiss-flat": ("fp16_index", dict(backend="faiss"), FaissFlat),
+    "torch-codes": ("codes_index", dict(backend="torch"), TorchCodes),
+    "torch-tokens": ("fp16_index", dict(backend="torch"), TorchTokens),
+    "replicated": ("codes_index", dict(backend="torch", devices=["cpu", "cpu"], placement="replicate"), Replicated),
+    "sharded": ("codes_index", dict(backend="torch", devices=["cpu", "cpu"], placement="shard"), Sharded),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_searched_to_exhaustion_ranks_as_the_reference(request, model, case):
+    fixture, knobs, kind = CASES[case]
+    index = request.getfixturevalue(fixture)
+    searcher = AlignerSearcher(index, encoder=model, **knobs, **exhaustive_knobs(index))
+    assert type(searcher.engine) is kind
+    store = searcher.store
+    assert not store.live.all()
+    for text, got in zip(QUERIES, searcher.rank(QUERIES, k=5)):
+        want = reference_ranking(store, model, text, 5)
+        assert [d for d, _ in got] == [d for d, _ in want]
+        assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-4)
+        assert GONE not in {d for d, _ in got}
+
+
+@pytest.mark.parametrize("placement", ["replicate", "shard", "auto"])
+def test_two_devices_rank_exactly_as_one(codes_index, model, placement):
+    """At the default depth (interaction stage on), two CPU devices in either placement return the one-device
+    ranking, scores to the last bit; one query at a time and a batch larger than the searcher's batch size alike.
+    On CPU devices "auto" shards."""
+    knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
+                 batch_size=2)
+    one = AlignerSearcher(codes_index, **knobs)
+    two = AlignerSearcher(codes_index, devices=["cpu", "cpu"], placement=placement, **knobs)
+    assert two.engine.placement == ("shard" if placement == "auto" else placement)
+    if placement != "replicate":
+        assert [part.shard.num_rows for part in two.engine.parts] == [12, 13]  # consecutive segments, by tokens
+    for k in (3, 10):
+        assert two.rank(QUERIES, k=k) == one.rank(QUERIES, k=k)
+    assert two.rank(QUERIES[:1], k=5) == one.rank(QUERIES[:1], k=5)
+
+
+def test_staged_backends_probe_alike(codes_index, model):
+    """FAISS's probe and the torch engine's (one device, and two shards merged) find the same entries (which of
+    several entries tied at the K-th score is kept may differ)."""
+    probes = torch.nn.functional.normalize(torch.randn(6, model.config.dim, generator=torch.Generator()
+                                                       .manual_seed(0)), dim=-1)
+    engines = [AlignerSearcher(codes_index, encoder=model, **knobs).engine
+               for knobs in (dict(backend="faiss"), dict(backend="torch"),
+                             dict(backend="torch", devices=["cpu", "cpu"], placement="shard"))]
+    found = [engine.probe(probes, 10, 4) for engine in engines]
+    for scores, rows in found[1:]:
+        assert np.allclose(scores.numpy(), found[0][0].numpy(), atol=1e-5)
+        for p in range(len(probes)):
+            last = float(scores[p, -1]) + 1e-5
+            mine = sorted(int(r) for r, score in zip(rows[p], scores[p]) if score > last)
+            assert mine == sorted(int(r) for r, score in zip(found[0][1][p], found[0][0][p]) if score > last)
+
+
+def test_reopen_chooses_again(codes_index, model, tmp_path):
+    """A new generation is opened with a new backend of the same placement."""
+    import shutil
+
+    folder = tmp_path / "idx"
+    shutil.copytree(codes_index, folder)
+    searcher = AlignerSearcher(folder, encoder=model, backend="torch", devices=["cpu", "cpu"], placement="replicate")
+    before = searcher.engine
+    AlignerIndex(folder, encoder=model).add([("new", "gene expression of neurons in the brain")])
+    assert searcher.reopen()
+    assert searcher.engine is not before and type(searcher.engine) is Replicated
+    assert "new" in {d for hits in searcher.rank(QUERIES, k=N_DOCS) for d, _ in hits}
+
+
+def test_placement_errors(codes_index, fp16_index, model):
+    with pytest.raises(ValueError, match="placement must be one of"):
+        AlignerSearcher(codes_index, encoder=model, backend="torch", devices=["cpu", "cpu"], placement="spread")
+    with pytest.raises(ValueError, match="several devices, segments and exchange need backend 'torch'"):
+        AlignerSearcher(codes_index, encoder=model, backend="faiss", devices=["cpu", "cpu"])
+    with pytest.raises(ValueError, match="several devices, segments and nprobe need a compressed index"):
+        AlignerSearcher(fp16_index, encoder=model, backend="torch", devices=["cpu", "cpu"])
+
+
+def test_too_few_segments_for_the_devices_search_on_one(tmp_path, model):
+    """An index of one segment cannot be sharded: it is searched on one device."""
+    folder = tmp_path / "one"
+    build_index([(r["id"], r["contents"]) for r in short_records(8, words=8)], folder, model, codec="IVF4,PQ4",
+                progress=False, model_name="aligner")
+    searcher = AlignerSearcher(folder, encoder=model, backend="torch", devices=["cpu", "cpu"], placement="shard")
+    assert type(searcher.engine) is TorchCodes
+
+
+def test_batch_parts_split_in_order_by_probes():
+    mask = torch.zeros(7, 4, dtype=torch.bool)
+    for row, probes in enumerate([4, 1, 1, 1, 4, 4, 1]):
+        mask[row, :probes] = True
+    queries = Queries(torch.zeros(7, 4, 2), mask, torch.zeros(7, 4), mask, False)
+    parts = batch_parts(queries, 3)
+    assert parts[0].start == 0 and parts[-1].stop == 7
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    loads = [int(mask[part].sum()) + (part.stop - part.start) for part in parts]
+    assert max(loads) - min(loads) <= 5  # one query's load (4 probes + 1)
+    assert [p.stop - p.start for p in batch_parts(queries.part(slice(0, 1)), 3)] == [1, 0, 0]
+
+
+def test_resident_bytes_counts_the_codes(codes_index):
+    """The estimate behind placement "auto" counts every token, list entry and document of the index."""
+    store = StoredIndex(codes_index)
+    spec = store.codec_spec
+    got = backends.resident_bytes(store, range(len(store.segments)), "all", torch.device("cpu"))
+    tokens, docs, entries = store.manifest.num_tokens, store.num_docs, store.manifest.num_kept
+    assert got >= tokens * (2 + spec.residual_m) + entries * (4 + spec.pq_m) + docs * 16
+    assert backends.resident_bytes(store, [0], "all", torch.device("cpu")) < got
+    assert not backends.fits_whole(store, torch.device("cpu"), "all")  # only GPUs take a replica by choice
