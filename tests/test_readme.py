@@ -86,6 +86,7 @@ def test_python_snippets_run(quick_start):
     out = done.stdout
     assert out.count("--- snippet") == len(snippets)
     assert "AlignerSearcher" in out  # FaissSearcher on an AligneR index
+    assert "\n20 fp16 0.5\n" in out  # build_index with BuildOptions
     assert out.rstrip().endswith("True\nDeleteReport(deleted=1, unknown=[])")  # reopen() found the new generation
     live = [code for code in snippets if "AlignerIndex(" in code]
     assert len(live) == 1
