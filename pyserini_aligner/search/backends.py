@@ -93,9 +93,9 @@ class Queries:
     def part(self, rows: slice) -> "Queries":
         return Queries(self.vectors[rows], self.mask[rows], self.salience[rows], self.probe_mask[rows], self.weighted)
 
-    def to(self, device: torch.device) -> "Queries":
-        return Queries(self.vectors.to(device), self.mask.to(device), self.salience.to(device),
-                       self.probe_mask.to(device), self.weighted)
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Queries":
+        return Queries(*(t.to(device, non_blocking=non_blocking)
+                         for t in (self.vectors, self.mask, self.salience, self.probe_mask)), self.weighted)
 
 
 class SearchBackend(Protocol):
@@ -396,18 +396,28 @@ class Sharded(Staged):
         self.device = parts[0].device
         self.workers = DeviceWorkers([part.device for part in parts])
 
+    def _each(self, step: Callable, *inputs: Tensor | None) -> list[Tensor]:
+        """``step(part, *inputs on the part's device)`` for every part at once, its result moved to ``self.device``.
+        The inputs are copied to the devices from this thread before any part starts: a copy issued by a worker
+        would queue behind the work that another worker has already queued on the source device."""
+        placed = [tuple(None if t is None else t.to(part.device, non_blocking=True) for t in inputs)
+                  for part in self.parts]
+
+        def run(item):
+            part, args = item
+            out = step(part, *args)
+            return tuple(t.to(self.device) for t in out) if isinstance(out, tuple) else out.to(self.device)
+
+        return self.workers.map(run, list(zip(self.parts, placed)))
+
     def probe(self, probes, per_token, nprobe):
-        found = self.workers.map(lambda part: tuple(t.to(self.device) for t in part.probe(probes, per_token, nprobe)),
-                                 self.parts)
-        return merge_probes(found, per_token)
+        return merge_probes(self._each(lambda part, x: part.probe(x, per_token, nprobe), probes), per_token)
 
     def interaction(self, q, q_mask, rows, valid):
-        return _max_combine(self.workers.map(
-            lambda part: part.interaction(q, q_mask, rows, valid).to(self.device), self.parts))
+        return _max_combine(self._each(TorchCodes.interaction, q, q_mask, rows, valid))
 
     def refine(self, q, q_mask, q_sal, rows, valid):
-        return _max_combine(self.workers.map(
-            lambda part: part.refine_held(q, q_mask, q_sal, rows, valid).to(self.device), self.parts))
+        return _max_combine(self._each(TorchCodes.refine_held, q, q_mask, q_sal, rows, valid))
 
 
 def batch_parts(queries: Queries, count: int) -> list[slice]:
@@ -451,13 +461,15 @@ class Replicated:
         self.workers = DeviceWorkers([replica.device for replica in replicas])
 
     def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
-        work = list(zip(self.replicas, batch_parts(queries, len(self.replicas))))
+        # each part is copied to its device from this thread before any copy starts searching (see Sharded._each)
+        work = [(replica, queries.part(part).to(replica.device, non_blocking=True) if part.stop > part.start
+                 else None) for replica, part in zip(self.replicas, batch_parts(queries, len(self.replicas)))]
 
         def run(item) -> tuple[Tensor, Tensor]:
             replica, part = item
-            if part.start == part.stop:
+            if part is None:
                 return _on_host((torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long)), k)
-            return _on_host(replica.search(queries.part(part).to(replica.device), depth, k), k)
+            return _on_host(replica.search(part, depth, k), k)
 
         return _concat(self.workers.map(run, work), k)
 
