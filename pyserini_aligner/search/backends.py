@@ -165,7 +165,7 @@ class FaissIVF(Staged):
         parts = [(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
                  for seg, base in zip(store.segments, store.row_base)]
         self.index = store.codec.faiss_index(parts)
-        self.codes = Sharded([TorchCodes(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
+        self.codes = Sharded([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
             if store.segments else None
         self._selector = None
 
@@ -261,14 +261,12 @@ class FaissFlat(Staged):
 
 # ---------------------------------------------------------------------------------------------------- one device
 class TorchCodes(Staged):
-    """Segments ``numbers`` of a compressed index as codes on ``device`` (:class:`.engine.CodeShard`). With a
-    graphed query ``encoder`` on the same CUDA device, one query at a time is encoded and searched by replaying
-    CUDA graphs (:class:`.static.GraphedSearch`, captured per query width, depth and k on first use)."""
+    """A compressed index's codes (all or some consecutive segments: ``shard``) on one device. With a graphed query
+    ``encoder`` on the same CUDA device, one query at a time is encoded and searched by replaying CUDA graphs
+    (:class:`.static.GraphedSearch`, captured per query width, depth and k on first use)."""
 
-    def __init__(self, store: StoredIndex, numbers: Sequence[int], device: str | torch.device, scoring: Scoring,
-                 encoder=None):
-        self.shard = CodeShard(store, list(numbers), device, scoring.refine_with)
-        self.device, self.scoring = self.shard.device, scoring
+    def __init__(self, shard: CodeShard, scoring: Scoring, encoder=None):
+        self.shard, self.device, self.scoring = shard, shard.device, scoring
         self.plan = None
         if encoder is not None and self.device.type == "cuda" and encoder.ids.device == self.device:
             from pyserini_aligner.search.static import GraphedSearch
@@ -614,17 +612,32 @@ def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scori
     if exchange is not None:
         return _exchanged(store, devices[0], scoring, segments, exchange, placement, encoder)
     if len(devices) == 1:
-        return TorchCodes(store, mine, devices[0], scoring, encoder)
+        return codes_on(store, mine, devices[0], scoring, encoder)
     if placement == "auto":
-        placement = "replicate" if all(fits_whole(store, d, scoring.refine_with) for d in devices) else "shard"
+        placement = choose_placement(store, devices, scoring.refine_with)
     if placement == "replicate":
-        return Replicated([TorchCodes(store, mine, d, scoring, encoder) for d in devices])
+        first = codes_on(store, mine, devices[0], scoring, encoder)
+        # the other copies are copied from the first, device to device, where the devices are alike
+        return Replicated([first] + [TorchCodes(first.shard.to(d), scoring, encoder) if d.type == devices[0].type
+                                     else codes_on(store, mine, d, scoring, encoder) for d in devices[1:]])
     owned = [(d, numbers) for d, numbers in zip(devices, split_devices(store, devices, mine)) if numbers]
     if len(owned) < 2:  # too few segments to split: one device holds them all
         log.info("%d segment(s) cannot be spread over %d devices: searching on %s", len(mine), len(devices),
                  owned[0][0] if owned else devices[0])
-        return TorchCodes(store, mine, owned[0][0] if owned else devices[0], scoring, encoder)
-    return Sharded([TorchCodes(store, numbers, d, scoring) for d, numbers in owned])
+        return codes_on(store, mine, owned[0][0] if owned else devices[0], scoring, encoder)
+    return Sharded([codes_on(store, numbers, d, scoring) for d, numbers in owned])
+
+
+def codes_on(store: StoredIndex, numbers: Sequence[int], device: torch.device | str, scoring: Scoring,
+             encoder=None) -> TorchCodes:
+    """:class:`TorchCodes` of segments ``numbers`` of ``store`` on ``device``."""
+    return TorchCodes(CodeShard(store, list(numbers), device, scoring.refine_with), scoring, encoder)
+
+
+def choose_placement(store: StoredIndex, devices: Sequence[torch.device], refine_with: str) -> str:
+    """What placement "auto" takes on ``devices``: "replicate" when a whole copy of the index and room to search fit
+    in every device's free memory (GPUs only), else "shard"."""
+    return "replicate" if all(fits_whole(store, d, refine_with) for d in devices) else "shard"
 
 
 def _exchanged(store: StoredIndex, device: torch.device, scoring: Scoring, segments: Sequence[int] | None, exchange,
@@ -638,9 +651,9 @@ def _exchanged(store: StoredIndex, device: torch.device, scoring: Scoring, segme
         placement = "replicate" if all(exchange.all_gather(fits_whole(store, device, scoring.refine_with))) \
             else "shard"
     if placement == "replicate":
-        return ExchangedReplica(TorchCodes(store, range(len(store.segments)), device, scoring), exchange)
+        return ExchangedReplica(codes_on(store, range(len(store.segments)), device, scoring), exchange)
     if segments is None:
         segments = split_devices(store, range(exchange.world_size))[exchange.rank]
     mine = _consecutive(store, segments)
-    return Exchanged(TorchCodes(store, mine, device, scoring) if mine else None, exchange)
+    return Exchanged(codes_on(store, mine, device, scoring) if mine else None, exchange)
 

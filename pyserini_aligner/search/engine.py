@@ -115,6 +115,17 @@ class CodeShard:
     def num_entries(self) -> int:
         return len(self.ivf_docs)
 
+    def to(self, device: str | torch.device) -> "CodeShard":
+        """A copy of this shard on ``device``: its tensors copied there (device to device, without reading the
+        segments again), its decoding tables made for that device."""
+        copy = object.__new__(CodeShard)
+        copy.__dict__.update({name: value.to(device) if isinstance(value, Tensor) else value
+                              for name, value in vars(self).items()})
+        copy.device = torch.device(device)
+        copy.pair_tables(copy.device.type == "cuda" and copy.token_m % 2 == 0
+                         and copy.token_books.shape[2] <= PAIR_MAX_SUB)
+        return copy
+
     # ------------------------------------------------------------------ step 1
     def probe(self, probes: Tensor, k_per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
         """(scores [R, K] float32, global rows [R, K] int64) of each probe's K best live entries in its ``nprobe``
