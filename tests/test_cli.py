@@ -281,6 +281,17 @@ def test_a_bad_flag_value_is_an_argparse_error_naming_the_flag(parser, argv, mes
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    ([], "error: --distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)"),
+    (["--backend", "faiss"], "error: --distributed searches with backend torch, not --backend faiss")])
+def test_distributed_search_flags_that_cant_work_are_usage_errors(topics, tmp_path, capsys, monkeypatch, flags,
+                                                                   message):
+    monkeypatch.delenv("RANK", raising=False)
+    assert search_cli.main(["--index", str(tmp_path), "--topics", str(topics), "--output", str(tmp_path / "run"),
+                            "--distributed", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
 def test_flags_reach_the_library_typed():
     args = search_cli.build_parser().parse_args(["--index", "i", "--topics", "t", "--output", "o", "--strategy",
                                                  "top-p:0.02"])

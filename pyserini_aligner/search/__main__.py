@@ -106,7 +106,7 @@ def write_hits(hits: dict[str, list[tuple[str, float]]], args: argparse.Namespac
               max_passage_delimiter=args.max_passage_delimiter, max_passage_hits=args.max_passage_hits)
 
 
-def run_distributed(args: argparse.Namespace) -> int:
+def run_distributed(args: argparse.Namespace) -> None:
     """--distributed: search in lockstep with the other ranks; rank 0 reads the topics and writes the run."""
     import torch.distributed as dist
 
@@ -114,17 +114,14 @@ def run_distributed(args: argparse.Namespace) -> int:
     from pyserini_aligner.search.distributed import distributed_searcher
 
     if args.backend == "faiss":
-        print("error: --distributed searches with backend torch, not --backend faiss", file=sys.stderr)
-        return 2
+        raise UsageError("--distributed searches with backend torch, not --backend faiss")
     if args.devices:
-        print("error: --distributed searches on one device a rank (--device cuda means cuda:LOCAL_RANK), not "
-              "--devices", file=sys.stderr)
-        return 2
+        raise UsageError("--distributed searches on one device a rank (--device cuda means cuda:LOCAL_RANK), not "
+                         "--devices")
     try:
         ctx, created = join_group()
-    except RuntimeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except RuntimeError as error:  # not under torchrun
+        raise UsageError(str(error)) from None
     exchange = Collectives(ctx)
     try:
         problem, topics = None, None
@@ -134,9 +131,8 @@ def run_distributed(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as error:
             problem = f"rank {ctx.rank}: {error}"
         problems = [p for p in exchange.all_gather(problem) if p]
-        if problems:
-            print(f"error: {problems[0]}", file=sys.stderr)
-            return 2
+        if problems:  # a bad index or topics file on some rank: every rank stops with its message
+            raise ValueError(problems[0])
         topics = exchange.broadcast(topics)
         qids, extra, hits = list(topics), 1 if args.remove_query else 0, {}
         with tqdm(total=len(qids), unit="query", disable=args.quiet or ctx.rank != 0) as bar:
@@ -150,10 +146,8 @@ def run_distributed(args: argparse.Namespace) -> int:
         if ctx.rank == 0:
             write_hits(hits, args)
             log.info("wrote %d queries to %s (%d ranks)", len(hits), args.output, ctx.world_size)
-        return 0
     except RuntimeError as error:  # a rank died or was killed: Gloo's "Connection closed by peer"
-        print(f"error: rank {ctx.rank}: {lost_rank_message(error)}", file=sys.stderr)
-        return 1
+        raise RuntimeError(f"rank {ctx.rank}: {lost_rank_message(error)}") from None
     finally:
         if created:
             dist.destroy_process_group()
@@ -173,10 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def search(args: argparse.Namespace) -> int | None:
+def search(args: argparse.Namespace) -> None:
     """Search the --topics and write the run (--distributed: with the other ranks of a torchrun job)."""
     if args.distributed:
-        return run_distributed(args)
+        run_distributed(args)
+        return
     from pyserini_aligner.search.searcher import AlignerSearcher
 
     try:
@@ -199,7 +194,6 @@ def search(args: argparse.Namespace) -> int | None:
         hits = drop_query_hits(hits, args.hits)
     write_hits(hits, args)
     log.info("wrote %d queries to %s", len(hits), args.output)
-    return None
 
 
 if __name__ == "__main__":
