@@ -5,6 +5,6 @@ from pyserini_aligner.index.options import BuildOptions
 from pyserini_aligner.index.store import (IndexFormatError, Manifest, StoredIndex, Workspace, read_manifest,
                                           set_default_strategy)
 
-__all__ = ["BuildOptions", "build_index", "derive_index", "faiss_factory_string", "CorpusError", "Location", "read_corpus",
-           "read_json_collection", "IndexFormatError", "Manifest", "StoredIndex", "Workspace", "read_manifest",
-           "set_default_strategy"]
+__all__ = ["BuildOptions", "build_index", "derive_index", "faiss_factory_string", "CorpusError", "Location",
+           "read_corpus", "read_json_collection", "IndexFormatError", "Manifest", "StoredIndex", "Workspace",
+           "read_manifest", "set_default_strategy"]

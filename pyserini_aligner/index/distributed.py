@@ -132,8 +132,8 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
     """Build one index of ``corpus`` (a JsonCollection path or an ir_datasets id) with every rank of the torchrun
     job this process belongs to; all ranks call it with the same arguments. Returns the manifest on rank 0, None on
     the others; raises (on every rank) when any rank fails. ``options`` and ``changes`` as in
-    :func:`.builder.build_index`; device "cuda" means cuda:LOCAL_RANK. The process group (NCCL + Gloo on CUDA, Gloo on the CPU) is created with a
-    ``timeout_s`` timeout unless one exists already."""
+    :func:`.builder.build_index`; device "cuda" means cuda:LOCAL_RANK. The process group (NCCL + Gloo on CUDA, Gloo
+    on the CPU) is created with a ``timeout_s`` timeout unless one exists already."""
     ctx = dist_context()
     if ctx is None:
         raise RuntimeError("build_distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
