@@ -179,12 +179,9 @@ def run_main(parse: Callable[[list[str] | None], argparse.Namespace],
     """
     try:
         args = parse(argv)
-    except SystemExit as stop:  # --help, or argparse's usage error (already printed)
-        return exit_status(stop.code)
-    configure_logging(bool(getattr(args, "quiet", False)), timestamps)
-    try:
+        configure_logging(bool(getattr(args, "quiet", False)), timestamps)
         return command(args) or 0
-    except SystemExit as stop:
+    except SystemExit as stop:  # --help, argparse's usage error (already printed), or the command's own exit
         return exit_status(stop.code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
