@@ -77,6 +77,17 @@ def test_passage_lengths_and_variety(corpus):
     assert np.allclose(shares, list(SPAN_WEIGHTS.values()), atol=0.02)
 
 
+def test_passages_between_equal_the_sequence(corpus):
+    """Any range of the sequence, made without the passages before it: across the originals, the spans and the
+    joined passages (and their blocks of random draws)."""
+    ends = corpus.num_originals + corpus.num_spans
+    ranges = [(0, 3), (corpus.num_originals - 2, corpus.num_originals + 2), (ends - 2, ends + 3),
+              (ends + 4094, ends + 4099), (ends + 3 * 4096 + 5, ends + 3 * 4096 + 9)]
+    whole = list(islice(iter(corpus), ranges[-1][1]))
+    for start, stop in ranges:
+        assert list(corpus.passages_between(start, stop)) == whole[start:stop]
+
+
 def test_sizes_parse_and_print():
     assert [parse_size(s) for s in ("300", "5k", "100K", "1m", "8.8m")] == [300, 5000, 100_000, 10**6, 8_800_000]
     assert [size_label(n) for n in (300, 5000, 10**6, 8_800_000, 5183)] == ["300", "5k", "1m", "8.8m", "5183"]
@@ -148,6 +159,32 @@ def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
     assert cli.main(["--beir-zip", str(archive), "--sizes", "40", "--device", "cpu", "--output", str(out),
                      "--work", str(work)]) == 1
     assert "already exists" in capsys.readouterr().err and StoredIndex(work / "40" / "index").num_docs == 40
+
+
+def test_multi_gpu_harness_on_cpu_processes(tmp_path, capsys):
+    """eval.bench_scale.multi with two CPU processes: the corpus written in parts, one index of two segments built
+    by torchrun, searched on one "device" and on two in both placements, with identical rankings."""
+    from eval.bench_scale import multi
+
+    archive, out, work = _tiny_zip(tmp_path / "scifact.zip"), tmp_path / "out", tmp_path / "work"
+    assert multi.main(["--beir-zip", str(archive), "--size", "60", "--gpus", "2", "--device", "cpu",
+                       "--max-queries", "5", "--search-batch", "4", "--batch-size", "16", "--output", str(out),
+                       "--work", str(work), "--quiet"]) == 0
+    report = json.loads((out / "multi.json").read_text())
+    assert report["segments"] == 2 and report["auto_placement"] == "shard" and report["build"]["seconds"] > 0
+    search = report["search"]
+    assert search["queries"] == 5 and search["one_gpu"]["placement"] == "one"
+    for placement in ("replicate", "shard"):
+        row = search[placement]
+        assert row["placement"] == placement and row["identical"] == row["same_docids"] == 5
+        assert 0 < row["p50_ms"] <= row["p95_ms"] and row["qps_b4"] > 0 and row["qps_scaling"] > 0
+        assert 0 <= row["encode_share_b4"] <= 1
+    assert set(report["targets_met"]) == {"replicated q/s", "replicated p50", "sharded q/s"}
+    assert StoredIndex(work / "index").num_docs == 60
+    assert capsys.readouterr().out.endswith((out / "multi.md").read_text())
+    assert multi.main(["--beir-zip", str(archive), "--size", "60", "--gpus", "2", "--device", "cpu",
+                       "--output", str(out), "--work", str(work)]) == 1  # --work is not reused
+    assert "already exists" in capsys.readouterr().err
 
 
 def test_bad_input_is_a_one_line_error(tmp_path, capsys):

@@ -159,6 +159,19 @@ class SyntheticCorpus:
             raise ValueError(f"corpus size must be >= 1, got {n}")
         return islice(iter(self), n)
 
+    def passages_between(self, start: int, stop: int) -> Iterator[tuple[str, str]]:
+        """Items ``start`` .. ``stop - 1`` of the sequence (``islice(iter(self), start, stop)``), without making the
+        passages before ``start``, so that parts of a large corpus can be written at once."""
+        originals, spans = self.num_originals, self.num_spans
+        for i in range(start, min(stop, originals)):
+            yield self.source.docs[self.original_order[i]]
+        for number in range(max(start, originals) - originals, min(stop, originals + spans) - originals):
+            d, s, n = self.spans[number]
+            yield f"p{number}", " ".join(self.sentences[d][s:s + n])
+        first = max(start, originals + spans)
+        if stop > first:
+            yield from islice(self._joined(spans, skip=first - originals - spans), stop - first)
+
     def _run_of_words(self, doc: int, sentence: int, count: int) -> list[str]:
         """``count`` words of ``doc`` from the start of ``sentence`` on (starting earlier when the document ends
         first)."""
@@ -166,7 +179,9 @@ class SyntheticCorpus:
         start = max(0, min(self.sentence_starts[doc][sentence], len(words) - count))
         return words[start:start + count]
 
-    def _joined(self, first_number: int) -> Iterator[tuple[str, str]]:
+    def _joined(self, first_number: int, skip: int = 0) -> Iterator[tuple[str, str]]:
+        """The joined passages from number ``first_number`` on, less the first ``skip`` (whose random draws are made
+        but whose texts are not)."""
         rng = np.random.default_rng([self.seed, 1])
         counts = np.array([len(s) for s in self.sentences])
         usable = np.flatnonzero(counts > 0)
@@ -176,7 +191,9 @@ class SyntheticCorpus:
             docs = usable[rng.integers(0, len(usable), (_JOIN_BLOCK, 2))]
             starts = (rng.random((_JOIN_BLOCK, 2)) * counts[docs]).astype(np.int64)
             share = rng.uniform(0.25, 0.75, _JOIN_BLOCK)
-            for i in range(_JOIN_BLOCK):
+            passed, skip = min(skip, _JOIN_BLOCK), skip - min(skip, _JOIN_BLOCK)
+            number += passed
+            for i in range(passed, _JOIN_BLOCK):
                 total = max(int(length[i]), 2)
                 head = min(max(int(round(total * share[i])), 1), total - 1)
                 words = (self._run_of_words(docs[i, 0], starts[i, 0], head)

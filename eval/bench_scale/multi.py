@@ -1,110 +1,220 @@
-"""``python -m eval.bench_scale.multi --beir-zip scifact.zip --size 2m --gpus 4 --output <dir>``
+"""``python -m eval.bench_scale.multi --beir-zip scifact.zip --size 8.8m --gpus 4 --output <dir>``
 
-Multi-GPU scaling on synthetic passages: a one-GPU build of size/G passages against a torchrun build of all of them
-on G GPUs (passages/s each, and their ratio over G), then sharded search of the G-segment index over all G GPUs
-against one GPU (q/s in batches of 300 and whether the rankings are identical). Writes multi.json and multi.md.
+Search on several GPUs over one real index. The first ``--size`` synthetic passages (:mod:`.corpus`) are written as a
+JsonCollection (parts written at once by several processes) and built by ``torchrun`` on G GPUs into one index of G
+segments (timed). That index is then searched at k=10 on one GPU and on all G with the codes replicated and with
+them sharded: p50/p95 one query at a time (query encoding included), q/s for batches of ``--search-batch`` queries
+(median of 3 passes), how many G-GPU rankings equal the one-GPU ranking (same docids in order; same docids and
+scores), and the ratios against the targets: replicated q/s >= 0.8·G·one GPU and p50 <= 1.2 × one GPU, sharded q/s
+>= 0.6·G·one GPU. ``--compare-build`` also builds size/G passages on one GPU (build throughput against the G-GPU
+build). Writes multi.json and multi.md under ``--output``; ``--device cpu`` runs the same steps with CPU processes
+(a quick check of the harness, not a measurement).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
-from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip, size_label
-from eval.bench_scale.run import judged_queries
+from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip, size_label
+from eval.cli import configure_logging, corpus_size, positive_int
+
+TARGETS = {"replicate_qps": 0.8, "replicate_p50": 1.2, "shard_qps": 0.6}  # of G × one GPU's q/s; of its p50
+PART_PASSAGES = 500_000  # passages a writing process takes at most
 
 
-def write_jsonl(corpus: SyntheticCorpus, n: int, path: Path) -> None:
+def _write_part(beir_zip: Path, seed: int, start: int, stop: int, path: Path) -> int:
+    """Write passages ``start`` .. ``stop - 1`` of the synthetic corpus to ``path`` (JSON lines); their count."""
+    corpus = SyntheticCorpus(read_beir_zip(beir_zip), seed=seed)
+    count = 0
     with path.open("w", encoding="utf-8") as out:
-        for docid, text in corpus.passages(n):
+        for docid, text in corpus.passages_between(start, stop):
             out.write(json.dumps({"id": docid, "contents": text}) + "\n")
+            count += 1
+    return count
 
 
-def timed(command: list[str]) -> float:
-    """Run ``command`` (it must succeed); its wall-clock seconds."""
+def write_corpus(beir_zip: Path, n: int, folder: Path, seed: int = 0) -> float:
+    """The first ``n`` passages as a JsonCollection folder of part files (named in corpus order), written by
+    several processes at once; the wall seconds it took."""
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=os.environ.copy())
+    folder.mkdir(parents=True)
+    parts = max(1, min(os.cpu_count() or 1, -(-n // PART_PASSAGES)))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    jobs = [(beir_zip, seed, a, b, folder / f"part-{i:03d}.jsonl") for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    if parts == 1:
+        written = [_write_part(*jobs[0])]
+    else:
+        with ProcessPoolExecutor(parts) as pool:
+            written = list(pool.map(_write_part, *zip(*jobs)))
+    if sum(written) != n:
+        raise RuntimeError(f"wrote {sum(written)} passages, expected {n}")
     return time.perf_counter() - start
 
 
-def qps(searcher, texts: list[str]) -> tuple[float, list]:
-    times, ranked = [], []
-    for _ in range(3):
-        start = time.perf_counter()
-        ranked = searcher.rank(texts, k=10)
-        times.append(time.perf_counter() - start)
-    return len(texts) / statistics.median(times), ranked
+def timed_build(corpus: Path, index: Path, device: str, batch_size: int, gpus: int | None) -> float:
+    """Build ``index`` from ``corpus`` with ``python -m pyserini_aligner.index`` (under torchrun with ``gpus``
+    ranks, one a GPU); its wall seconds. The command must succeed."""
+    command = ["-m", "pyserini_aligner.index", "--corpus", str(corpus), "--index", str(index), "--device", device,
+               "--batch-size", str(batch_size), "--quiet"]
+    if gpus is not None:
+        command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus), *command]
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *command], check=True, env=os.environ.copy())
+    return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.bench_scale.multi", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beir-zip", type=Path, required=True)
-    parser.add_argument("--size", type=parse_size, required=True)
-    parser.add_argument("--gpus", type=int, required=True)
-    parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/bench_multi"))
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check with CPU processes")
-    args = parser.parse_args(argv)
-    import torch
-
-    source = read_beir_zip(args.beir_zip)
-    corpus = SyntheticCorpus(source)
-    args.work.mkdir(parents=True, exist_ok=True)
-    full, part = args.work / "full.jsonl", args.work / "part.jsonl"
-    write_jsonl(corpus, args.size, full)
-    write_jsonl(corpus, args.size // args.gpus, part)
-    common = ["--device", args.device, "--batch-size", str(args.batch_size), "--quiet"]
-    one = timed([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(part), "--index",
-                 str(args.work / "one"), *common])
-    many = timed(["torchrun", "--nproc-per-node", str(args.gpus), "-m", "pyserini_aligner.index", "--corpus",
-                  str(full), "--index", str(args.work / "many"), *common])
-    cuda = args.device.startswith("cuda")
-    report = {"gpu": torch.cuda.get_device_name(0) if cuda else "CPU", "gpus": args.gpus, "size": args.size,
-              "one_gpu": {"passages": args.size // args.gpus, "seconds": round(one, 1),
-                          "passages_per_s": round(args.size // args.gpus / one, 1)},
-              "all_gpus": {"passages": args.size, "seconds": round(many, 1),
-                           "passages_per_s": round(args.size / many, 1)}}
-    report["build_scaling"] = round(report["all_gpus"]["passages_per_s"]
-                                    / (args.gpus * report["one_gpu"]["passages_per_s"]), 3)
+def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list[str], batch: int) -> tuple[dict, list]:
+    """Time one placement of the index on ``devices`` (:func:`.run.time_search`), then profile one batch pass
+    (seconds of query encoding against the whole pass); (figures, ranking of the last batch pass)."""
+    from eval.bench_scale.run import release_memory, time_search
     from pyserini_aligner.search import AlignerSearcher
 
-    texts = list(judged_queries(corpus, args.size, None).values())
+    held = {}
+
+    def open_ranker():
+        searcher = AlignerSearcher(index, devices=list(devices), backend="torch", placement=placement,
+                                   batch_size=batch)
+        held["searcher"] = searcher
+
+        def rank(queries: list[str], size: int):
+            searcher.batch_size = size
+            return searcher.rank(queries, k=10)
+
+        return rank
+
+    row, ranked = time_search(open_ranker, texts, devices[0], batches=(batch,))
+    searcher = held.pop("searcher")
+    row["placement"] = searcher.engine.placement
+    searcher.timings = {}
+    start = time.perf_counter()
+    searcher.rank(texts[:batch], k=10)
+    row["encode_share_b%d" % batch] = round(searcher.timings.get("encode", 0.0) / (time.perf_counter() - start), 3)
+    del searcher
+    release_memory(devices[0])
+    return row, ranked
+
+
+def agreement(ranked: list, reference: list) -> dict:
+    """How many rankings equal the reference's: the same docids in order, and the same (docid, score) pairs."""
+    return {"same_docids": sum([d for d, _ in a] == [d for d, _ in b] for a, b in zip(ranked, reference)),
+            "identical": sum(a == b for a, b in zip(ranked, reference))}
+
+
+def markdown(report: dict) -> str:
+    g, s = report["gpus"], report["search"]
+    one, batch = s["one_gpu"], report["search_batch"]
+    lines = [f"### {g} × {report['gpu']}, {size_label(report['size'])} synthetic passages (one index of "
+             f"{report['segments']} segments built by torchrun)", "",
+             f"Build with {g} torchrun ranks: {report['build']['seconds']} s, {report['build']['passages_per_s']} passages/s "
+             f"(corpus written in {report['corpus_s']} s); index {report['index_gib']} GiB of codes resident a copy; "
+             f"placement auto chooses {report['auto_placement']}.", "",
+             f"| | p50 ms | p95 ms | q/s b{batch} | q/s ÷ ({g} × one GPU) | p50 ÷ one GPU | same docids | identical |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|",
+             f"| 1 GPU | {one['p50_ms']} | {one['p95_ms']} | {one[f'qps_b{batch}']} | | | | |"]
+    for name in ("replicate", "shard"):
+        row = s[name]
+        lines.append(f"| {g} GPUs, {name} | {row['p50_ms']} | {row['p95_ms']} | {row[f'qps_b{batch}']} | "
+                     f"{row['qps_scaling']} | {row['p50_ratio']} | {row['same_docids']}/{s['queries']} | "
+                     f"{row['identical']}/{s['queries']} |")
+    checks = ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in report["targets_met"].items())
+    lines += ["", f"Targets (replicated q/s >= {TARGETS['replicate_qps']}·G·one GPU, p50 <= "
+                  f"{TARGETS['replicate_p50']}× one GPU; sharded q/s >= {TARGETS['shard_qps']}·G·one GPU): {checks}."]
+    if "one_gpu_build" in report:
+        b = report["one_gpu_build"]
+        lines.append(f"One GPU builds {b['passages']} passages at {b['passages_per_s']} passages/s: the {g}-GPU build "
+                     f"runs at {report['build_scaling']} × linear.")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m eval.bench_scale.multi", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beir-zip", type=Path, required=True, help="BEIR zip the passages grow from (SciFact)")
+    parser.add_argument("--size", type=corpus_size, required=True, help="passages, e.g. 2m or 8.8m")
+    parser.add_argument("--gpus", type=positive_int, required=True, help="GPUs (torchrun ranks and search devices)")
+    parser.add_argument("--output", type=Path, required=True, help="folder for multi.json and multi.md")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="new folder for the corpus and the indexes, kept afterwards (default: a temporary one)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="passages encoded together (build)")
+    parser.add_argument("--search-batch", type=positive_int, default=300, help="queries searched together")
+    parser.add_argument("--max-queries", type=positive_int, default=None, help="at most this many judged queries")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda, or cpu for a quick check of the harness with CPU processes")
+    parser.add_argument("--compare-build", action="store_true",
+                        help="also build size/G passages on one GPU (build throughput against the G-GPU build)")
+    parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.quiet)
+    if args.work is not None and args.work.exists() and any(args.work.iterdir()):
+        print(f"error: --work {args.work} already exists and is not empty; pass a new folder", file=sys.stderr)
+        return 1
+    if not args.beir_zip.is_file():
+        print(f"error: --beir-zip {args.beir_zip}: no such file", file=sys.stderr)
+        return 1
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_multi-"))
+    work.mkdir(parents=True, exist_ok=True)
+    corpus_s = write_corpus(args.beir_zip, args.size, work / "corpus")
+    build_s = timed_build(work / "corpus", work / "index", args.device, args.batch_size, args.gpus)
+
+    import torch
+
+    from eval.bench_scale.run import judged_queries
+    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.search.backends import choose_placement, resident_bytes
+
+    cuda = args.device == "cuda"
     devices = [f"cuda:{i}" for i in range(args.gpus)] if cuda else ["cpu"] * args.gpus
-    single = AlignerSearcher(args.work / "many", device=devices[0], backend="torch", batch_size=300)
-    rate_one, ranked_one = qps(single, texts)
-    del single
-    if cuda:
-        torch.cuda.empty_cache()
-    sharded = AlignerSearcher(args.work / "many", devices=devices, backend="torch", batch_size=300)
-    rate_all, ranked_all = qps(sharded, texts)
-    report["search"] = {"queries": len(texts), "one_gpu_qps_b300": round(rate_one, 1),
-                        "sharded_qps_b300": round(rate_all, 1),
-                        "search_scaling": round(rate_all / (args.gpus * rate_one), 3),
-                        "identical_rankings": ranked_one == ranked_all,
-                        "same_docids": sum([d for d, _ in a] == [d for d, _ in b]
-                                           for a, b in zip(ranked_one, ranked_all))}
+    store = StoredIndex(work / "index")
+    report = {"gpu": torch.cuda.get_device_name(0) if cuda else "CPU", "gpus": args.gpus, "size": args.size,
+              "segments": len(store.segments), "search_batch": args.search_batch, "corpus_s": round(corpus_s, 1),
+              "build": {"seconds": round(build_s, 1), "passages_per_s": round(args.size / build_s, 1)},
+              "index_gib": round(resident_bytes(store, range(len(store.segments)), "all",
+                                                torch.device(devices[0])) / 2 ** 30, 2),
+              "auto_placement": choose_placement(store, [torch.device(d) for d in devices], "all")}
+    del store
+    texts = list(judged_queries(SyntheticCorpus(read_beir_zip(args.beir_zip)), args.size, args.max_queries).values())
+    one, reference = search_mode(work / "index", devices[:1], "auto", texts, args.search_batch)
+    search = {"queries": len(texts), "one_gpu": one}
+    qps = f"qps_b{args.search_batch}"
+    for placement in ("replicate", "shard"):
+        row, ranked = search_mode(work / "index", devices, placement, texts, args.search_batch)
+        row.update(agreement(ranked, reference))
+        row["qps_scaling"] = round(row[qps] / (args.gpus * one[qps]), 3)
+        row["p50_ratio"] = round(row["p50_ms"] / one["p50_ms"], 3)
+        search[placement] = row
+    report["search"] = search
+    report["targets_met"] = {
+        "replicated q/s": search["replicate"]["qps_scaling"] >= TARGETS["replicate_qps"],
+        "replicated p50": search["replicate"]["p50_ratio"] <= TARGETS["replicate_p50"],
+        "sharded q/s": search["shard"]["qps_scaling"] >= TARGETS["shard_qps"]}
+    if args.compare_build:
+        part = args.size // args.gpus
+        write_corpus(args.beir_zip, part, work / "part")
+        seconds = timed_build(work / "part", work / "one", args.device, args.batch_size, None)
+        report["one_gpu_build"] = {"passages": part, "seconds": round(seconds, 1),
+                                   "passages_per_s": round(part / seconds, 1)}
+        report["build_scaling"] = round(report["build"]["passages_per_s"]
+                                        / (args.gpus * report["one_gpu_build"]["passages_per_s"]), 3)
+    from eval.bench_scale.report import write_report
+
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "multi.json").write_text(json.dumps(report, indent=1) + "\n")
-    b, s = report, report["search"]
-    md = (f"### {args.gpus} × {report['gpu']}, {size_label(args.size)} synthetic passages\n\n"
-          "| | passages | build s | passages/s |\n|---|---:|---:|---:|\n"
-          f"| 1 GPU | {b['one_gpu']['passages']} | {b['one_gpu']['seconds']} | {b['one_gpu']['passages_per_s']} |\n"
-          f"| {args.gpus} GPUs (torchrun) | {b['all_gpus']['passages']} | {b['all_gpus']['seconds']} | "
-          f"{b['all_gpus']['passages_per_s']} |\n\n"
-          f"Build throughput {b['build_scaling']} × linear. Search over the {args.gpus}-segment index, {s['queries']} "
-          f"queries, batches of 300: one GPU {s['one_gpu_qps_b300']} q/s, {args.gpus} GPUs {s['sharded_qps_b300']} "
-          f"q/s ({s['search_scaling']} × linear); identical rankings: {s['identical_rankings']} "
-          f"({s['same_docids']}/{s['queries']} queries with the same docids in order).\n")
-    (args.output / "multi.md").write_text(md)
-    print(md)
+    table = markdown(report)
+    write_report(args.output, "multi", report, table)
+    print(table, end="")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
