@@ -145,6 +145,26 @@ def test_reopen_chooses_again(codes_index, model, tmp_path):
     assert "new" in {d for hits in searcher.rank(QUERIES, k=N_DOCS) for d, _ in hits}
 
 
+def test_command_line_on_two_devices_writes_the_one_device_run(codes_index, tmp_path, capsys):
+    """python -m pyserini_aligner.search --devices cpu cpu --placement replicate|shard writes the run of one
+    device; --devices with --distributed is refused in one line."""
+    from pyserini_aligner.search import __main__ as search_cli
+
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(f"q{i}\t{text}\n" for i, text in enumerate(QUERIES)))
+    common = ["--index", str(codes_index), "--topics", str(topics), "--backend", "torch", "--hits", "5", "--quiet"]
+    assert search_cli.main([*common, "--output", str(tmp_path / "one.trec")]) == 0
+    for placement in ("replicate", "shard"):
+        output = tmp_path / f"{placement}.trec"
+        assert search_cli.main([*common, "--output", str(output), "--devices", "cpu", "cpu",
+                                "--placement", placement]) == 0
+        assert output.read_text() == (tmp_path / "one.trec").read_text()
+    capsys.readouterr()
+    assert search_cli.main([*common, "--output", str(tmp_path / "x.trec"), "--devices", "cpu", "cpu",
+                            "--distributed"]) == 2
+    assert "--distributed searches on one device a rank" in capsys.readouterr().err
+
+
 def test_placement_errors(codes_index, fp16_index, model):
     with pytest.raises(ValueError, match="placement must be one of"):
         AlignerSearcher(codes_index, encoder=model, backend="torch", devices=["cpu", "cpu"], placement="spread")
