@@ -165,11 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_multi-"))
     work.mkdir(parents=True, exist_ok=True)
+    args.output.mkdir(parents=True, exist_ok=True)
     corpus_s = write_corpus(args.beir_zip, args.size, work / "corpus")
     build_s = timed_build(work / "corpus", work / "index", args.device, args.batch_size, args.gpus)
 
     import torch
 
+    from eval.bench_scale.report import write_report
     from eval.bench_scale.run import judged_queries
     from pyserini_aligner.index.store import StoredIndex
     from pyserini_aligner.search.backends import choose_placement, resident_bytes
@@ -184,9 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                                                 torch.device(devices[0])) / 2 ** 30, 2),
               "auto_placement": choose_placement(store, [torch.device(d) for d in devices], "all")}
     del store
+    unfinished = "(unfinished: the figures so far are in multi.json)\n"
+    write_report(args.output, "multi", report, unfinished)  # a run cut short keeps what it measured
     texts = list(judged_queries(SyntheticCorpus(read_beir_zip(args.beir_zip)), args.size, args.max_queries).values())
     one, reference = search_mode(work / "index", devices[:1], "auto", texts, args.search_batch)
-    search = {"queries": len(texts), "one_gpu": one}
+    search = report["search"] = {"queries": len(texts), "one_gpu": one}
+    write_report(args.output, "multi", report, unfinished)
     qps = f"qps_b{args.search_batch}"
     for placement in ("replicate", "shard"):
         row, ranked = search_mode(work / "index", devices, placement, texts, args.search_batch)
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         row["qps_scaling"] = round(row[qps] / (args.gpus * one[qps]), 3)
         row["p50_ratio"] = round(row["p50_ms"] / one["p50_ms"], 3)
         search[placement] = row
-    report["search"] = search
+        write_report(args.output, "multi", report, unfinished)
     report["targets_met"] = {
         "replicated q/s": search["replicate"]["qps_scaling"] >= TARGETS["replicate_qps"],
         "replicated p50": search["replicate"]["p50_ratio"] <= TARGETS["replicate_p50"],
@@ -207,9 +212,6 @@ def main(argv: list[str] | None = None) -> int:
                                    "passages_per_s": round(part / seconds, 1)}
         report["build_scaling"] = round(report["build"]["passages_per_s"]
                                         / (args.gpus * report["one_gpu_build"]["passages_per_s"]), 3)
-    from eval.bench_scale.report import write_report
-
-    args.output.mkdir(parents=True, exist_ok=True)
     table = markdown(report)
     write_report(args.output, "multi", report, table)
     print(table, end="")
