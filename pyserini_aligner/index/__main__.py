@@ -7,8 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
+from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.cli import (HelpFormatter, UsageError, add_quiet_flag, device, fraction, positive_int,
-                                  positive_number, run_main)
+                                  positive_number, run_main, strategy)
 from pyserini_aligner.index.codec import DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M, FP16, AutoCodec
 from pyserini_aligner.index.builder import build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
@@ -16,7 +17,7 @@ from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distribu
 from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, BuildOptions,
                                             codec_arg)
 from pyserini_aligner.index.shards import shard_corpus
-from pyserini_aligner.index.store import read_manifest
+from pyserini_aligner.index.store import read_manifest, set_default_strategy
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 OFF = "off"  # --prune-redundancy off: prune by salience alone
@@ -70,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --compact: retrain the codec on the live tokens and re-quantise them")
     parser.add_argument("--strict", action="store_true", help="with --delete: fail on ids not in the index")
     parser.add_argument("--index", required=True, help="index folder")
-    parser.add_argument("--encoder", default="aligner", help="'aligner', 'aligner-mix' or an AligneR checkpoint folder")
+    parser.add_argument("--encoder", default="aligner",
+                        help=f"a shipped checkpoint ({', '.join(SHIPPED)}) or an AligneR checkpoint folder")
+    parser.add_argument("--strategy", type=strategy, default=None,
+                        help="alignment strategy recorded as the index's default, e.g. top-p:0.01 (default: the "
+                             "checkpoint's; with --from-index: the source's)")
     parser.add_argument("--doc-prune", type=fraction, default=None, metavar="BETA",
                         help=f"fraction β^d of each document's most salient tokens indexed for candidate generation "
                              f"(default {DEFAULT_DOC_PRUNE} when building, the source's with --from-index)")
@@ -118,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--retrain-codec goes with --compact (it retrains the codec of the compacted index)")
     if args.strict and not args.delete:
         parser.error("--strict goes with --delete (it fails on ids that are not in the index)")
+    if args.strategy is not None and not (args.corpus or args.from_index):
+        parser.error("--strategy goes with --corpus or --from-index (it sets the default strategy of the index "
+                     "built)")
     chosen = args.codec or (DEFAULT_CODEC if not args.from_index else FP16)
     if args.max_bytes_per_token is not None and (not isinstance(chosen, AutoCodec) or args.codec_from):
         parser.error("--max-bytes-per-token sizes the residuals of --codec auto; it does nothing with "
@@ -210,9 +218,11 @@ def run(args: argparse.Namespace) -> None:
                 hint, options = end - start, options.replace(max_docs=None)
             manifest = build_index(corpus, args.index, args.encoder, options, num_docs_hint=hint,
                                    corpus_path=args.corpus if Path(args.corpus).exists() else None)
+    if args.strategy is not None:
+        manifest = set_default_strategy(args.index, args.strategy)
     if not args.quiet:
         print(f"{args.index}: {manifest.num_docs} documents, {manifest.num_tokens} tokens, "
-              f"{manifest.num_kept} indexed, codec {manifest.codec}")
+              f"{manifest.num_kept} indexed, codec {manifest.codec}, strategy {manifest.default_strategy}")
 
 
 if __name__ == "__main__":
