@@ -187,7 +187,7 @@ def test_adapt_refuses_to_save_when_every_strategy_scores_zero(index, topics, tm
     before = (index / "manifest.json").read_bytes()
     assert main(["--index", str(index), "--topics", str(topics), "--qrels", str(qrels), "--candidates", "5",
                  "--strategies", "top-k:1", "top-k:2", "--quiet"]) == 1
-    assert "every strategy scores ndcg@10 0" in capsys.readouterr().err
+    assert "every candidate scores ndcg@10 0" in capsys.readouterr().err
     assert "only 3 judged queries" in caplog.text
     assert (index / "manifest.json").read_bytes() == before
 
@@ -210,8 +210,8 @@ def test_adapt_keeps_the_stored_default_when_nothing_beats_it(index, topics, tmp
     assert main(["--index", str(copy), "--topics", str(topics), "--qrels", str(qrels), "--candidates", "20",
                  "--strategies", "top-k:1", "top-k:2", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[1].split()[0] == "top-p:0.02"  # the index's default is the baseline, not the model's
-    assert "keeping top-p:0.02: no strategy beats it" in out and "keeps default strategy top-p:0.02" in out
+    assert out.splitlines()[1].split()[:2] == ["aligner", "top-p:0.02"]  # the index's default is the baseline
+    assert "keeping aligner top-p:0.02: no candidate beats it" in out and "keeps default strategy top-p:0.02" in out
     assert (copy / "manifest.json").read_bytes() == before  # not rewritten: same setting, same generation
 
 

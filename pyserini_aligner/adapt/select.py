@@ -1,17 +1,19 @@
-"""Few-shot alignment adaptation (AligneR §4.3): pick the alignment strategy from a handful of labelled queries.
+"""Few-shot adaptation (AligneR §4.3): pick the alignment strategy, and the checkpoint, from a handful of labelled
+queries.
 
-Candidates are rescored with every strategy over the stored document vectors (no new search). The baseline (the
-strategy in use, e.g. the index's default) is kept unless a candidate beats it clearly on the labelled queries: a mean nDCG@10
-gain of at least ``min_gain`` and a one-sided paired randomisation test (sign flips of the per-query differences,
-max-T over the candidates so that picking the best of several is accounted for) with p <= ``alpha``. The same
-functions evaluate adaptation in the harness: folds of ``fold_size`` test queries, each choosing a strategy that
-is then scored on the remaining queries.
+Candidates are rescored under every strategy (no new search): over the stored document vectors, or, to compare
+checkpoints, over the candidate documents' texts encoded with each checkpoint (:mod:`.checkpoints`). The baseline
+(what is in use: the index's checkpoint and default strategy) is kept unless a candidate beats it clearly on the
+labelled queries: a mean nDCG@10 gain of at least ``min_gain`` and a one-sided paired randomisation test (sign flips
+of the per-query differences, max-T over the candidates so that picking the best of several is accounted for) with
+p <= ``alpha``. The same functions evaluate adaptation in the harness: folds of ``fold_size`` test queries, each
+choosing a candidate that is then scored on the remaining queries.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +33,21 @@ PERMUTATIONS = 10000  # random sign flips when exact enumeration would need more
 
 Hits = dict[str, list[tuple[str, float]]]
 Qrels = Mapping[str, Mapping[str, int]]
-PerQuery = Mapping[str, Mapping[str, float]]  # strategy -> qid -> metric value
+PerQuery = Mapping[Hashable, Mapping[str, float]]  # candidate (a strategy, or a Candidate) -> qid -> metric value
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint (a shipped checkpoint's name or a checkpoint folder) and an alignment strategy spec."""
+
+    checkpoint: str
+    strategy: str
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint} {self.strategy}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
@@ -43,16 +59,7 @@ def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, S
     candidates are gathered once and scored with all their stored tokens). Equal scores go to the lower index row,
     as in ``AlignerSearcher``. A docid missing from the index raises ValueError.
     """
-    specs = [str(parse_strategy(s)) for s in strategies]
-    for docids in candidates.values():
-        check_collection(docids, "candidates of a query")
-    qids = [q for q in candidates if q in queries]
-    runs: dict[str, Hits] = {s: {q: [] for q in qids} for s in specs}  # empty query or no candidates: no hits
-    live = [q for q in qids if queries[q].strip() and len(candidates[q])]
-    if not live:
-        return runs
-    encoded = dict(zip(live, model.encode([queries[q] for q in live], is_query=True, batch_size=batch_size)))
-    use_salience = model.scores_with_salience
+    specs, runs, live, encoded = _start(model, queries, candidates, strategies, batch_size)
     for qid in tqdm(live, desc="rescore", unit="query", disable=not progress):
         rows = []
         for docid in dict.fromkeys(candidates[qid]):
@@ -61,26 +68,82 @@ def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, S
                 raise ValueError(f"candidate {docid!r} of query {qid!r} is not in index {store.index_dir}")
             rows.append(row)
         rows = np.sort(np.asarray(rows, dtype=np.int64))
-        d, d_mask, d_sal = store.gather(rows)
-        e = encoded[qid]
-        q = torch.from_numpy(e.vectors)[None]
-        q_mask = torch.ones(1, len(e.vectors), dtype=torch.bool)
-        q_sal = torch.from_numpy(e.salience)[None]
-        for spec in specs:
-            scores = alignment_scores(q, q_mask, d, d_mask, spec, q_sal if use_salience else None,
-                                      d_sal if use_salience else None)[0].numpy()
-            order = np.lexsort((rows, -scores))
-            runs[spec][qid] = [(store.docids[rows[i]], float(scores[i])) for i in order]
+        docids = [store.docids[row] for row in rows]
+        _rank(model, encoded[qid], store.gather(rows), docids, specs, runs, qid)
     return runs
 
 
-def strategy_table(qrels: Qrels, runs: Mapping[str, Hits], metric: str = METRIC) -> dict[str, dict[str, float]]:
-    """``strategy -> qid -> metric`` for the runs of :func:`rescore`."""
+def rescore_texts(model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
+                  texts: Mapping[str, str], strategies: Sequence[str] = CANDIDATE_STRATEGIES, batch_size: int = 32,
+                  maxlen: int | None = None, progress: bool = False) -> tuple[dict[str, Hits], int]:
+    """As :func:`rescore`, with the candidates' ``texts`` (docid -> text) encoded by ``model`` instead of an
+    index's stored vectors, as ``AlignmentReranker`` scores (docid, text) pairs. Returns (``strategy -> qid ->
+    [(docid, score)]`` best first, how many documents were encoded).
+
+    Each distinct candidate document is encoded once (``maxlen`` tokens at most, default the model's doc_maxlen),
+    however many queries share it, and dropped after the last query that needs it; nothing else is encoded. Equal
+    scores keep the candidate order. A candidate without text raises ValueError.
+    """
+    from pyserini_aligner.search.searcher import pad_encoded
+
+    specs, runs, live, encoded = _start(model, queries, candidates, strategies, batch_size)
+    lists = {q: list(dict.fromkeys(candidates[q])) for q in live}
+    missing = next((d for q in live for d in lists[q] if not isinstance(texts.get(d), str)), None)
+    if missing is not None:
+        raise ValueError(f"no text for candidate document {missing!r}")
+    last_use = {d: i for i, q in enumerate(live) for d in lists[q]}
+    docs, count = {}, 0
+    for i, qid in enumerate(tqdm(live, desc="rescore", unit="query", disable=not progress)):
+        new = [d for d in lists[qid] if d not in docs]
+        if new:
+            docs.update(zip(new, model.encode([texts[d] for d in new], is_query=False, batch_size=batch_size,
+                                              maxlen=maxlen)))
+            count += len(new)
+        _rank(model, encoded[qid], pad_encoded([docs[d] for d in lists[qid]], model.config.dim), lists[qid], specs,
+              runs, qid)
+        for d in lists[qid]:
+            if last_use[d] == i:
+                del docs[d]
+    return runs, count
+
+
+def _start(model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]], strategies: Sequence[str],
+           batch_size: int):
+    """(strategy specs, empty runs, the queries to score, their encodings) for :func:`rescore` and
+    :func:`rescore_texts`."""
+    specs = [str(parse_strategy(s)) for s in strategies]
+    for docids in candidates.values():
+        check_collection(docids, "candidates of a query")
+    qids = [q for q in candidates if q in queries]
+    runs: dict[str, Hits] = {s: {q: [] for q in qids} for s in specs}  # empty query or no candidates: no hits
+    live = [q for q in qids if queries[q].strip() and len(candidates[q])]
+    texts = [queries[q] for q in live]
+    encoded = dict(zip(live, model.encode(texts, is_query=True, batch_size=batch_size))) if live else {}
+    return specs, runs, live, encoded
+
+
+def _rank(model, e, documents, docids: list[str], specs: list[str], runs: dict[str, Hits], qid: str) -> None:
+    """Rank ``docids`` (padded ``documents``: vectors [n, L, d], mask, salience) for encoded query ``e`` under every
+    strategy into ``runs``; equal scores keep the order of ``docids``."""
+    d, d_mask, d_sal = documents
+    q = torch.from_numpy(e.vectors)[None]
+    q_mask = torch.ones(1, len(e.vectors), dtype=torch.bool)
+    q_sal = torch.from_numpy(e.salience)[None]
+    use_salience = model.scores_with_salience
+    for spec in specs:
+        scores = alignment_scores(q, q_mask, d, d_mask, spec, q_sal if use_salience else None,
+                                  d_sal if use_salience else None)[0].numpy()
+        order = np.lexsort((np.arange(len(docids)), -scores))
+        runs[spec][qid] = [(docids[i], float(scores[i])) for i in order]
+
+
+def strategy_table(qrels: Qrels, runs: Mapping[Hashable, Hits], metric: str = METRIC) -> dict:
+    """``candidate -> qid -> metric`` for runs such as those of :func:`rescore` (``strategy -> run``)."""
     return {spec: per_query(qrels, run, metric) for spec, run in runs.items()}
 
 
-def mean_scores(table: PerQuery, qids: Sequence[str]) -> dict[str, float]:
-    """Mean metric of each strategy over ``qids``."""
+def mean_scores(table: PerQuery, qids: Sequence[str]) -> dict:
+    """Mean metric of each candidate over ``qids``."""
     if not qids:
         raise ValueError("no labelled queries to average over")
     return {spec: float(np.mean([values[q] for q in qids])) for spec, values in table.items()}
@@ -129,57 +192,73 @@ def paired_permutation_test(deltas, n_permutations: int = PERMUTATIONS, seed: in
     return (1 + hits) / (1 + n_permutations)
 
 
+def paired_t(deltas) -> np.ndarray:
+    """Paired t-statistic (mean / (sample std / √n)) of each column of ``deltas`` [n queries, m candidates]; ±inf
+    when every difference is the same non-zero number (or n = 1), 0 when all are 0."""
+    d = np.asarray(deltas, dtype=np.float64)
+    d = d[:, None] if d.ndim == 1 else d
+    mean = d.mean(axis=0)
+    std = d.std(axis=0, ddof=1) if len(d) > 1 else np.zeros(d.shape[1])
+    spread = std / np.sqrt(len(d))
+    varies = std > 1e-12 * np.abs(mean)
+    t = np.where(mean > 0, np.inf, np.where(mean < 0, -np.inf, 0.0))
+    return np.divide(mean, spread, out=np.where(varies, 0.0, t), where=varies & (spread > 0))
+
+
 @dataclass
 class Choice:
-    """The strategy chosen on some labelled queries, and why."""
+    """The candidate chosen on some labelled queries, and why."""
 
-    strategy: str  # the baseline, unless a candidate wins clearly
-    baseline: str
-    means: dict[str, float]  # mean metric of every strategy on the labelled queries
-    p_values: dict[str, float]  # one-sided max-T p-value of each strategy's gain over the baseline (baseline: 1)
+    chosen: Hashable  # the baseline, unless a candidate wins clearly
+    baseline: Hashable
+    means: dict  # candidate -> mean metric on the labelled queries
+    p_values: dict  # candidate -> one-sided max-T p-value of its gain over the baseline (baseline: 1)
     queries: int  # how many labelled queries
+    t_values: dict = field(default_factory=dict)  # candidate -> paired t-statistic of its gain (baseline: 0)
 
     @property
     def changed(self) -> bool:
-        return self.strategy != self.baseline
+        return self.chosen != self.baseline
 
     @property
-    def best(self) -> str:
-        """The strategy with the best mean (ties: the baseline, then the earlier one)."""
+    def best(self) -> Hashable:
+        """The candidate with the best mean (ties: the baseline, then the earlier one)."""
         order = [self.baseline] + [s for s in self.means if s != self.baseline]
         return max(order, key=lambda s: (self.means[s], -order.index(s)))
 
-    def gain(self, strategy: str | None = None) -> float:
-        """Mean gain of ``strategy`` (default: the best) over the baseline on the labelled queries."""
-        return self.means[strategy or self.best] - self.means[self.baseline]
+    def gain(self, candidate: Hashable | None = None) -> float:
+        """Mean gain of ``candidate`` (default: the best) over the baseline on the labelled queries."""
+        return self.means[self.best if candidate is None else candidate] - self.means[self.baseline]
 
 
-def choose_strategy(table: PerQuery, qids: Sequence[str], baseline: str, alpha: float = ALPHA,
-                    min_gain: float = MIN_GAIN, n_permutations: int = PERMUTATIONS, seed: int = 0) -> Choice:
-    """The strategy to use after seeing ``table`` (``strategy -> qid -> metric``, ``baseline`` one of its keys) on
-    ``qids``.
+def choose(table: PerQuery, qids: Sequence[str], baseline: Hashable, alpha: float = ALPHA,
+           min_gain: float = MIN_GAIN, n_permutations: int = PERMUTATIONS, seed: int = 0) -> Choice:
+    """The candidate to use after seeing ``table`` (``candidate -> qid -> metric``, ``baseline`` one of its keys;
+    a candidate is a strategy spec or a :class:`Candidate`) on ``qids``.
 
     A candidate qualifies when its mean gain over ``baseline`` is positive and >= ``min_gain`` (metric units:
-    0.005 = 0.5 point) and its :func:`paired_permutation_test` p-value over the per-query differences is
-    <= ``alpha``; the qualifying candidate with the best mean wins (ties: the earlier one in ``table``), else the
-    baseline is kept.
+    0.005 = 0.5 point) and its :func:`paired_permutation_test` p-value over the per-query differences (max-T over
+    every candidate but the baseline) is <= ``alpha``; the qualifying candidate with the best mean wins (ties: the
+    earlier one in ``table``), else the baseline is kept.
     """
     if baseline not in table:
-        raise ValueError(f"baseline strategy {baseline} is not among the strategies scored: {', '.join(table)}")
+        raise ValueError(f"baseline {baseline} is not among the candidates scored: {', '.join(map(str, table))}")
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"alpha must be in (0, 1], got {alpha}")
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
     means = mean_scores(table, qids)
     others = [s for s in table if s != baseline]
-    p_values = {baseline: 1.0}
+    p_values, t_values = {baseline: 1.0}, {baseline: 0.0}
     if others:
         deltas = np.array([[table[s][q] - table[baseline][q] for s in others] for q in qids])
         p_values.update(zip(others, (float(p) for p in paired_permutation_test(deltas, n_permutations, seed))))
+        t_values.update(zip(others, (float(t) for t in paired_t(deltas))))
     winners = [s for s in others if (gain := means[s] - means[baseline]) > 0 and gain >= min_gain - 1e-12
                and p_values[s] <= alpha]
-    strategy = max(winners, key=lambda s: (means[s], -others.index(s))) if winners else baseline
-    return Choice(strategy, baseline, means, {s: p_values[s] for s in table}, len(qids))
+    chosen = max(winners, key=lambda s: (means[s], -others.index(s))) if winners else baseline
+    return Choice(chosen, baseline, means, {s: p_values[s] for s in table}, len(qids),
+                  {s: t_values[s] for s in table})
 
 
 def make_folds(qids: Sequence[str], fold_size: int = 8, seed: int = 0) -> list[list[str]]:
@@ -199,12 +278,12 @@ def make_folds(qids: Sequence[str], fold_size: int = 8, seed: int = 0) -> list[l
 class Fold:
     queries: list[str]  # the labelled queries of the choice
     choice: Choice
-    held_out: float  # mean metric of the chosen strategy on every other query
+    held_out: float  # mean metric of the chosen candidate on every other query
     held_out_baseline: float  # the baseline's on the same queries
 
     @property
-    def strategy(self) -> str:
-        return self.choice.strategy
+    def chosen(self) -> Hashable:
+        return self.choice.chosen
 
     @property
     def delta(self) -> float:
@@ -215,8 +294,8 @@ class Fold:
 @dataclass
 class Adaptation:
     folds: list[Fold]
-    assignment: dict[str, str]  # qid -> a strategy chosen on a fold without that query
-    baseline: str
+    assignment: dict  # qid -> a candidate chosen on a fold without that query
+    baseline: Hashable
 
     @property
     def mean(self) -> float:
@@ -236,63 +315,67 @@ class Adaptation:
     @property
     def changed_delta(self) -> float | None:
         """Mean held-out gain over the baseline on the changed folds (None when no fold changed)."""
-        changed = self.changed
-        return float(np.mean([f.delta for f in changed])) if changed else None
+        return mean_delta(self.changed)
 
-    def chosen_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
+    def chosen_counts(self) -> dict:
+        counts: dict = {}
         for fold in self.folds:
-            counts[fold.strategy] = counts.get(fold.strategy, 0) + 1
+            counts[fold.chosen] = counts.get(fold.chosen, 0) + 1
         return counts
 
-    def strategies(self) -> list[str]:
-        """The baseline and every strategy chosen on a fold or assigned to a query."""
-        return list(dict.fromkeys([self.baseline, *(f.strategy for f in self.folds), *self.assignment.values()]))
+    def candidates(self) -> list:
+        """The baseline and every candidate chosen on a fold or assigned to a query."""
+        return list(dict.fromkeys([self.baseline, *(f.chosen for f in self.folds), *self.assignment.values()]))
 
     def scored(self, scores: PerQuery) -> "Adaptation":
-        """The same choices with held_out recomputed from ``scores`` (``strategy -> qid -> metric`` holding
-        :meth:`strategies` on every query), e.g. the per-query metric of the runs actually served."""
+        """The same choices with held_out recomputed from ``scores`` (``candidate -> qid -> metric`` holding
+        :meth:`candidates` on every query), e.g. the per-query metric of the runs actually served."""
         qids = sorted(self.assignment)
         return replace(self, folds=[_held_out(f.queries, f.choice, scores, qids) for f in self.folds])
+
+
+def mean_delta(folds: Sequence[Fold]) -> float | None:
+    """Mean held-out gain over the baseline of ``folds`` (None when there are none)."""
+    return float(np.mean([f.delta for f in folds])) if folds else None
 
 
 def _held_out(fold_qids: list[str], choice: Choice, scores: PerQuery, qids: Sequence[str]) -> Fold:
     inside = set(fold_qids)
     rest = [q for q in qids if q not in inside]
-    for spec in (choice.strategy, choice.baseline):
-        missing = [q for q in rest if q not in scores.get(spec, {})]
+    for key in (choice.chosen, choice.baseline):
+        missing = [q for q in rest if q not in scores.get(key, {})]
         if missing:
-            raise ValueError(f"no {spec} scores for {len(missing)} held-out queries (e.g. {missing[0]!r})")
-    means = mean_scores({s: scores[s] for s in (choice.strategy, choice.baseline)}, rest)
-    return Fold(list(fold_qids), choice, means[choice.strategy], means[choice.baseline])
+            raise ValueError(f"no {key} scores for {len(missing)} held-out queries (e.g. {missing[0]!r})")
+    means = mean_scores({s: scores[s] for s in (choice.chosen, choice.baseline)}, rest)
+    return Fold(list(fold_qids), choice, means[choice.chosen], means[choice.baseline])
 
 
-def few_shot_adaptation(table: PerQuery, baseline: str, fold_size: int = 8, seed: int = 0, alpha: float = ALPHA,
+def few_shot_adaptation(table: PerQuery, baseline: Hashable, fold_size: int = 8, seed: int = 0, alpha: float = ALPHA,
                         min_gain: float = MIN_GAIN, n_permutations: int = PERMUTATIONS) -> Adaptation:
-    """Per fold of :func:`make_folds`: :func:`choose_strategy` on the fold, scored on all other queries.
+    """Per fold of :func:`make_folds`: :func:`choose` on the fold, scored on all other queries.
 
-    ``table``: ``strategy -> qid -> metric`` over the same queries, ``baseline`` among them. ``assignment`` gives
-    each query the strategy of the next fold (fold i → fold i+1, remainder queries → fold 0; with a single fold,
+    ``table``: ``candidate -> qid -> metric`` over the same queries, ``baseline`` among them. ``assignment`` gives
+    each query the candidate of the next fold (fold i → fold i+1, remainder queries → fold 0; with a single fold,
     the choice made on the other queries), so that a run built from it is never tuned on the query it ranks.
     """
     if not table:
-        raise ValueError("no strategies to choose from")
+        raise ValueError("no candidates to choose from")
     qids = sorted(next(iter(table.values())))
-    for spec, values in table.items():
+    for key, values in table.items():
         if sorted(values) != qids:
-            raise ValueError(f"strategy {spec!r} is scored on other queries than {next(iter(table))!r}")
+            raise ValueError(f"candidate {str(key)!r} is scored on other queries than {str(next(iter(table)))!r}")
     test = {"baseline": baseline, "alpha": alpha, "min_gain": min_gain, "n_permutations": n_permutations}
     folds_q = make_folds(qids, fold_size, seed)
-    choices = [choose_strategy(table, fold_qids, seed=seed, **test) for fold_qids in folds_q]
+    choices = [choose(table, fold_qids, seed=seed, **test) for fold_qids in folds_q]
     fold_of = {q: i for i, fold_qids in enumerate(folds_q) for q in fold_qids}
     assignment = {}
     for q in qids:
         i = fold_of.get(q)
         if i is None:
-            assignment[q] = choices[0].strategy
+            assignment[q] = choices[0].chosen
         elif len(choices) > 1:
-            assignment[q] = choices[(i + 1) % len(choices)].strategy
+            assignment[q] = choices[(i + 1) % len(choices)].chosen
         else:
-            assignment[q] = choose_strategy(table, [r for r in qids if r not in fold_of], seed=seed, **test).strategy
+            assignment[q] = choose(table, [r for r in qids if r not in fold_of], seed=seed, **test).chosen
     folds = [_held_out(fold_qids, choice, table, qids) for fold_qids, choice in zip(folds_q, choices)]
     return Adaptation(folds, assignment, choices[0].baseline)

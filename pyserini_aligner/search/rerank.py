@@ -16,7 +16,7 @@ from pyserini_aligner.search.searcher import compute_threads, dense_result_class
 from pyserini_aligner.textio import check_collection, is_blank
 
 
-def _text_of_raw(raw: str) -> str | None:
+def text_of_raw(raw: str) -> str | None:
     """``contents`` (or title + text) of a stored raw JSON document."""
     try:
         record = json.loads(raw)
@@ -54,7 +54,7 @@ def candidate_text(candidate) -> str | None:
     document = getattr(candidate, "lucene_document", None)
     if document is not None:
         raw = document.get("raw") or document.get("contents")
-        return _text_of_raw(raw) if raw is not None else None
+        return text_of_raw(raw) if raw is not None else None
     return None
 
 
