@@ -9,6 +9,7 @@ from harness_support import SYSTEMS, harness_context, harness_run
 from eval.beir.aligner import full_index, rescored_runs
 from eval.beir.hybrid import DEFAULT_ALPHA, fuse, tuning_split
 from eval.beir.fusion import rrf_fuse
+from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.metrics import METRICS
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.trec import read_run
@@ -53,22 +54,29 @@ def test_system_extras(harness):
     assert 0 <= adapted["ndcg@10_std"] <= min(adapted["ndcg@10"], 1 - adapted["ndcg@10"]) + 1e-4
     assert "ndcg@10_run" in adapted
     assert sum(adapted["chosen"].values()) == 2
-    assert (adapted["baseline"], adapted["alpha"], adapted["min_gain"]) == ("top-k:1", 0.05, 0.005)
+    assert (adapted["baseline"], adapted["alpha"], adapted["min_gain"]) == ("aligner top-k:1", 0.05, 0.005)
+    assert adapted["checkpoints"] == list(SHIPPED)  # the default's first, then every other shipped one
     assert len(adapted["fold_choices"]) == 2 and adapted["search_hits"] == 1000
     for fold in adapted["fold_choices"]:
-        assert len(fold["queries"]) == 8 and fold["changed"] == (fold["strategy"] != "top-k:1")
+        assert len(fold["queries"]) == 8
+        assert fold["changed"] == ((fold["checkpoint"], fold["strategy"]) != ("aligner", "top-k:1"))
         assert fold["changed"] == (fold["gain"] >= 0.005 and fold["p"] <= 0.05)
+        assert fold["switch"] == (None if not fold["changed"] else
+                                  "strategy" if fold["checkpoint"] == "aligner" else "checkpoint")
         assert fold["delta"] == pytest.approx(fold["held_out"] - fold["held_out_baseline"], abs=2e-4)
         if not fold["changed"]:
             assert fold["delta"] == 0.0
     assert adapted["changed_folds"] == sum(f["changed"] for f in adapted["fold_choices"])
+    assert adapted["changed_folds"] == sum(cell["folds"] for cell in adapted["switched"].values())
     assert (adapted["changed_delta"] is None) == (adapted["changed_folds"] == 0)
     if adapted["changed_queries"] == 0:  # every query kept the default: aligner-exact's own search
         assert adapted["ndcg@10_run"] == systems["aligner-exact"]["ndcg@10"]
-    assert set(adapted["strategies"]) == {"top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8", "top-p:0.005",
-                                          "top-p:0.01", "top-p:0.015", "top-p:0.02"}
+    assert list(adapted["scores"]) == list(SHIPPED)
+    for scores in adapted["scores"].values():
+        assert list(scores) == ["top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8", "top-p:0.005", "top-p:0.01",
+                                "top-p:0.015", "top-p:0.02"]
     # rescoring aligner-exact's candidates with its own strategy keeps its ranking
-    assert adapted["strategies"]["top-k:1"] == systems["aligner-exact"]["ndcg@10"]
+    assert adapted["scores"]["aligner"]["top-k:1"] == systems["aligner-exact"]["ndcg@10"]
 
 
 def test_significance_against_both_baselines(harness, scifact_small):
@@ -141,8 +149,9 @@ def test_unknown_system_is_a_clear_error(tmp_path, scifact_small, capsys):
 
 
 def test_adapted_system_searches_with_a_changed_strategy(harness, scifact_small):
-    """With top-k:8 as the default and no test (alpha 1, no minimum gain), folds switch to a better strategy; its
-    run is that strategy's own search of the index and the report says what the switch did."""
+    """With top-k:8 as the default, the default's checkpoint alone and no test (alpha 1, no minimum gain), folds
+    switch to a better strategy; its run is that strategy's own search of the index and the report says what the
+    switch did."""
     from eval.beir.harness import results_markdown
     from eval.beir.context import Context
     from eval.beir.systems import aligner_adapted
@@ -154,10 +163,13 @@ def test_adapted_system_searches_with_a_changed_strategy(harness, scifact_small)
             return "top-k:8"
 
     base = harness_context(scifact_small, harness[1])
-    ctx = TopK8(dataset=base.dataset, work=base.work, progress=False, alpha=1.0, min_gain=0.0)
+    ctx = TopK8(dataset=base.dataset, work=base.work, progress=False, alpha=1.0, min_gain=0.0,
+                adapt_checkpoints=("aligner",))
     run = aligner_adapted(ctx)
     row = ctx.extras["aligner-adapted"]
-    assert row["baseline"] == "top-k:8" and row["changed_folds"] >= 1
+    assert row["baseline"] == "aligner top-k:8" and row["changed_folds"] >= 1 and row["checkpoints"] == ["aligner"]
+    assert row["switched"]["checkpoint"] == {"folds": 0, "delta": None}
+    assert row["switched"]["strategy"] == {"folds": row["changed_folds"], "delta": row["changed_delta"]}
     changed = [f for f in row["fold_choices"] if f["changed"]]
     assert len(changed) == row["changed_folds"] and all(f["gain"] > 0 for f in changed)
     assert row["changed_delta"] == pytest.approx(sum(f["delta"] for f in changed) / len(changed), abs=2e-4)
@@ -182,5 +194,60 @@ def test_adapted_system_searches_with_a_changed_strategy(harness, scifact_small)
         assert f["held_out_baseline"] == pytest.approx(sum(per_eight[q] for q in rest) / len(rest), abs=1e-4)
     md = results_markdown({"dataset": "d", "systems": {"aligner-adapted": {**row, "ndcg@10_run": 0.5, "recall@100":
                                                                             1.0, "recall@1000": 1.0}}})
-    assert f"changed {row['changed_folds']}/2 folds (held-out Δ {row['changed_delta']:+.4f})" in md
-    assert md.count("| top-k:") >= len(changed)
+    assert (f"switched {row['changed_folds']}/2 folds: checkpoint 0, strategy {row['changed_folds']} (held-out Δ "
+            f"{row['changed_delta']:+.4f})") in md
+    assert "| checkpoint | 0/2 (0%) |  |" in md
+    share = f"{row['changed_folds']}/2 ({50 * row['changed_folds']}%)"
+    assert f"| strategy only | {share} | {row['changed_delta']:+.4f} |" in md
+    assert md.count("| aligner | top-") >= len(changed)
+
+
+def test_adapted_system_switches_checkpoint(harness, scifact_small):
+    """With the untrained initialisation as the default and no test (alpha 1, no minimum gain), folds switch to a
+    trained checkpoint, chosen on its own exact index's rescoring of the default's candidates: a query of such a
+    fold is ranked by that checkpoint's search of its index, and the report counts checkpoint switches apart from
+    strategy switches."""
+    from eval.beir.harness import results_markdown
+    from eval.beir.context import Context
+    from eval.beir.systems import aligner_adapted
+    from pyserini_aligner.adapt.select import per_query
+    from pyserini_aligner.search import AlignerSearcher
+
+    base = harness_context(scifact_small, harness[1])
+    ctx = Context(dataset=base.dataset, work=base.work, progress=False, encoder="untrained", alpha=1.0,
+                  min_gain=0.0)
+    run = aligner_adapted(ctx)
+    row = ctx.extras["aligner-adapted"]
+    assert row["baseline"] == "untrained top-k:1" and row["checkpoints"] == ["untrained", *SHIPPED]
+    assert list(row["scores"]) == ["untrained", *SHIPPED]
+    switched = [f for f in row["fold_choices"] if f["switch"] == "checkpoint"]
+    assert switched and row["switched"]["checkpoint"]["folds"] == len(switched)
+    assert all(f["checkpoint"] in SHIPPED for f in switched)
+    # the choice: the default's candidates rescored on the checkpoint's own index, against the default's rescoring
+    untrained = ctx.runs["aligner-exact"]
+    default = per_query(ctx.qrels, rescored_runs(ctx, untrained, ["top-k:1"])["top-k:1"])
+    for f in switched:
+        chosen = per_query(ctx.qrels, rescored_runs(ctx, untrained, [f["strategy"]], f["checkpoint"])[f["strategy"]])
+        assert f["gain"] == pytest.approx(sum(chosen[q] - default[q] for q in f["queries"]) / 8, abs=1e-4)
+    # the run: a moved query is ranked by a chosen pair's own search of its checkpoint's index, as deep as
+    # aligner-exact (the pair of another fold: some folds may switch the strategy only)
+    qids = list(ctx.queries)
+    searched = {}
+    for f in (f for f in row["fold_choices"] if f["changed"]):
+        searcher = AlignerSearcher(full_index(ctx, f["checkpoint"]), encoder=f["checkpoint"], strategy=f["strategy"])
+        hits = searcher.batch_search([ctx.queries[q] for q in qids], qids, k=ctx.hits + 1)  # the harness's depth
+        searched[f["checkpoint"], f["strategy"]] = {q: [(h.docid, h.score) for h in hits[q] if h.docid != q][:10]
+                                                    for q in qids}
+    moved = sorted(q for q in run if run[q] != untrained[q])
+    assert moved
+    for q in moved:
+        assert len(run[q]) == len(untrained[q])
+        assert any([d for d, _ in run[q][:10]] == [d for d, _ in top[q]] for top in searched.values()), q
+    for f in switched:  # held out: that search against the default's on the other queries
+        scores = per_query(ctx.qrels, searched[f["checkpoint"], f["strategy"]])
+        rest = [q for q in scores if q not in f["queries"]]
+        assert f["held_out"] == pytest.approx(sum(scores[q] for q in rest) / len(rest), abs=1e-4)
+    md = results_markdown({"dataset": "d", "systems": {"aligner-adapted": {**row, "ndcg@10_run": 0.5, "recall@100":
+                                                                            1.0, "recall@1000": 1.0}}})
+    assert f"| checkpoint | {len(switched)}/2 ({50 * len(switched)}%) |" in md
+    assert "checkpoints tried besides the default: " + ", ".join(SHIPPED) in md

@@ -29,7 +29,7 @@ def test_sweep_outputs(sweeps):
     assert list(ndcg) == ["top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8",
                           "top-p:0.005", "top-p:0.01", "top-p:0.015", "top-p:0.02"]
     assert ndcg["top-k:1"] == harness["systems"]["aligner"]["ndcg@10"]
-    assert ndcg == harness["systems"]["aligner-adapted"]["strategies"]
+    assert ndcg == harness["systems"]["aligner-adapted"]["scores"]["aligner"]
     rows = {(r["doc_prune"], r["query_prune"]): r for r in data["pruning"]}
     assert set(rows) == {(1.0, 1.0), (1.0, 0.5), (0.2, 1.0), (0.2, 0.5)}
     assert data["pruning_hits"] == 100 and all(0.5 < r["ndcg@10"] <= 1.0 for r in rows.values())

@@ -10,6 +10,7 @@ from eval.cli import configure_logging
 from eval.beir.harness import run_harness
 from eval.beir.systems import SYSTEMS
 from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
+from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.cli import fraction, non_negative
 from pyserini_aligner.data import DataError
 
@@ -24,10 +25,14 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoder", default="aligner", help="AligneR checkpoint: 'aligner', 'aligner-mix' or a folder")
     parser.add_argument("--candidates", type=int, default=100,
-                        help="aligner hits rescored by aligner-adapted to choose a strategy on each fold")
+                        help="aligner hits rescored by aligner-adapted to choose a checkpoint and strategy on each "
+                             "fold")
+    parser.add_argument("--adapt-checkpoints", nargs="+", default=None, metavar="CHECKPOINT",
+                        help="aligner-adapted: checkpoints tried besides --encoder (shipped names or folders; "
+                             f"default: every shipped one, {', '.join(SHIPPED)})")
     parser.add_argument("--fold-size", type=int, default=8, help="queries per few-shot adaptation fold")
     parser.add_argument("--adapt-alpha", type=fraction, default=ALPHA,
-                        help="aligner-adapted: significance level a strategy must reach to replace the default")
+                        help="aligner-adapted: significance level a candidate must reach to replace the default")
     parser.add_argument("--adapt-min-gain", type=non_negative, default=MIN_GAIN,
                         help="aligner-adapted: smallest mean nDCG@10 gain over the default on a fold (0.005 = 0.5 "
                              "point)")
@@ -39,7 +44,7 @@ def main(argv=None) -> int:
         run_harness(args.dataset, args.systems, args.output, args.cache, hits=args.hits, threads=args.threads,
                     progress=not args.quiet, encoder=args.encoder, candidates=args.candidates,
                     fold_size=args.fold_size, seed=args.seed, alpha=args.adapt_alpha,
-                    min_gain=args.adapt_min_gain)
+                    min_gain=args.adapt_min_gain, adapt_checkpoints=args.adapt_checkpoints)
     except (DataError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
-"""AligneR pieces of the harness: cached indexes (full, the default compressed one, β^d-pruned), searches and
-per-strategy rescoring."""
+"""AligneR pieces of the harness: cached indexes (full, the default compressed one, β^d-pruned; the full index of
+any other checkpoint), searches and per-strategy rescoring."""
 from __future__ import annotations
 
 import hashlib
@@ -29,19 +29,21 @@ def index_key(index_dir: Path) -> dict:
             "num_docs": m.num_docs, "num_tokens": m.num_tokens, "num_kept": m.num_kept, "created": m.created}
 
 
-def full_index(ctx: Context) -> Path:
-    """``<work>/aligner-<fingerprint[:8]>``: the corpus encoded with ``ctx.encoder``, built once: exact fp16 vectors,
-    every token indexed (the pruned and compressed variants are derived from it)."""
+def full_index(ctx: Context, encoder: str | None = None) -> Path:
+    """``<work>/aligner-<fingerprint[:8]>``: the corpus encoded with ``encoder`` (default ``ctx.encoder``; a shipped
+    name or a checkpoint folder), built once: exact fp16 vectors, every token indexed (the pruned and compressed
+    variants are derived from it)."""
     from pyserini_aligner.index import build_index
     from pyserini_aligner.index.builder import model_name_of
     from pyserini_aligner.index.store import MANIFEST
 
-    target = ctx.work / f"aligner-{ctx.fingerprint[:8]}"
+    model = ctx.checkpoint(encoder)
+    target = ctx.work / f"aligner-{model.fingerprint()[:8]}"
     if not (target / MANIFEST).is_file():
         log.info("building the AligneR index %s", target)
         docs = ((doc.docid, doc.contents) for doc in ctx.dataset.docs())
-        build_index(docs, target, ctx.model, codec="fp16", doc_prune=1.0, progress=ctx.progress, overwrite=True,
-                    model_name=model_name_of(ctx.encoder))
+        build_index(docs, target, model, codec="fp16", doc_prune=1.0, progress=ctx.progress, overwrite=True,
+                    model_name=model_name_of(encoder or ctx.encoder))
     return target
 
 
@@ -79,11 +81,11 @@ def default_index(ctx: Context) -> Path:
 
 
 def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = "aligner",
-           hits: int | None = None, strategy: str | None = None) -> Hits:
-    """AlignerSearcher over ``index_dir`` (``strategy``, default ``ctx.strategy``; β^q = ``query_prune``), top
-    ``hits`` (default ``ctx.hits``) per query; the searcher refines max(its default candidate budget, hits)
-    documents. Cached under ``<work>/runs`` (shared by every caller with the same index and knobs); ``desc`` labels
-    the progress bar."""
+           hits: int | None = None, strategy: str | None = None, encoder: str | None = None) -> Hits:
+    """AlignerSearcher over ``index_dir`` (``strategy``, default ``ctx.strategy``; β^q = ``query_prune``; queries
+    encoded by ``encoder``, default ``ctx.encoder``: the index's checkpoint), top ``hits`` (default ``ctx.hits``)
+    per query; the searcher refines max(its default candidate budget, hits) documents. Cached under
+    ``<work>/runs`` (shared by every caller with the same index and knobs); ``desc`` labels the progress bar."""
     hits = ctx.hits if hits is None else hits
     strategy = ctx.strategy if strategy is None else strategy
     key = {"index": index_key(index_dir), "strategy": strategy, "query_prune": query_prune,
@@ -92,7 +94,8 @@ def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = 
     def compute() -> Hits:
         from pyserini_aligner.search import AlignerSearcher
 
-        searcher = AlignerSearcher(index_dir, encoder=ctx.model, strategy=strategy, query_prune=query_prune)
+        searcher = AlignerSearcher(index_dir, encoder=ctx.checkpoint(encoder), strategy=strategy,
+                                   query_prune=query_prune)
         qids, found = list(ctx.queries), {}
         step = searcher.batch_size
         with tqdm(total=len(qids), desc=desc, unit="query", disable=not ctx.progress) as bar:
@@ -107,14 +110,15 @@ def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = 
     return cached_hits(ctx.work / "runs", "aligner", key, compute)
 
 
-def rescored_runs(ctx: Context, candidates: Hits, strategies) -> dict[str, Hits]:
+def rescored_runs(ctx: Context, candidates: Hits, strategies, encoder: str | None = None) -> dict[str, Hits]:
     """``strategy -> run``: each query's top ``ctx.candidates`` hits of ``candidates`` reranked under every strategy
-    over the full index's stored vectors. Cached per strategy; missing ones are computed together."""
+    by ``encoder`` (default ``ctx.encoder``) over its full index's stored vectors (exact: the documents' texts as
+    that checkpoint encodes them, stored in fp16). Cached per strategy; missing ones are computed together."""
     from pyserini_aligner.adapt.select import rescore
     from pyserini_aligner.alignment import parse_strategy
     from pyserini_aligner.index.store import StoredIndex
 
-    index_dir = full_index(ctx)
+    index_dir = full_index(ctx, encoder)
     heads = {q: [d for d, _ in ranked[:ctx.candidates]] for q, ranked in candidates.items()}
     base = {"index": index_key(index_dir), "candidates": hashlib.sha256(json.dumps(heads, sort_keys=True).encode())
             .hexdigest()[:16], "queries": queries_hash(ctx.queries)}
@@ -123,9 +127,9 @@ def rescored_runs(ctx: Context, candidates: Hits, strategies) -> dict[str, Hits]
     missing = [s for s in specs if not paths[s].is_file()]
     runs = {s: load_hits(paths[s]) for s in specs if s not in missing}
     if missing:
-        fresh = rescore(StoredIndex(index_dir), ctx.model, ctx.queries, heads, missing, progress=ctx.progress)
+        fresh = rescore(StoredIndex(index_dir), ctx.checkpoint(encoder), ctx.queries, heads, missing,
+                        progress=ctx.progress)
         for s in missing:
             save_hits(fresh[s], paths[s])
         runs.update(fresh)
     return {s: runs[s] for s in specs}
-

@@ -21,9 +21,10 @@ class Context:
     threads: int = 2
     progress: bool = True
     encoder: str = "aligner"  # AligneR checkpoint: a shipped name ("aligner", "aligner-mix") or a folder
-    candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a strategy
+    candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a checkpoint and strategy
+    adapt_checkpoints: tuple[str, ...] | None = None  # aligner-adapted: the checkpoints tried (None: every shipped one)
     fold_size: int = 8
-    alpha: float = ALPHA  # aligner-adapted: significance level a strategy must reach to replace the default
+    alpha: float = ALPHA  # aligner-adapted: significance level a candidate must reach to replace the default
     min_gain: float = MIN_GAIN  # aligner-adapted: and its smallest mean nDCG@10 gain on the fold
     seed: int = 0
     runs: dict[str, Hits] = field(default_factory=dict)  # systems already run (for fusion)
@@ -48,6 +49,15 @@ class Context:
         from pyserini_aligner.resolve import load_model
 
         return self._lazy("_model", lambda: load_model(self.encoder))
+
+    def checkpoint(self, encoder: str | None = None):
+        """The AligneR model of ``encoder`` (a shipped name or a checkpoint folder; default ``encoder``: ``model``),
+        loaded once."""
+        if encoder is None or encoder == self.encoder:
+            return self.model
+        from pyserini_aligner.resolve import load_model
+
+        return self._lazy(f"_model {encoder}", lambda: load_model(encoder))
 
     @property
     def fingerprint(self) -> str:

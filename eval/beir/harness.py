@@ -3,8 +3,10 @@
 results.json: {"dataset", "systems": {name: {"ndcg@10", "recall@100", "recall@1000", "run", "seconds", ...extras}},
 "significance": see ``pyserini_aligner.metrics.significance``}. A system that reports its own value of a metric
 (aligner-adapted: nDCG@10 as the mean over folds) keeps its run's value under "<metric>_run". aligner-adapted also
-reports each fold's choice ("fold_choices"), how many folds changed the strategy ("changed_folds") and the mean
-held-out gain over the default strategy on those folds ("changed_delta").
+reports each fold's choice of checkpoint and strategy ("fold_choices"), how many folds changed either
+("changed_folds") and the mean held-out gain over the default on those folds ("changed_delta"), the same split by
+what changed ("switched": {"checkpoint": {"folds", "delta"}, "strategy": {...}}), and each checkpoint's mean
+nDCG@10 under each strategy on the rescored candidates ("scores").
 """
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ BASELINES = ("bm25", "dense")
 def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.PathLike, cache: str | os.PathLike,
                 hits: int = 1000, threads: int = 2, progress: bool = True, encoder: str = "aligner",
                 candidates: int = 100, fold_size: int = 8, seed: int = 0, alpha: float = ALPHA,
-                min_gain: float = MIN_GAIN) -> dict:
-    """Run ``systems`` on the dataset; returns the results dict also written to ``<output>/results.json``."""
+                min_gain: float = MIN_GAIN, adapt_checkpoints: Sequence[str] | None = None) -> dict:
+    """Run ``systems`` on the dataset; returns the results dict also written to ``<output>/results.json``.
+    ``adapt_checkpoints``: the checkpoints aligner-adapted tries besides ``encoder`` (None: every shipped one)."""
     unknown = [name for name in systems if name not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
@@ -40,7 +43,8 @@ def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.Path
     output.mkdir(parents=True, exist_ok=True)
     ctx = Context(dataset=dataset, work=work_dir(dataset, cache), hits=hits, threads=threads, progress=progress,
                   encoder=encoder, candidates=candidates, fold_size=fold_size, seed=seed,
-                  alpha=alpha, min_gain=min_gain)
+                  alpha=alpha, min_gain=min_gain,
+                  adapt_checkpoints=None if adapt_checkpoints is None else tuple(adapt_checkpoints))
     results = {"dataset": dataset.name, "systems": {}}
     for name in systems:
         start = time.perf_counter()
@@ -73,7 +77,7 @@ def _note(name: str, row: dict) -> str:
         return f"β^d={row['doc_prune']:g}, β^q={row['query_prune']:g}"
     if name == "aligner-adapted":
         chosen = ", ".join(f"{s}×{n}" for s, n in sorted(row["chosen"].items(), key=lambda x: -x[1]))
-        return (f"{row['folds']} folds of {row['fold_size']}; changed {_changed(row)}; "
+        return (f"{row['folds']} folds of {row['fold_size']}; switched {_changed(row)}; "
                 f"run nDCG@10 {row['ndcg@10_run']:.4f}; chosen {chosen}")
     if "strategy" in row:
         return f"strategy {row['strategy']}"
@@ -81,26 +85,39 @@ def _note(name: str, row: dict) -> str:
 
 
 def _changed(row: dict) -> str:
-    """"k/n folds (held-out Δ ±x)" for aligner-adapted."""
-    delta = row["changed_delta"]
-    return f"{row['changed_folds']}/{row['folds']} folds" + ("" if delta is None else f" (held-out Δ {delta:+.4f})")
+    """"k/n folds: checkpoint a, strategy b (held-out Δ ±x)" for aligner-adapted."""
+    delta, switched = row["changed_delta"], row["switched"]
+    return (f"{row['changed_folds']}/{row['folds']} folds: checkpoint {switched['checkpoint']['folds']}, strategy "
+            f"{switched['strategy']['folds']}" + ("" if delta is None else f" (held-out Δ {delta:+.4f})"))
+
+
+def _share(folds: int, total: int) -> str:
+    return f"{folds}/{total} ({100 * folds / total:.0f}%)"
 
 
 def adaptation_markdown(row: dict) -> list[str]:
-    """aligner-adapted's choices: the rule, how often a fold changed the strategy and what that did."""
+    """aligner-adapted's choices: the rule, how often a fold switched checkpoint or strategy and what that did."""
+    others = row["checkpoints"][1:]  # the first is the default's
     lines = ["", f"Few-shot adaptation (aligner-adapted): each fold of {row['fold_size']} queries keeps "
-                 f"{row['baseline']} unless its best strategy (nDCG@10 of the aligner's top {row['candidates']} "
-                 f"rescored) gains ≥ {row['min_gain']:g} with p ≤ {row['alpha']:g} (one-sided paired randomisation "
-                 f"test, max over the candidates); a chosen strategy searches the index itself (top "
-                 f"{row['search_hits']}). Changed: {_changed(row)}; the run ranks {row['changed_queries']} queries "
-                 "with a changed strategy" + ("" if row["changed_queries_delta"] is None else
-                                             f" (Δ nDCG@10 on them {row['changed_queries_delta']:+.4f})") + "."]
+                 f"{row['baseline']} unless its best (checkpoint, strategy) pair (nDCG@10 of the aligner's top "
+                 f"{row['candidates']} rescored; checkpoints tried besides the default: "
+                 f"{', '.join(others) or 'none'}) gains ≥ {row['min_gain']:g} with p ≤ {row['alpha']:g} (one-sided "
+                 "paired randomisation test, max-T over the pairs); a chosen pair then searches its checkpoint's "
+                 f"exact index with its strategy (top {row['search_hits']}). The run ranks "
+                 f"{row['changed_queries']} queries with a changed choice" +
+                 ("" if row["changed_queries_delta"] is None else
+                  f" (Δ nDCG@10 on them {row['changed_queries_delta']:+.4f})") + ".",
+             "", f"| switched | folds | held-out Δ nDCG@10 vs {row['baseline']} |", "|---|---:|---:|"]
+    kinds = (("checkpoint", row["switched"]["checkpoint"]), ("strategy only", row["switched"]["strategy"]),
+             ("either", {"folds": row["changed_folds"], "delta": row["changed_delta"]}))
+    lines += [f"| {kind} | {_share(cell['folds'], row['folds'])} | "
+              f"{'' if cell['delta'] is None else format(cell['delta'], '+.4f')} |" for kind, cell in kinds]
     changed = [(i, f) for i, f in enumerate(row["fold_choices"], 1) if f["changed"]]
     if changed:
-        lines += ["", f"| fold | strategy | gain on fold | p | held-out nDCG@10 | {row['baseline']} | Δ |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
-        lines += [f"| {i} | {f['strategy']} | {f['gain']:+.4f} | {f['p']:.4f} | {f['held_out']:.4f} | "
-                  f"{f['held_out_baseline']:.4f} | {f['delta']:+.4f} |" for i, f in changed]
+        lines += ["", "| fold | checkpoint | strategy | gain on fold | p | held-out nDCG@10 | "
+                      f"{row['baseline']} | Δ |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {i} | {f['checkpoint']} | {f['strategy']} | {f['gain']:+.4f} | {f['p']:.4f} | "
+                  f"{f['held_out']:.4f} | {f['held_out_baseline']:.4f} | {f['delta']:+.4f} |" for i, f in changed]
     return lines
 
 

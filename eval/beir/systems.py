@@ -104,45 +104,74 @@ def rrf(ctx: Context) -> Hits:
 
 
 def aligner_adapted(ctx: Context) -> Hits:
-    """Few-shot alignment adaptation over the exact index. Folds of ``ctx.fold_size`` test queries each choose a
-    strategy on their own queries only: the checkpoint's default (the aligner-exact system's) unless a candidate,
-    scored by nDCG@10 of aligner-exact's top ``ctx.candidates`` rescored with it, gains >= ``ctx.min_gain`` with p <= ``ctx.alpha`` (one-sided
-    paired randomisation test, see ``choose_strategy``). A chosen strategy then searches the index itself
-    (AlignerSearcher with that strategy, top ``ctx.hits``: the aligner system's depth, refining the same candidate
-    documents); nDCG@10 is the mean over folds of that search's nDCG@10 on the other queries. The run ranks each
-    query with the search of a strategy chosen on a fold without it (see ``Adaptation.assignment``)."""
+    """Few-shot adaptation of the checkpoint and the alignment, as ``pyserini_aligner.adapt`` chooses them. Folds of
+    ``ctx.fold_size`` test queries each choose a (checkpoint, strategy) pair on their own queries only: the
+    default (``ctx.encoder`` with its default strategy, the aligner-exact system) unless a pair, scored by nDCG@10
+    of aligner-exact's top ``ctx.candidates`` rescored with it (every checkpoint of ``ctx.adapt_checkpoints``,
+    default every shipped one, from its own exact index: over all test queries the candidates are nearly the whole
+    corpus, so the index, built once and cached, costs what encoding them would), gains >= ``ctx.min_gain`` with
+    p <= ``ctx.alpha`` (one-sided paired randomisation test, max-T over every pair; see ``choose``). A chosen pair
+    then searches its checkpoint's index with its strategy (AlignerSearcher, top ``ctx.hits``: what the user gets
+    from the index that adapt's command builds); nDCG@10 is the mean over folds of that search's nDCG@10 on the
+    other queries. The run ranks each query with the choice of a fold without it (see
+    ``Adaptation.assignment``)."""
     from eval.beir.aligner import full_index, rescored_runs, search
-    from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, few_shot_adaptation, per_query, strategy_table
+    from pyserini_aligner.adapt.checkpoints import checkpoint_label
+    from pyserini_aligner.adapt.select import (CANDIDATE_STRATEGIES, Candidate, few_shot_adaptation, mean_delta,
+                                               per_query, strategy_table)
     from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.checkpoints import SHIPPED
 
     full = require(ctx, "aligner-exact", "aligner-adapted")
-    table = strategy_table(ctx.qrels, rescored_runs(ctx, full, CANDIDATE_STRATEGIES))
+    own = checkpoint_label(ctx.encoder)
+    sources = {own: None}  # label -> encoder as rescored_runs and search take it (None: ctx.encoder)
+    sources.update({checkpoint_label(c): c for c in (ctx.adapt_checkpoints or SHIPPED)
+                    if checkpoint_label(c) != own})
+    runs = {Candidate(label, s): run for label, encoder in sources.items()
+            for s, run in rescored_runs(ctx, full, CANDIDATE_STRATEGIES, encoder).items()}
+    table = strategy_table(ctx.qrels, runs)
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
-    adaptation = few_shot_adaptation({s: {q: v[q] for q in judged} for s, v in table.items()},
-                                     str(parse_strategy(ctx.strategy)), ctx.fold_size, ctx.seed, ctx.alpha,
-                                     ctx.min_gain)
+    adaptation = few_shot_adaptation({c: {q: v[q] for q in judged} for c, v in table.items()},
+                                     Candidate(own, str(parse_strategy(ctx.strategy))), ctx.fold_size, ctx.seed,
+                                     ctx.alpha, ctx.min_gain)
     baseline = adaptation.baseline
-    searched = {s: full if s == baseline else search(ctx, full_index(ctx), desc=f"aligner-adapted {s}", strategy=s)
-                for s in adaptation.strategies()}
-    scores = {s: per_query(ctx.qrels, run) for s, run in searched.items()}
+    served = {c: full if c == baseline else
+              search(ctx, full_index(ctx, sources[c.checkpoint]), desc=f"aligner-adapted {c}", strategy=c.strategy,
+                     encoder=sources[c.checkpoint])
+              for c in adaptation.candidates()}
+    scores = {c: per_query(ctx.qrels, run) for c, run in served.items()}
     adaptation = adaptation.scored(scores)
     moved = [q for q in judged if adaptation.assignment[q] != baseline]
     moved_delta = [scores[adaptation.assignment[q]][q] - scores[baseline][q] for q in moved]
+    switched = {"checkpoint": [f for f in adaptation.changed if f.chosen.checkpoint != own],
+                "strategy": [f for f in adaptation.changed if f.chosen.checkpoint == own]}
     ctx.extras["aligner-adapted"] = {
         "ndcg@10": round(adaptation.mean, 4), "ndcg@10_std": round(adaptation.std, 4),
         "folds": len(adaptation.folds), "fold_size": ctx.fold_size, "candidates": ctx.candidates,
-        "baseline": baseline, "alpha": ctx.alpha, "min_gain": ctx.min_gain, "search_hits": ctx.hits,
-        "chosen": adaptation.chosen_counts(),
+        "baseline": str(baseline), "checkpoints": list(sources),
+        "alpha": ctx.alpha, "min_gain": ctx.min_gain, "search_hits": ctx.hits,
+        "chosen": {str(c): n for c, n in adaptation.chosen_counts().items()},
         "changed_folds": len(adaptation.changed),
-        "changed_delta": None if adaptation.changed_delta is None else round(adaptation.changed_delta, 4),
+        "changed_delta": _rounded(adaptation.changed_delta),
+        "switched": {kind: {"folds": len(folds), "delta": _rounded(mean_delta(folds))}
+                     for kind, folds in switched.items()},
         "changed_queries": len(moved),
         "changed_queries_delta": round(sum(moved_delta) / len(moved), 4) if moved else None,
-        "fold_choices": [{"strategy": f.strategy, "changed": f.choice.changed, "best": f.choice.best,
-                          "gain": round(f.choice.gain(), 4), "p": round(f.choice.p_values[f.choice.best], 4),
+        "fold_choices": [{"checkpoint": f.chosen.checkpoint, "strategy": f.chosen.strategy, "changed": f.choice.changed,
+                          "switch": None if not f.choice.changed else
+                          "checkpoint" if f.chosen.checkpoint != own else "strategy",
+                          "best": str(f.choice.best), "gain": round(f.choice.gain(), 4),
+                          "p": round(f.choice.p_values[f.choice.best], 4),
                           "held_out": round(f.held_out, 4), "held_out_baseline": round(f.held_out_baseline, 4),
                           "delta": round(f.delta, 4), "queries": f.queries} for f in adaptation.folds],
-        "strategies": {s: round(sum(v[q] for q in judged) / len(judged), 4) for s, v in table.items()}}
-    return {q: searched[adaptation.assignment.get(q, baseline)][q] for q in full}
+        "scores": {name: {c.strategy: round(sum(v[q] for q in judged) / len(judged), 4)
+                          for c, v in table.items() if c.checkpoint == name}
+                   for name in dict.fromkeys(c.checkpoint for c in table)}}
+    return {q: served[adaptation.assignment.get(q, baseline)][q] for q in full}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 SYSTEMS: dict[str, Callable[[Context], Hits]] = {
