@@ -98,17 +98,18 @@ def test_backend_searched_to_exhaustion_ranks_as_the_reference(request, model, c
 
 
 @pytest.mark.parametrize("placement", ["replicate", "shard", "auto"])
-def test_two_devices_rank_exactly_as_one(codes_index, model, placement):
-    """At the default depth (interaction stage on), two CPU devices in either placement return the one-device
-    ranking, scores to the last bit; one query at a time and a batch larger than the searcher's batch size alike.
-    On CPU devices "auto" shards."""
+@pytest.mark.parametrize("count", [2, 3])
+def test_several_devices_rank_exactly_as_one(codes_index, model, placement, count):
+    """At the default depth (interaction stage on), two or three CPU devices in either placement return the
+    one-device ranking, scores to the last bit; one query at a time and batches (of two queries: three devices leave
+    one without queries) alike. On CPU devices "auto" shards."""
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
                  batch_size=2)
     one = AlignerSearcher(codes_index, **knobs)
-    two = AlignerSearcher(codes_index, devices=["cpu", "cpu"], placement=placement, **knobs)
+    two = AlignerSearcher(codes_index, devices=["cpu"] * count, placement=placement, **knobs)
     assert two.engine.placement == ("shard" if placement == "auto" else placement)
-    if placement != "replicate":
-        assert [part.shard.num_rows for part in two.engine.parts] == [12, 13]  # consecutive segments, by tokens
+    if placement != "replicate":  # consecutive segments, balanced by tokens
+        assert [part.shard.num_rows for part in two.engine.parts] == ([12, 13] if count == 2 else [12, 6, 7])
     for k in (3, 10):
         assert two.rank(QUERIES, k=k) == one.rank(QUERIES, k=k)
     assert two.rank(QUERIES[:1], k=5) == one.rank(QUERIES[:1], k=5)

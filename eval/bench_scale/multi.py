@@ -109,14 +109,15 @@ def agreement(ranked: list, reference: list) -> dict:
 
 
 def markdown(report: dict) -> str:
-    g, s = report["gpus"], report["search"]
+    g, s, build = report["gpus"], report["search"], report["build"]
     one, batch = s["one_gpu"], report["search_batch"]
     lines = [f"### {g} × {report['gpu']}, {size_label(report['size'])} synthetic passages (one index of "
              f"{report['segments']} segments built by torchrun)", "",
-             f"Build with {g} torchrun ranks: {report['build']['seconds']} s, {report['build']['passages_per_s']} passages/s "
-             f"(corpus written in {report['corpus_s']} s); index {report['index_gib']} GiB of codes resident a copy; "
+             f"Build with {g} torchrun ranks: {build['seconds']} s, {build['passages_per_s']} passages/s (corpus "
+             f"written in {report['corpus_s']} s); index {report['index_gib']} GiB of codes resident a copy; "
              f"placement auto chooses {report['auto_placement']}.", "",
-             f"| | p50 ms | p95 ms | q/s b{batch} | q/s ÷ ({g} × one GPU) | p50 ÷ one GPU | same docids | identical |",
+             f"| | p50 ms | p95 ms | q/s b{batch} | q/s ÷ ({g} × one GPU) | p50 ÷ one GPU | same docids | "
+             "identical |",
              "|---|---:|---:|---:|---:|---:|---:|---:|",
              f"| 1 GPU | {one['p50_ms']} | {one['p95_ms']} | {one[f'qps_b{batch}']} | | | | |"]
     for name in ("replicate", "shard"):
@@ -126,7 +127,8 @@ def markdown(report: dict) -> str:
                      f"{row['identical']}/{s['queries']} |")
     checks = ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in report["targets_met"].items())
     lines += ["", f"Targets (replicated q/s >= {TARGETS['replicate_qps']}·G·one GPU, p50 <= "
-                  f"{TARGETS['replicate_p50']}× one GPU; sharded q/s >= {TARGETS['shard_qps']}·G·one GPU): {checks}."]
+                  f"{TARGETS['replicate_p50']}× one GPU; sharded q/s >= {TARGETS['shard_qps']}·G·one GPU): "
+                  f"{checks}."]
     if "one_gpu_build" in report:
         b = report["one_gpu_build"]
         lines.append(f"One GPU builds {b['passages']} passages at {b['passages_per_s']} passages/s: the {g}-GPU build "

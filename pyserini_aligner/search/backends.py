@@ -136,20 +136,28 @@ class Staged:
         raise NotImplementedError
 
     def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
-        per_token, nprobe, wide, limit = depth
+        rows, valid = self.candidates(queries, depth, clock)
+        _, _, wide, limit = depth
         q, q_mask = queries.vectors, queries.mask
-        owner, token = queries.probe_mask.nonzero(as_tuple=True)
-        probe_scores, probe_rows = self.probe(q[owner, token], per_token, nprobe)
-        clock("probe")
-        weights = queries.salience[owner, token].to(probe_scores.device) if queries.weighted else None
-        rows, valid = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(q),
-                                        wide or limit, weights)
-        clock("select")
         if wide:
             rows, valid = narrow(self.interaction(q, q_mask, rows, valid), rows.to(self.device), limit)
             clock("interaction")
         refined = self.refine(q, q_mask, queries.refine_salience, rows, valid)
         return top_hits(refined, rows.to(refined.device), k)
+
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        """(rows [B, W] ascending, valid [B, W]): each query's best documents by the proxy score
+        (:func:`.engine.select_candidates` over :meth:`probe`), W = the depth's interaction width or else its
+        refinement width."""
+        per_token, nprobe, wide, limit = depth
+        owner, token = queries.probe_mask.nonzero(as_tuple=True)
+        probe_scores, probe_rows = self.probe(queries.vectors[owner, token], per_token, nprobe)
+        clock("probe")
+        weights = queries.salience[owner, token].to(probe_scores.device) if queries.weighted else None
+        found = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(queries),
+                                  wide or limit, weights)
+        clock("select")
+        return found
 
     def search_one(self, text: str, depth: Depth, k: int) -> tuple[Tensor, Tensor, int] | None:
         return None
@@ -394,22 +402,62 @@ class Sharded(Staged):
         self.device = parts[0].device
         self.workers = DeviceWorkers([part.device for part in parts])
 
-    def _each(self, step: Callable, *inputs: Tensor | None) -> list[Tensor]:
-        """``step(part, *inputs on the part's device)`` for every part at once, its result moved to ``self.device``.
-        The inputs are copied to the devices from this thread before any part starts: a copy issued by a worker
-        would queue behind the work that another worker has already queued on the source device."""
+    def _each(self, step: Callable, *inputs: Tensor | None, gather: bool = True) -> list:
+        """``step(part, *inputs on the part's device)`` for every part at once, its result moved to ``self.device``
+        (left on the part's device unless ``gather``). The inputs are copied to the devices from this thread before
+        any part starts: a copy issued by a worker would queue behind the work that another worker has already
+        queued on the source device."""
         placed = [tuple(None if t is None else t.to(part.device, non_blocking=True) for t in inputs)
                   for part in self.parts]
 
         def run(item):
             part, args = item
             out = step(part, *args)
+            if not gather:
+                return out
             return tuple(t.to(self.device) for t in out) if isinstance(out, tuple) else out.to(self.device)
 
         return self.workers.map(run, list(zip(self.parts, placed)))
 
     def probe(self, probes, per_token, nprobe):
         return merge_probes(self._each(lambda part, x: part.probe(x, per_token, nprobe), probes), per_token)
+
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        """:meth:`Staged.candidates` with the merging of the probes and the selection split by queries: every part
+        probes all probes on its device, then device j merges the probes of the j-th consecutive part of the batch
+        (from every part) and selects that part's candidates, all devices at once; the parts' candidates, padded to
+        the widest, are joined on the first device (the tensors one device selects for the whole batch)."""
+        per_token, nprobe, wide, limit = depth
+        owner, token = queries.probe_mask.nonzero(as_tuple=True)  # in query order
+        weights = queries.salience[owner, token] if queries.weighted else None
+        found = self._each(lambda part, x: part.probe(x, per_token, nprobe), queries.vectors[owner, token],
+                           gather=False)
+        clock("probe")
+        spans = batch_parts(queries, len(self.parts))
+        cuts = torch.searchsorted(owner, torch.tensor([span.start for span in spans] + [len(queries)],
+                                                      device=owner.device)).tolist()
+        work = []  # every input of a device's selection is copied there before any selection starts
+        for part, span, first, last in zip(self.parts, spans, cuts, cuts[1:]):
+            dev = part.device
+            probed = [tuple(t[first:last].to(dev, non_blocking=True) for t in pair) for pair in found]
+            work.append(None if span.stop == span.start else (
+                span.stop - span.start, probed, (owner[first:last] - span.start).to(dev, non_blocking=True),
+                None if weights is None else weights[first:last].to(dev, non_blocking=True)))
+
+        def select(item) -> tuple[Tensor, Tensor] | None:
+            if item is None:
+                return None
+            count, probed, mine, weight = item
+            return select_candidates(*merge_probes(probed, per_token), mine, count, wide or limit, weight)
+
+        selected = [found for found in self.workers.map(select, work) if found is not None]
+        width = max(rows.shape[1] for rows, _ in selected)
+        rows = torch.cat([torch.nn.functional.pad(rows, (0, width - rows.shape[1]), value=-1).to(self.device)
+                          for rows, _ in selected])
+        valid = torch.cat([torch.nn.functional.pad(ok, (0, width - ok.shape[1]), value=False).to(self.device)
+                           for _, ok in selected])
+        clock("select")
+        return rows, valid
 
     def interaction(self, q, q_mask, rows, valid):
         return _max_combine(self._each(TorchCodes.interaction, q, q_mask, rows, valid))
