@@ -7,15 +7,21 @@
 
 Used only where Triton and a CUDA device are present (:func:`available`); elsewhere the callers run their torch code.
 ``PYSERINI_ALIGNER_TRITON=0`` turns them off; ``PYSERINI_ALIGNER_TRITON=interpret`` runs them on the CPU through
-Triton's interpreter (which needs ``TRITON_INTERPRET=1`` set before Triton is imported; for tests).
+Triton's interpreter (which needs ``TRITON_INTERPRET=1`` set before Triton is imported; for tests). Launches are
+made one thread at a time (a search on several GPUs launches from a thread a GPU): Triton compiles a kernel at its
+first launch, and compilations started at once from several threads can fail.
 """
 from __future__ import annotations
 
 import os
+import threading
 from functools import lru_cache
 
 import torch
 from torch import Tensor
+
+
+_LAUNCH = threading.Lock()  # held while a kernel is launched (and compiled, the first time)
 
 
 @lru_cache(maxsize=None)
@@ -86,9 +92,10 @@ def interaction(table: Tensor, rows: Tensor, valid: Tensor, offsets: Tensor, tok
         return out
     real = q_mask.sum(1).clamp_min(1).float()
     grid = (batch, (count + block - 1) // block)
-    _interaction_kernel()[grid](table.contiguous(), rows.contiguous(), valid.to(torch.int8).contiguous(), offsets,
-                                token_ids, q_mask.to(torch.int8).contiguous(), real, out, count, nlist,
-                                NPAD=npad, BLOCK=block)
+    args = (table.contiguous(), rows.contiguous(), valid.to(torch.int8).contiguous(), offsets, token_ids,
+            q_mask.to(torch.int8).contiguous(), real, out, count, nlist)
+    with _LAUNCH:
+        _interaction_kernel()[grid](*args, NPAD=npad, BLOCK=block)
     return out
 
 
@@ -161,8 +168,9 @@ def nearest(x: Tensor, centroids: Tensor, block_n: int = 128, block_k: int = 128
     half_x = x.to(torch.float16).contiguous()
     half_c = centroids.to(x.device, torch.float16).contiguous()
     grid = ((len(x) + block_n - 1) // block_n,)
-    _nearest_kernel()[grid](half_x, half_c, out, len(x), len(half_c), D=x.shape[1], BLOCK_N=block_n,
-                            BLOCK_K=block_k)
+    with _LAUNCH:
+        _nearest_kernel()[grid](half_x, half_c, out, len(x), len(half_c), D=x.shape[1], BLOCK_N=block_n,
+                                BLOCK_K=block_k)
     return out.long()
 
 
@@ -217,9 +225,10 @@ def probe_scores(lut: Tensor, cval: Tensor, cidx: Tensor, ivf_offsets: Tensor, i
     if r == 0 or nprobe == 0 or cap == 0:
         return scores, docs
     grid = (r * nprobe, (cap + block - 1) // block)
-    _probe_kernel()[grid](lut.contiguous(), cval.contiguous(), cidx.contiguous(), ivf_offsets, ivf_codes, ivf_docs,
-                          live.view(torch.uint8), valid.to(torch.uint8).contiguous(), scores, docs, nprobe, cap,
-                          M=ivf_codes.shape[1], BLOCK=block)
+    args = (lut.contiguous(), cval.contiguous(), cidx.contiguous(), ivf_offsets, ivf_codes, ivf_docs,
+            live.view(torch.uint8), valid.to(torch.uint8).contiguous(), scores, docs, nprobe, cap)
+    with _LAUNCH:
+        _probe_kernel()[grid](*args, M=ivf_codes.shape[1], BLOCK=block)
     return scores, docs
 
 
