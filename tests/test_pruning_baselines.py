@@ -35,7 +35,10 @@ def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):
     assert f"| 0.2 | off | random | {np.mean(seeds):.4f} ± {np.std(seeds, ddof=1):.4f} (2 seeds) |" in table
 
     work = next(p for p in cache.iterdir() if p.is_dir())
-    full = next(p for p in work.iterdir() if p.name.startswith("aligner-") and "-" not in p.name[len("aligner-"):])
+    # the cache also holds other checkpoints' exact indexes (aligner-adapted): the full index is the one the
+    # baselines derived from
+    full = next(p for p in work.iterdir() if p.name.startswith("aligner-") and "-" not in p.name[len("aligner-"):]
+                and (work / f"{p.name}-sal-idf").is_dir())
     idf = StoredIndex(work / f"{full.name}-sal-idf")
     source = StoredIndex(full)
     for seg, full_seg in zip(idf.segments, source.segments):
