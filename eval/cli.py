@@ -1,10 +1,13 @@
 """What every ``python -m eval.*`` command line sets up the same way, and argparse types they share: the plugin's
 logging set-up and types (:mod:`pyserini_aligner.cli`), and the benchmarks' own."""
 import argparse
+import sys
+from pathlib import Path
+from typing import Callable
 
 from pyserini_aligner.cli import configure_logging, positive_int
 
-__all__ = ["configure_logging", "corpus_size", "positive_int"]
+__all__ = ["configure_logging", "corpus_size", "positive_int", "run_report"]
 
 
 def corpus_size(text: str) -> int:
@@ -15,3 +18,17 @@ def corpus_size(text: str) -> int:
         return parse_size(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def run_report(run: Callable[[], object], report: Path) -> int:
+    """Run a benchmark, then print the markdown ``report`` it wrote; a bad corpus or an existing work folder ends
+    in one ``error:`` line and exit status 1."""
+    from pyserini_aligner.textio import InputError
+
+    try:
+        run()
+    except (InputError, FileExistsError) as err:  # CorpusError is an InputError
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(report.read_text(encoding="utf-8"), end="")
+    return 0

@@ -12,8 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eval.cli import configure_logging, corpus_size, positive_int
-from pyserini_aligner.textio import InputError
+from eval.cli import configure_logging, corpus_size, positive_int, run_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,15 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.quiet)
     from eval.bench_peers.run import run_peers
 
-    try:
+    def run() -> None:
         run_peers(args.beir_zip, args.size, args.output, args.device, codec=args.codec, batch_size=args.batch_size,
                   max_queries=args.max_queries, work=args.work, encoder=args.encoder, seed=args.seed,
                   n_ivf_probe=args.fastplaid_probes, n_full_scores=args.fastplaid_candidates, quiet=args.quiet)
-    except (InputError, FileExistsError) as err:  # CorpusError is an InputError
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print((args.output / "bench_peers.md").read_text(encoding="utf-8"), end="")
-    return 0
+
+    return run_report(run, args.output / "bench_peers.md")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 from eval.bench_scale.corpus import parse_size
-from eval.cli import configure_logging, corpus_size, positive_int
-from pyserini_aligner.textio import InputError
+from eval.cli import configure_logging, corpus_size, positive_int, run_report
 
 
 def _sizes(text: str) -> list[int]:
@@ -64,17 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.quiet)
     from eval.bench_scale.run import run_bench
 
-    try:
+    def run() -> None:
         run_bench(args.beir_zip, args.sizes, args.output, args.device, codec=args.codec, batch_size=args.batch_size,
                   max_queries=args.max_queries, cpu_threads=args.cpu_threads, tile_to=args.tile_to, work=args.work,
                   exhaustive_max_docs=args.exhaustive_max_docs, exact_max_docs=args.exact_max_docs,
-                  add_fraction=args.add_fraction, encoder=args.encoder, seed=args.seed,
-                  quiet=args.quiet)
-    except (InputError, FileExistsError) as err:  # CorpusError is an InputError
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print((args.output / "bench_scale.md").read_text(encoding="utf-8"), end="")
-    return 0
+                  add_fraction=args.add_fraction, encoder=args.encoder, seed=args.seed, quiet=args.quiet)
+
+    return run_report(run, args.output / "bench_scale.md")
 
 
 if __name__ == "__main__":
