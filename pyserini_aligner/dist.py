@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
 DEFAULT_TIMEOUT_S = 1800.0  # seconds a collective waits for the other ranks
 
@@ -44,12 +46,17 @@ def lost_rank_message(error: BaseException) -> str:
 
 
 class Collectives:
-    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects over the default process group, for the
-    rank ``ctx`` describes."""
+    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and of tensors, over the default process
+    group, for the rank ``ctx`` describes. Tensors travel from the device they are on under NCCL, through the host
+    under Gloo, and come back on the device they were given on."""
 
     def __init__(self, ctx: DistContext):
         self.ctx = ctx
         self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.on_device = dist.get_backend() == "nccl"
+
+    def _wire(self, tensor: Tensor) -> Tensor:
+        return tensor.contiguous() if self.on_device else tensor.cpu().contiguous()
 
     def broadcast(self, obj: Any = None) -> Any:
         """Rank 0's ``obj`` on every rank (the others' ``obj`` is ignored)."""
@@ -62,6 +69,29 @@ class Collectives:
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
+
+    def broadcast_tensor(self, tensor: Tensor | None, device: torch.device) -> Tensor:
+        """Rank 0's ``tensor`` on every rank, on ``device`` (the other ranks pass None; shape and dtype travel too)."""
+        shape, dtype = self.broadcast(None if tensor is None else (tuple(tensor.shape), tensor.dtype))
+        wire = torch.device(device) if self.on_device else torch.device("cpu")
+        buffer = self._wire(tensor) if self.rank == 0 else torch.empty(shape, dtype=dtype, device=wire)
+        if dtype == torch.bool:  # as bytes: not every backend reduces or sends booleans
+            buffer = buffer.view(torch.uint8)
+        dist.broadcast(buffer, src=0)
+        return buffer.view(dtype).to(device) if dtype == torch.bool else buffer.to(device)
+
+    def all_gather_tensor(self, tensor: Tensor) -> list[Tensor]:
+        """Every rank's ``tensor`` (the same shape and dtype on every rank), in rank order, on its device."""
+        send = self._wire(tensor)
+        out = [torch.empty_like(send) for _ in range(self.world_size)]
+        dist.all_gather(out, send)
+        return [t.to(tensor.device) for t in out]
+
+    def all_reduce_max(self, tensor: Tensor) -> Tensor:
+        """The element-wise maximum of every rank's ``tensor`` (same shape and dtype), on its device."""
+        send = self._wire(tensor)
+        dist.all_reduce(send, op=dist.ReduceOp.MAX)
+        return send.to(tensor.device)
 
 
 def join_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[DistContext, bool]:

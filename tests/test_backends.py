@@ -14,8 +14,10 @@ from pyserini_aligner.index import StoredIndex, build_index
 from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search import backends
-from pyserini_aligner.search.backends import (FaissFlat, FaissIVF, Queries, Replicated, Sharded, TorchCodes,
-                                              TorchTokens, batch_parts)
+from pyserini_aligner.search.backends import (FaissFlat, FaissIVF, Queries, TorchCodes, TorchTokens, batch_parts,
+                                              codes_on)
+from pyserini_aligner.search.engine import merge_probes
+from pyserini_aligner.search.workers import Workers, text_parts
 
 import reference
 from test_index import short_records
@@ -77,8 +79,8 @@ CASES = {  # name: (index fixture, searcher arguments, the backend it opens)
     "faiss-flat": ("fp16_index", dict(backend="faiss"), FaissFlat),
     "torch-codes": ("codes_index", dict(backend="torch"), TorchCodes),
     "torch-tokens": ("fp16_index", dict(backend="torch"), TorchTokens),
-    "replicated": ("codes_index", dict(backend="torch", devices=["cpu", "cpu"], placement="replicate"), Replicated),
-    "sharded": ("codes_index", dict(backend="torch", devices=["cpu", "cpu"], placement="shard"), Sharded),
+    "replicated": ("codes_index", dict(backend="torch", devices=["cpu", "cpu"], placement="replicate"), Workers),
+    "sharded": ("codes_index", dict(backend="torch", devices=["cpu", "cpu"], placement="shard"), Workers),
 }
 
 
@@ -101,15 +103,17 @@ def test_backend_searched_to_exhaustion_ranks_as_the_reference(request, model, c
 @pytest.mark.parametrize("count", [2, 3])
 def test_several_devices_rank_exactly_as_one(codes_index, model, placement, count):
     """At the default depth (interaction stage on), two or three CPU devices in either placement return the
-    one-device ranking, scores to the last bit; one query at a time and batches (of two queries: three devices leave
-    one without queries) alike. On CPU devices "auto" shards."""
+    one-device ranking, scores to the last bit; one query at a time and batches (of two queries, split one and one
+    across replicas: three devices leave one without queries) alike. On CPU devices "auto" shards."""
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
                  batch_size=2)
     one = AlignerSearcher(codes_index, **knobs)
     two = AlignerSearcher(codes_index, devices=["cpu"] * count, placement=placement, **knobs)
     assert two.engine.placement == ("shard" if placement == "auto" else placement)
     if placement != "replicate":  # consecutive segments, balanced by tokens
-        assert [part.shard.num_rows for part in two.engine.parts] == ([12, 13] if count == 2 else [12, 6, 7])
+        assert two.engine.rows_held == ([12, 13] if count == 2 else [12, 6, 7])
+    else:
+        assert two.engine.rows_held == [25] * count
     for k in (3, 10):
         assert two.rank(QUERIES, k=k) == one.rank(QUERIES, k=k)
     assert two.rank(QUERIES[:1], k=5) == one.rank(QUERIES[:1], k=5)
@@ -121,9 +125,11 @@ def test_staged_backends_probe_alike(codes_index, model):
     probes = torch.nn.functional.normalize(torch.randn(6, model.config.dim, generator=torch.Generator()
                                                        .manual_seed(0)), dim=-1)
     engines = [AlignerSearcher(codes_index, encoder=model, **knobs).engine
-               for knobs in (dict(backend="faiss"), dict(backend="torch"),
-                             dict(backend="torch", devices=["cpu", "cpu"], placement="shard"))]
+               for knobs in (dict(backend="faiss"), dict(backend="torch"))]
     found = [engine.probe(probes, 10, 4) for engine in engines]
+    store, scoring = StoredIndex(codes_index), engines[1].scoring
+    found.append(merge_probes([codes_on(store, numbers, "cpu", scoring).probe(probes, 10, 4)
+                               for numbers in ([0], [1, 2])], 10))
     for scores, rows in found[1:]:
         assert np.allclose(scores.numpy(), found[0][0].numpy(), atol=1e-5)
         for p in range(len(probes)):
@@ -142,24 +148,32 @@ def test_reopen_chooses_again(codes_index, model, tmp_path):
     before = searcher.engine
     AlignerIndex(folder, encoder=model).add([("new", "gene expression of neurons in the brain")])
     assert searcher.reopen()
-    assert searcher.engine is not before and type(searcher.engine) is Replicated
+    assert searcher.engine is not before and type(searcher.engine) is Workers
+    assert not before._finalizer.alive  # the last generation's workers are stopped
     assert "new" in {d for hits in searcher.rank(QUERIES, k=N_DOCS) for d, _ in hits}
 
 
 def test_command_line_on_two_devices_writes_the_one_device_run(codes_index, tmp_path, capsys):
     """python -m pyserini_aligner.search --devices cpu cpu --placement replicate|shard writes the run of one
-    device; --devices with --distributed is refused in one line."""
+    device (replicas encode their own part of a batch, so their scores may differ in the last bit); --devices with
+    --distributed is refused in one line."""
     from pyserini_aligner.search import __main__ as search_cli
 
     topics = tmp_path / "topics.tsv"
     topics.write_text("".join(f"q{i}\t{text}\n" for i, text in enumerate(QUERIES)))
     common = ["--index", str(codes_index), "--topics", str(topics), "--backend", "torch", "--hits", "5", "--quiet"]
     assert search_cli.main([*common, "--output", str(tmp_path / "one.trec")]) == 0
+    one = (tmp_path / "one.trec").read_text()
     for placement in ("replicate", "shard"):
         output = tmp_path / f"{placement}.trec"
         assert search_cli.main([*common, "--output", str(output), "--devices", "cpu", "cpu",
                                 "--placement", placement]) == 0
-        assert output.read_text() == (tmp_path / "one.trec").read_text()
+        if placement == "shard":  # every worker searches the first one's encoding of the whole batch
+            assert output.read_text() == one
+        else:  # each worker encodes its part: the same documents in the same order, scores to float rounding
+            got, want = ([line.split() for line in text.splitlines()] for text in (output.read_text(), one))
+            assert [row[:4] for row in got] == [row[:4] for row in want]
+            assert np.allclose([float(row[4]) for row in got], [float(row[4]) for row in want], atol=2e-6)
     capsys.readouterr()
     assert search_cli.main([*common, "--output", str(tmp_path / "x.trec"), "--devices", "cpu", "cpu",
                             "--distributed"]) == 2
@@ -182,6 +196,16 @@ def test_too_few_segments_for_the_devices_search_on_one(tmp_path, model):
                 progress=False, model_name="aligner")
     searcher = AlignerSearcher(folder, encoder=model, backend="torch", devices=["cpu", "cpu"], placement="shard")
     assert type(searcher.engine) is TorchCodes
+
+
+def test_text_parts_split_in_order_by_words():
+    texts = ["a b c d", "a", "a", "a", "a b c d", "a b c d", "a"]
+    parts = text_parts(texts, 3)
+    assert parts[0].start == 0 and parts[-1].stop == 7
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    loads = [sum(len(t.split()) + 1 for t in texts[part]) for part in parts]
+    assert max(loads) - min(loads) <= 5
+    assert [p.stop - p.start for p in text_parts(texts[:1], 3)] == [1, 0, 0]
 
 
 def test_batch_parts_split_in_order_by_probes():

@@ -315,7 +315,7 @@ def test_two_segments_on_two_devices_rank_like_one(two_segment_index, model, dat
     assert len(store.read_manifest(two_segment_index).segments) == 2
     queries, ids = [q["text"] for q in data[1]], [q["id"] for q in data[1]]
     two = AlignerSearcher(two_segment_index, encoder=model, backend="torch", devices=["cpu", "cpu"])
-    assert [part.shard.num_rows for part in two.engine.parts] == [N_DOCS // 2, N_DOCS - N_DOCS // 2]
+    assert two.engine.rows_held == [N_DOCS // 2, N_DOCS - N_DOCS // 2]
     runs = [two.batch_search(queries, ids, k=10)] + [
         AlignerSearcher(two_segment_index, encoder=model, backend=backend).batch_search(queries, ids, k=10)
         for backend in ("torch", "faiss")]

@@ -13,12 +13,11 @@ the full alignment score (``refine``), top k. The backends:
 - :class:`TorchCodes`: a compressed index's codes on one device, every step as tensor operations; on a GPU, one
   query at a time replays its CUDA-graph plan (:class:`.static.GraphedSearch`).
 - :class:`TorchTokens`: an fp16 index's tokens on one device (:class:`.torch_backend.TorchTokenIndex`).
-- :class:`Replicated`: a whole copy of the codes on each of several devices; a batch of queries is split across
-  the copies, each searched on its own device by its own thread; one query goes to the first copy.
-- :class:`Sharded`: consecutive segments on each device; every step runs on all devices at once (a thread each),
-  and the steps' results are merged on the first device.
-- :class:`Exchanged` and :class:`ExchangedReplica`: the same two placements across the processes of a torchrun job
-  (:mod:`.distributed`), combined through collectives.
+- :class:`Exchanged` and :class:`ExchangedReplica`: one process's share of a search across the processes of a
+  torchrun job (:mod:`.distributed`): consecutive segments, probes and scores combined through collectives; or a
+  whole copy searching its part of every batch.
+- :class:`.workers.Workers`: several devices of one machine, a worker process each (a one-device searcher, or a
+  rank of a process group searching its segments as :class:`Exchanged` does); it encodes the texts itself.
 
 Every backend returns the ranking one device computes over the whole index.
 """
@@ -113,6 +112,12 @@ class SearchBackend(Protocol):
         """One query through a captured plan: (scores [k], rows [k]) on the host and its real token count (its
         vectors stay in the graphed encoder's output), or None where there is no plan."""
 
+    def search_texts(self, texts: list[str], k: int, threads: int | None,
+                     vectors: bool) -> tuple[list | None, list] | None:
+        """(query vectors per text or None unless ``vectors``, [(doc row, score)] per text) of non-blank texts, for a
+        backend that encodes the queries itself (``threads``: its search threads); None for the others (the
+        searcher encodes and calls search)."""
+
 
 class Staged:
     """A backend made of the three steps ``probe``, ``interaction`` and ``refine``; :meth:`search` runs the
@@ -162,8 +167,35 @@ class Staged:
     def search_one(self, text: str, depth: Depth, k: int) -> tuple[Tensor, Tensor, int] | None:
         return None
 
+    def search_texts(self, texts: list[str], k: int, threads: int | None, vectors: bool) -> None:
+        return None
+
 
 # ---------------------------------------------------------------------------------------------------- the CPU
+class SegmentCodes:
+    """Every segment's memory-mapped codes (``parts``, one CPU :class:`TorchCodes` each, in segment order), scored
+    at once by a thread each (tensor operations release the GIL while they run); each part scores only the
+    candidates it holds and the parts' scores are combined by an element-wise maximum."""
+
+    def __init__(self, parts: list[TorchCodes]):
+        self.parts = parts
+        self._pool = ThreadPoolExecutor(len(parts), thread_name_prefix="aligner-segment") if len(parts) > 1 else None
+
+    def _each(self, step: Callable, *inputs) -> Tensor:
+        if self._pool is None:
+            return step(self.parts[0], *inputs)
+        out = [future.result() for future in [self._pool.submit(step, part, *inputs) for part in self.parts]]
+        for part in out[1:]:
+            out[0] = torch.maximum(out[0], part)
+        return out[0]
+
+    def interaction(self, q, q_mask, rows, valid) -> Tensor:
+        return self._each(TorchCodes.interaction, q, q_mask, rows, valid)
+
+    def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
+        return self._each(TorchCodes.refine_held, q, q_mask, q_sal, rows, valid)
+
+
 class FaissIVF(Staged):
     """A compressed index on the CPU: FAISS's IndexIVFPQ over every segment's inverted lists (labelled by global
     document row) finds each probe's best entries; interaction and refinement decode the memory-mapped codes."""
@@ -173,7 +205,7 @@ class FaissIVF(Staged):
         parts = [(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
                  for seg, base in zip(store.segments, store.row_base)]
         self.index = store.codec.faiss_index(parts)
-        self.codes = Sharded([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
+        self.codes = SegmentCodes([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
             if store.segments else None
         self._selector = None
 
@@ -350,122 +382,11 @@ class TorchTokens:
     def search_one(self, text, depth, k):
         return None
 
+    def search_texts(self, texts, k, threads, vectors):
+        return None
+
 
 # ---------------------------------------------------------------------------------------------------- several
-class DeviceWorkers:
-    """One worker thread per device. Work for a device always runs on its own thread with that device current, so
-    its kernels go to that device's own stream: the devices work at once, and a host wait for one device (a size
-    read back, a copy to the host) holds up no other. Tensor operations release the GIL while they run."""
-
-    def __init__(self, devices: Sequence[torch.device]):
-        self.devices = list(devices)
-        self._pools = [ThreadPoolExecutor(1, thread_name_prefix=f"aligner-{d}") for d in self.devices] \
-            if len(self.devices) > 1 else []
-
-    def map(self, step: Callable, items: Sequence) -> list:
-        """[step(items[i]) run on worker i] in order (len(items) <= the number of devices); the first error is
-        raised once every item is done."""
-        if len(items) < 2 or not self._pools:
-            return [_on_device(device, step, item) for device, item in zip(self.devices, items)]
-        futures = [pool.submit(_on_device, device, step, item)
-                   for pool, device, item in zip(self._pools, self.devices, items)]
-        return [future.result() for future in futures]
-
-
-def _on_device(device: torch.device, step: Callable, item):
-    """``step(item)`` with ``device`` as the current CUDA device (its kernels go to its own stream)."""
-    if device.type != "cuda":
-        return step(item)
-    with torch.cuda.device(device):
-        return step(item)
-
-
-def _max_combine(parts: list[Tensor]) -> Tensor:
-    """Element-wise maximum of per-part candidate scores (each −inf for the rows the part does not hold), on the
-    first part's device."""
-    out = parts[0]
-    for part in parts[1:]:
-        out = torch.maximum(out, part.to(out.device))
-    return out
-
-
-class Sharded(Staged):
-    """Consecutive segments on each device (``parts``, one :class:`TorchCodes` each, in segment order). Every step
-    runs on all devices at once, each part on its own worker thread; probes are merged (:func:`.engine.merge_probes`)
-    and candidate scores combined on ``parts[0]``'s device, where the candidates are selected. Each part refines only
-    the candidates it holds."""
-
-    placement = "shard"
-
-    def __init__(self, parts: list[TorchCodes]):
-        self.parts = parts
-        self.device = parts[0].device
-        self.workers = DeviceWorkers([part.device for part in parts])
-
-    def _each(self, step: Callable, *inputs: Tensor | None, gather: bool = True) -> list:
-        """``step(part, *inputs on the part's device)`` for every part at once, its result moved to ``self.device``
-        (left on the part's device unless ``gather``). The inputs are copied to the devices from this thread before
-        any part starts: a copy issued by a worker would queue behind the work that another worker has already
-        queued on the source device."""
-        placed = [tuple(None if t is None else t.to(part.device, non_blocking=True) for t in inputs)
-                  for part in self.parts]
-
-        def run(item):
-            part, args = item
-            out = step(part, *args)
-            if not gather:
-                return out
-            return tuple(t.to(self.device) for t in out) if isinstance(out, tuple) else out.to(self.device)
-
-        return self.workers.map(run, list(zip(self.parts, placed)))
-
-    def probe(self, probes, per_token, nprobe):
-        return merge_probes(self._each(lambda part, x: part.probe(x, per_token, nprobe), probes), per_token)
-
-    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
-        """:meth:`Staged.candidates` with the merging of the probes and the selection split by queries: every part
-        probes all probes on its device, then device j merges the probes of the j-th consecutive part of the batch
-        (from every part) and selects that part's candidates, all devices at once; the parts' candidates, padded to
-        the widest, are joined on the first device (the tensors one device selects for the whole batch)."""
-        per_token, nprobe, wide, limit = depth
-        owner, token = queries.probe_mask.nonzero(as_tuple=True)  # in query order
-        weights = queries.salience[owner, token] if queries.weighted else None
-        found = self._each(lambda part, x: part.probe(x, per_token, nprobe), queries.vectors[owner, token],
-                           gather=False)
-        clock("probe")
-        spans = batch_parts(queries, len(self.parts))
-        cuts = torch.searchsorted(owner, torch.tensor([span.start for span in spans] + [len(queries)],
-                                                      device=owner.device)).tolist()
-        work = []  # every input of a device's selection is copied there before any selection starts
-        for part, span, first, last in zip(self.parts, spans, cuts, cuts[1:]):
-            dev = part.device
-            probed = [tuple(t[first:last].to(dev, non_blocking=True) for t in pair) for pair in found]
-            work.append(None if span.stop == span.start else (
-                span.stop - span.start, probed, (owner[first:last] - span.start).to(dev, non_blocking=True),
-                None if weights is None else weights[first:last].to(dev, non_blocking=True)))
-
-        def select(item) -> tuple[Tensor, Tensor] | None:
-            if item is None:
-                return None
-            count, probed, mine, weight = item
-            return select_candidates(*merge_probes(probed, per_token), mine, count, wide or limit, weight)
-
-        selected = [found for found in self.workers.map(select, work) if found is not None]
-        width = max(rows.shape[1] for rows, _ in selected)
-        rows = torch.cat([torch.nn.functional.pad(rows, (0, width - rows.shape[1]), value=-1).to(self.device)
-                          for rows, _ in selected])
-        valid = torch.cat([torch.nn.functional.pad(ok, (0, width - ok.shape[1]), value=False).to(self.device)
-                           for _, ok in selected])
-        clock("select")
-        return rows, valid
-
-    def interaction(self, q, q_mask, rows, valid):
-        return _max_combine(self._each(TorchCodes.interaction, q, q_mask, rows, valid))
-
-    def refine(self, q, q_mask, q_sal, rows, valid):
-        return _max_combine(self._each(TorchCodes.refine_held, q, q_mask, q_sal, rows, valid))
-
-
 def batch_parts(queries: Queries, count: int) -> list[slice]:
     """``count`` consecutive slices of the batch (the last ones empty when it holds fewer queries), balanced by the
     number of probing tokens (the work of a query grows with it): slice i ends with the query that takes the load
@@ -492,61 +413,48 @@ def _concat(found: list[tuple[Tensor, Tensor]], k: int) -> tuple[Tensor, Tensor]
     return torch.cat([s for s, _ in found]), torch.cat([r for _, r in found])
 
 
-class Replicated:
-    """A whole copy of the codes on each device (``replicas``, one :class:`TorchCodes` each). A batch is split into
-    consecutive parts (balanced by probing tokens), and each copy searches its part on its own worker thread from
-    encoding to top k; the parts' hits are joined on the host. One query at a time goes to the first copy (its CUDA
-    graph plan, on the query encoder's device)."""
-
-    has_interaction = True
-    placement = "replicate"
-
-    def __init__(self, replicas: list[TorchCodes]):
-        self.replicas = replicas
-        self.device = replicas[0].device
-        self.workers = DeviceWorkers([replica.device for replica in replicas])
-
-    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
-        # each part is copied to its device from this thread before any copy starts searching (see Sharded._each)
-        work = [(replica, queries.part(part).to(replica.device, non_blocking=True) if part.stop > part.start
-                 else None) for replica, part in zip(self.replicas, batch_parts(queries, len(self.replicas)))]
-
-        def run(item) -> tuple[Tensor, Tensor]:
-            replica, part = item
-            if part is None:
-                return _on_host((torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long)), k)
-            return _on_host(replica.search(part, depth, k), k)
-
-        return _concat(self.workers.map(run, work), k)
-
-    def search_one(self, text, depth, k):
-        return self.replicas[0].search_one(text, depth, k)
-
-
 # ---------------------------------------------------------------------------------------------------- torchrun
 class Exchanged(Staged):
     """This process's consecutive segments (``local``; None when it holds none) of an index split across the
-    ranks of a torchrun job. Probes are gathered from every rank and merged, candidate scores gathered and combined
-    (small CPU objects through ``exchange``: ``broadcast(obj)`` from rank 0, ``all_gather(obj)``), so that every
-    rank selects the same candidates and ends with the ranking of the whole index."""
+    processes of a process group (a torchrun job, or :class:`.workers.Workers`), connected by ``exchange``
+    (:class:`pyserini_aligner.dist.Collectives`). Every rank probes its segments and the probes are gathered and
+    merged; the first rank selects the candidates and sends them to all; centroid-interaction and refinement scores
+    of the candidates each rank holds are combined by an element-wise maximum. Every rank ends with the ranking of
+    the whole index. ``device``: this rank's device."""
 
     placement = "shard"
 
-    def __init__(self, local: TorchCodes | None, exchange):
-        self.local, self.exchange, self.device = local, exchange, torch.device("cpu")
+    def __init__(self, local: TorchCodes | None, exchange, device: torch.device):
+        self.local, self.exchange, self.device = local, exchange, device
 
     def probe(self, probes, per_token, nprobe):
-        mine = [] if self.local is None else [tuple(t.cpu() for t in self.local.probe(probes, per_token, nprobe))]
-        return merge_probes([part for held in self.exchange.all_gather(mine) for part in held], per_token)
+        if self.local is not None:
+            scores, rows = self.local.probe(probes, per_token, nprobe)
+        else:  # the shape every shard returns (engine.CodeShard.probe), with nothing found
+            scores = torch.full((len(probes), max(1, per_token)), -torch.inf, device=self.device)
+            rows = torch.full(scores.shape, -1, dtype=torch.long, device=self.device)
+        return merge_probes(list(zip(self.exchange.all_gather_tensor(scores), self.exchange.all_gather_tensor(rows))),
+                            per_token)
 
-    def _combine(self, mine: list[Tensor]) -> Tensor:
-        return _max_combine([part for held in self.exchange.all_gather([p.cpu() for p in mine]) for part in held])
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        """:meth:`Staged.candidates` of the first rank, sent to every rank (each rank's own selection could differ
+        in the last bit of a proxy summed in another order)."""
+        rows, valid = Staged.candidates(self, queries, depth, clock)
+        first = self.exchange.rank == 0
+        return (self.exchange.broadcast_tensor(rows if first else None, self.device),
+                self.exchange.broadcast_tensor(valid if first else None, self.device))
+
+    def _combine(self, mine: Tensor | None, rows: Tensor) -> Tensor:
+        if mine is None:
+            mine = torch.full(rows.shape, -torch.inf, device=self.device)
+        return self.exchange.all_reduce_max(mine.to(self.device))
 
     def interaction(self, q, q_mask, rows, valid):
-        return self._combine([] if self.local is None else [self.local.interaction(q, q_mask, rows, valid)])
+        return self._combine(None if self.local is None else self.local.interaction(q, q_mask, rows, valid), rows)
 
     def refine(self, q, q_mask, q_sal, rows, valid):
-        return self._combine([] if self.local is None else [self.local.refine_held(q, q_mask, q_sal, rows, valid)])
+        return self._combine(None if self.local is None else self.local.refine_held(q, q_mask, q_sal, rows, valid),
+                             rows)
 
 
 class ExchangedReplica:
@@ -568,6 +476,9 @@ class ExchangedReplica:
         return _concat(self.exchange.all_gather(mine), k)
 
     def search_one(self, text, depth, k):
+        return None
+
+    def search_texts(self, texts, k, threads, vectors):
         return None
 
 
@@ -638,14 +549,16 @@ def _device(name: str | torch.device) -> torch.device:
 
 def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scoring: Scoring, *, k_per_token: int,
                  nprobe: int | None = None, ef_search: int | None = None, segments: Sequence[int] | None = None,
-                 exchange=None, placement: str = "auto", encoder=None) -> SearchBackend:
+                 exchange=None, placement: str = "auto", encoder=None, searcher_class: type | None = None,
+                 options: dict | None = None) -> SearchBackend:
     """The backend that searches ``store`` (one index generation) by ``backend`` ("faiss" or "torch") on
-    ``devices``. Several devices (compressed index, torch): "replicate" puts a whole copy of the codes on each,
-    "shard" consecutive segments on each, "auto" replicates when a copy and room to search fit in every device's
-    free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per process of a torchrun job) the
-    same choice is made across the processes, replicating only when it fits on every rank; ``segments`` (this
-    process's consecutive segments) shards explicitly. ``encoder``: the graphed query encoder, for the one-query
-    plan of the copy on its device. ValueError for knobs the index or backend does not take."""
+    ``devices``. Several devices (compressed index, torch) get a worker process each (:class:`.workers.Workers`:
+    each opens a one-device ``searcher_class`` with the keyword arguments ``options``): "replicate" puts a whole
+    copy of the codes on each, "shard" consecutive segments on each, "auto" replicates when a copy and room to
+    search fit in every device's free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per process of a
+    process group) the same choice is made across the processes, replicating only when it fits on every rank;
+    ``segments`` (this process's consecutive segments) shards explicitly. ``encoder``: the graphed query encoder,
+    for the one-query plan of the codes on its device. ValueError for knobs the index or backend does not take."""
     compressed = store.codec is not None
     devices = [_device(d) for d in devices]
     if ef_search is not None and compressed:
@@ -663,17 +576,16 @@ def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scori
         return codes_on(store, mine, devices[0], scoring, encoder)
     if placement == "auto":
         placement = choose_placement(store, devices, scoring.refine_with)
-    if placement == "replicate":
-        first = codes_on(store, mine, devices[0], scoring, encoder)
-        # the other copies are copied from the first, device to device, where the devices are alike
-        return Replicated([first] + [TorchCodes(first.shard.to(d), scoring, encoder) if d.type == devices[0].type
-                                     else codes_on(store, mine, d, scoring, encoder) for d in devices[1:]])
-    owned = [(d, numbers) for d, numbers in zip(devices, split_devices(store, devices, mine)) if numbers]
-    if len(owned) < 2:  # too few segments to split: one device holds them all
+    if placement == "shard" and sum(1 for numbers in split_devices(store, devices, mine) if numbers) < 2:
         log.info("%d segment(s) cannot be spread over %d devices: searching on %s", len(mine), len(devices),
-                 owned[0][0] if owned else devices[0])
-        return codes_on(store, mine, owned[0][0] if owned else devices[0], scoring, encoder)
-    return Sharded([codes_on(store, numbers, d, scoring) for d, numbers in owned])
+                 devices[0])
+        return codes_on(store, mine, devices[0], scoring, encoder)
+    from pyserini_aligner.search.workers import Workers
+
+    if searcher_class is None:
+        raise ValueError("several devices need searcher_class, the searcher each worker process opens")
+    return Workers(store.index_dir, store.manifest.generation, [str(d) for d in devices], placement, searcher_class,
+                   options or {})
 
 
 def codes_on(store: StoredIndex, numbers: Sequence[int], device: torch.device | str, scoring: Scoring,
@@ -690,7 +602,7 @@ def choose_placement(store: StoredIndex, devices: Sequence[torch.device], refine
 
 def _exchanged(store: StoredIndex, device: torch.device, scoring: Scoring, segments: Sequence[int] | None, exchange,
                placement: str, encoder) -> SearchBackend:
-    """The backend of one rank of a torchrun job (see :func:`open_backend`)."""
+    """The backend of one rank of a process group (see :func:`open_backend`)."""
     if segments is not None:
         if placement == "replicate":
             raise ValueError("segments and placement 'replicate' exclude each other: a replica holds every segment")
@@ -703,5 +615,5 @@ def _exchanged(store: StoredIndex, device: torch.device, scoring: Scoring, segme
     if segments is None:
         segments = split_devices(store, range(exchange.world_size))[exchange.rank]
     mine = _consecutive(store, segments)
-    return Exchanged(codes_on(store, mine, device, scoring) if mine else None, exchange)
+    return Exchanged(codes_on(store, mine, device, scoring) if mine else None, exchange, device)
 

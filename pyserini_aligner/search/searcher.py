@@ -193,9 +193,13 @@ class AlignerSearcher:
             graphed = self._capture_query_encoder(model)
         scoring = Scoring(strategy, self.refine_with, model.scores_with_salience, self.query_prune,
                           int(store.lengths.max()) if store.num_docs else 1)  # documents pad to it in every shard
+        previous = getattr(self, "engine", None)
         self.engine = open_backend(store, self.backend, self.devices, scoring, k_per_token=self.k_per_token,
                                    nprobe=self.nprobe, ef_search=self.ef_search, segments=self.segments,
-                                   exchange=self.exchange, placement=self.placement, encoder=graphed)
+                                   exchange=self.exchange, placement=self.placement, encoder=graphed,
+                                   searcher_class=type(self), options=self._device_options())
+        if previous is not None and hasattr(previous, "close"):  # worker processes of the last generation
+            previous.close()
         self.model, self._graphed = model, graphed
         self.store, self.manifest = store, store.manifest
         self.strategy, self.use_salience = strategy, scoring.use_salience
@@ -203,6 +207,13 @@ class AlignerSearcher:
         self.docids = store.docids
         self.dimension = self.manifest.dim
         self.num_docs = self.manifest.num_docs
+
+    def _device_options(self) -> dict:
+        """The keyword arguments of a one-device searcher with this searcher's settings (for worker processes)."""
+        return dict(encoder=self._encoder_arg, strategy=self._strategy_arg, k_per_token=self.k_per_token,
+                    query_prune=self.query_prune, max_candidates=self.max_candidates, refine_with=self.refine_with,
+                    nprobe=self.nprobe, batch_size=self.batch_size,
+                    interaction_candidates=self.interaction_candidates, query_max_length=self.query_max_length)
 
     def reopen(self) -> bool:
         """Switch to the index's newest committed generation if it changed; returns whether it did. Searches in
@@ -258,7 +269,7 @@ class AlignerSearcher:
         with self._lock:
             for start in range(0, len(queries), self.batch_size):
                 texts, ids = queries[start:start + self.batch_size], q_ids[start:start + self.batch_size]
-                for qid, query_vectors, hits in zip(ids, *self._search_texts(texts, k, threads)):
+                for qid, query_vectors, hits in zip(ids, *self._search_texts(texts, k, threads, return_vector)):
                     vectors[qid] = query_vectors
                     if return_vector:
                         results[qid] = [prf(self.docids[row], score, self._doc_vectors(row)) for row, score in hits]
@@ -276,7 +287,7 @@ class AlignerSearcher:
         check_threads(threads if threads is not None else 1)
         with self._lock:
             for start in range(0, len(queries), self.batch_size):
-                _, hits = self._search_texts(queries[start:start + self.batch_size], k, threads)
+                _, hits = self._search_texts(queries[start:start + self.batch_size], k, threads, vectors=False)
                 ranked += [[(self.docids[row], score) for row, score in query_hits] for query_hits in hits]
         return ranked
 
@@ -298,16 +309,26 @@ class AlignerSearcher:
             nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
         return per_token, nprobe, wide, limit
 
-    def _search_texts(self, texts: list[str], k: int, threads: int | None = None):
+    def _search_texts(self, texts: list[str], k: int, threads: int | None = None, vectors: bool = True):
         """(query vectors per text, [(doc row, score)] per text). Queries are encoded with torch's thread setting
         of when the searcher was made (as Pyserini's encoders use torch's); ``threads`` threads (default: the same
-        number) run the search (FAISS and the tensor steps)."""
+        number) run the search (FAISS and the tensor steps). ``vectors``: whether the caller reads the query vectors
+        (a backend of worker processes then sends them back)."""
         live = [i for i, text in enumerate(texts) if not is_blank(text)]
         hits: list[list[tuple[int, float]]] = [[] for _ in texts]
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
         if not live or self.store.num_live == 0:
             return query_vectors, hits
         clock = self._clock()
+        found = self.engine.search_texts([texts[i] for i in live], k, threads, vectors)
+        if found is not None:
+            live_vectors, live_hits = found
+            for j, i in enumerate(live):
+                hits[i] = live_hits[j]
+                if live_vectors is not None:
+                    query_vectors[i] = live_vectors[j]
+            clock("search")
+            return query_vectors, hits
         if len(live) == 1:
             found = self.engine.search_one(texts[live[0]], self._depth(k), k)
             if found is not None:
@@ -317,16 +338,24 @@ class AlignerSearcher:
                 hits[live[0]] = list(zip(rows[ok].tolist(), scores[ok].tolist()))
                 clock("search")
                 return query_vectors, hits
-        if len(live) == 1 and self._graphed is not None:
+        encoded = None
+        if self.exchange is not None and self.exchange.rank != 0:
+            pass  # every process searches the first one's encoding
+        elif len(live) == 1 and self._graphed is not None:
             out = self._graphed(texts[live[0]])
+            encoded = (out.vectors.float(), out.mask, out.salience)
+        elif self._graphed is not None:  # a batch through the captured passes: no kernel launches one by one
+            out = self._graphed.encode_batch([texts[i] for i in live])
+            encoded = (out.vectors.float(), out.mask, out.salience)
         else:
             with compute_threads(self.encode_threads):  # the same threads in every calling thread: same vectors
                 out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size,
                                                maxlen=self.query_max_length)
-        q, q_mask, q_sal = out.vectors.float(), out.mask, out.salience
-        if self.exchange is not None:  # every process searches the first one's encoding
-            q, q_mask, q_sal = (t.to(self.model.device) for t in self.exchange.broadcast(
-                (q.cpu(), q_mask.cpu(), q_sal.cpu())))
+            encoded = (out.vectors.float(), out.mask, out.salience)
+        if self.exchange is not None:
+            encoded = [self.exchange.broadcast_tensor(None if encoded is None else t, self.model.device)
+                       for t in (encoded or (None, None, None))]
+        q, q_mask, q_sal = encoded
         clock("encode")
         queries = Queries(q, q_mask, q_sal, prune_mask(q_sal, q_mask, self.query_prune), self.use_salience)
         with compute_threads(self.encode_threads if threads is None else threads):

@@ -8,6 +8,8 @@ the FAISS path, the best ``max_candidates`` documents, and the exact alignment s
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -110,21 +112,18 @@ class TorchTokenIndex:
         return out
 
 
-class GraphedQueryEncoder:
-    """One query at a time through a CUDA graph of the model's forward pass, padded to ``maxlen`` (default the model's
-    ``query_maxlen``).
+MAX_GRAPHED_BATCH = 512  # queries a captured batch encoding takes at most
 
-    The eager forward of a small encoder on one short query is bound by kernel launches (~4 ms); replaying a
-    captured graph launches them all at once. Padding only adds masked positions, so the vectors of the real tokens
-    are those of the eager pass up to floating-point rounding. Raises RuntimeError when the model cannot be captured.
-    """
 
-    def __init__(self, model, maxlen: int | None = None):
-        self.model = model.eval()
-        device, width = model.device, maxlen or model.config.query_maxlen
-        self.ids = torch.full((1, width), model.pad_id, dtype=torch.long, device=device)
-        self.attention = torch.zeros(1, width, dtype=torch.long, device=device)
-        self.attention[0, :2] = 1
+class _Captured:
+    """The model's query forward pass over ``size`` rows of ``width`` token ids, captured in a CUDA graph: fill
+    ``ids`` and ``attention``, replay ``graph``, read ``out``."""
+
+    def __init__(self, model, size: int, width: int):
+        device = model.device
+        self.ids = torch.full((size, width), model.pad_id, dtype=torch.long, device=device)
+        self.attention = torch.zeros(size, width, dtype=torch.long, device=device)
+        self.attention[:, :2] = 1
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.inference_mode(), torch.cuda.stream(side):
@@ -134,6 +133,56 @@ class GraphedQueryEncoder:
         self.graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(self.graph):
             self.out = model(self.ids, self.attention, is_query=True)
+
+
+class GraphedQueryEncoder:
+    """Queries through CUDA graphs of the model's forward pass, padded to ``maxlen`` (default the model's
+    ``query_maxlen``): one query at a time (``__call__``), or a batch (``encode_batch``).
+
+    The eager forward of a small encoder on one short query is bound by kernel launches (~4 ms); replaying a
+    captured graph launches them all at once. Padding only adds masked positions, so the vectors of the real tokens
+    are those of the eager pass up to floating-point rounding. Raises RuntimeError when the model cannot be captured.
+    """
+
+    def __init__(self, model, maxlen: int | None = None):
+        self.model = model.eval()
+        one = _Captured(model, 1, maxlen or model.config.query_maxlen)
+        self.ids, self.attention, self.graph, self.out = one.ids, one.attention, one.graph, one.out
+        self._batches = {1: one}
+
+    def encode_batch(self, texts: list[str]):
+        """TokenOutput (vectors [n, maxlen, dim], mask, salience) of ``texts`` (n of them), in input order, through the
+        graph of the smallest power-of-two batch (at most MAX_GRAPHED_BATCH) that holds them, captured on first use;
+        longer lists go in such batches one after the other. A new tensor, not a graph's buffer."""
+        from pyserini_aligner.model import TokenOutput
+
+        width = self.ids.shape[1]
+        ids, truncated = self.model.tokenize(texts, is_query=True, maxlen=width)
+        self.model._report_truncation("query", sum(truncated), len(ids), width)
+        parts = []
+        for start in range(0, len(ids), MAX_GRAPHED_BATCH):
+            rows = ids[start:start + MAX_GRAPHED_BATCH]
+            batch = self._batch_graph(1 << (len(rows) - 1).bit_length())
+            host = np.zeros((2, batch.ids.shape[0], width), dtype=np.int64)
+            host[0] = self.model.pad_id
+            host[1, :, :2] = 1  # rows past the texts: two attended positions, as in the capture
+            lengths = np.array([len(row) for row in rows])
+            real = np.arange(width) < lengths[:, None]
+            host[1, :len(rows)] = real
+            host[0, :len(rows)][real] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
+                                                   count=int(lengths.sum()))
+            host = torch.from_numpy(host).pin_memory().to(self.ids.device, non_blocking=True)
+            batch.ids.copy_(host[0])
+            batch.attention.copy_(host[1])
+            batch.graph.replay()
+            parts.append([t[:len(rows)].clone() for t in (batch.out.vectors, batch.out.mask, batch.out.salience)])
+        return TokenOutput(*(torch.cat(column) for column in zip(*parts)))
+
+    def _batch_graph(self, size: int):
+        """The captured forward pass of ``size`` padded queries (captured on first use)."""
+        if size not in self._batches:
+            self._batches[size] = _Captured(self.model, size, self.ids.shape[1])
+        return self._batches[size]
 
     def __call__(self, text: str):
         """TokenOutput (vectors [1, maxlen, dim], mask, salience) of ``text``, valid until the next call."""

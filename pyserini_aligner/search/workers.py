@@ -1,0 +1,211 @@
+"""Search on several devices of one machine: one worker process a device, so that the devices work at once.
+
+Each worker is a one-device :class:`~pyserini_aligner.search.searcher.AlignerSearcher` in a process of its own
+(started with "spawn"), with its own Python interpreter: no worker waits on another's kernel launches or host
+work. Placement "replicate": every worker holds a whole copy of the codes, a batch of texts is split into
+consecutive parts (balanced by their length in words) and every worker encodes and searches its part; one query
+goes to the first worker (its CUDA-graph plan). Placement "shard": the workers form a process group (NCCL on
+GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the
+ranks of a torchrun job do (:mod:`.distributed`): probes are gathered and merged, candidate scores combined, and
+the first worker returns the ranking. Either way the ranking is the one a single device computes over the whole
+index. The workers open the index generation the parent opened and are stopped with the backend.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import traceback
+import weakref
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+START_TIMEOUT_S = 1800.0  # seconds the workers may take to load the index
+POLL_S = 1.0  # how often a waiting parent checks that its workers are still alive
+BALANCE_WORDS = 64  # words of a text counted when balancing the parts of a batch (queries are cut far shorter)
+
+
+def text_parts(texts: Sequence[str], count: int) -> list[slice]:
+    """``count`` consecutive slices of ``texts`` (the last ones empty when there are fewer texts), balanced by each
+    text's words (at most BALANCE_WORDS) plus one: a slice ends with the text that takes the load past its share."""
+    load = np.array([min(len(text.split()), BALANCE_WORDS) + 1.0 for text in texts])
+    prefix = np.concatenate([[0.0], np.cumsum(load)])
+    cuts = [0] + [int(np.searchsorted(prefix, prefix[-1] * i / count)) for i in range(1, count)] + [len(texts)]
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: str, searcher_class: type,
+           options: dict, group_file: str | None) -> None:
+    """A worker's life: open the index on ``device`` (in the process group for "shard"), report ("ready",
+    generation, rows held), then answer ("search", texts, k, threads, vectors) with ("ok", vectors or None, hits)
+    until ("stop",) or the parent goes away. Errors are reported as ("error", one line)."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from pyserini_aligner.dist import Collectives, DistContext
+
+        threads = options.pop("threads", None)
+        if threads:
+            torch.set_num_threads(threads)
+        exchange = None
+        if placement == "shard":
+            cuda = device.startswith("cuda")
+            if cuda:
+                torch.cuda.set_device(torch.device(device))
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=Path(group_file).as_uri(), rank=rank,
+                                    world_size=world, timeout=datetime.timedelta(seconds=START_TIMEOUT_S))
+            exchange = Collectives(DistContext(rank, world, rank))
+        searcher = searcher_class(index_dir, device=device, backend="torch", exchange=exchange,
+                                  placement=placement if exchange is not None else "auto", **options)
+        local = getattr(searcher.engine, "local", searcher.engine)  # a shard's own segments, or the whole index
+        held = local.shard.num_rows if local is not None else 0
+        conn.send(("ready", searcher.manifest.generation, held))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("error", _one_line(err)))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if message[0] == "stop":
+            return
+        try:
+            _, texts, k, threads, want_vectors = message
+            vectors, hits = searcher._search_texts(texts, k, threads, want_vectors)
+            conn.send(("ok", vectors if want_vectors else None, hits if rank == 0 or placement != "shard" else None))
+        except BaseException as err:  # noqa: BLE001
+            log_text = traceback.format_exc(limit=3)
+            conn.send(("error", f"{_one_line(err)} ({log_text.strip().splitlines()[-1]})"))
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _stop(processes: list, conns: list) -> None:
+    """Ask every worker to stop, then end the ones that do not."""
+    for conn in conns:
+        try:
+            conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+    for conn in conns:
+        conn.close()
+
+
+class Workers:
+    """The backend of several devices (see the module's text). index_dir: the index; generation: the one the parent
+    opened (a worker that finds another refuses, so that rows mean the same documents); devices: one a worker;
+    placement: "replicate" or "shard"; searcher_class: the searcher a worker opens (AlignerSearcher), with the
+    keyword arguments ``options`` (encoder, strategy, depth knobs, batch_size, query_max_length, ...)."""
+
+    has_interaction = True
+
+    def __init__(self, index_dir: str | os.PathLike, generation: int, devices: Sequence[str], placement: str,
+                 searcher_class: type, options: dict[str, Any]):
+        import torch.multiprocessing as mp
+
+        if placement not in ("replicate", "shard"):
+            raise ValueError(f"placement must be 'replicate' or 'shard' here, got {placement!r}")
+        self.devices, self.placement = [str(d) for d in devices], placement
+        import torch
+
+        self.device = torch.device(self.devices[0])
+        context = mp.get_context("spawn")
+        group_file = None
+        if placement == "shard":
+            handle, group_file = tempfile.mkstemp(prefix="aligner-group-")
+            os.close(handle)
+            os.unlink(group_file)  # the process group's rendezvous file: created by its first member
+        cpu_threads = torch.get_num_threads()  # the parent's: a CPU's vectors depend on its thread count
+        self.processes, self.conns = [], []
+        for rank, device in enumerate(self.devices):
+            parent, child = context.Pipe()
+            mine = dict(options)
+            if not device.startswith("cuda"):
+                mine["threads"] = cpu_threads
+            process = context.Process(target=_serve, name=f"aligner-search-{device}", daemon=True,
+                                      args=(child, rank, len(self.devices), device, placement, str(index_dir),
+                                            searcher_class, mine, group_file))
+            process.start()
+            child.close()
+            self.processes.append(process)
+            self.conns.append(parent)
+        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
+        try:
+            ready = self._replies(range(len(self.devices)), START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if group_file is not None and os.path.exists(group_file):
+                os.unlink(group_file)
+        found = {reply[1] for reply in ready}
+        if found != {generation}:
+            self.close()
+            raise RuntimeError(f"index {index_dir} changed while its search workers opened it (generation "
+                               f"{generation}, workers found {sorted(found)}); open the searcher again")
+        self.rows_held = [reply[2] for reply in ready]  # documents (rows) each worker holds
+
+    def close(self) -> None:
+        """Stop the workers (also done when the backend is collected)."""
+        self._finalizer()
+
+    def _replies(self, ranks: Sequence[int], timeout_s: float | None = None) -> list:
+        """The next message of each worker in ``ranks``, taken as each arrives; RuntimeError naming the device if
+        one reports an error or exits (the workers are then stopped: a lockstep group cannot go on without one of
+        its members)."""
+        import time
+        from multiprocessing.connection import wait
+
+        pending = {self.conns[rank]: rank for rank in ranks}
+        out: dict[int, Any] = {}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            for conn in wait(list(pending), timeout=POLL_S):
+                rank = pending.pop(conn)
+                try:
+                    out[rank] = conn.recv()
+                except EOFError:
+                    self.processes[rank].join(timeout=1)
+                    out[rank] = ("error", f"exited with code {self.processes[rank].exitcode}")
+                if out[rank][0] == "error":
+                    self.close()
+                    raise RuntimeError(f"search worker on {self.devices[rank]}: {out[rank][1]}")
+            for conn, rank in list(pending.items()):
+                if not self.processes[rank].is_alive() and not conn.poll():
+                    self.close()
+                    raise RuntimeError(f"search worker on {self.devices[rank]}: exited with code "
+                                       f"{self.processes[rank].exitcode}")
+            if deadline is not None and time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"search workers did not answer within {timeout_s:.0f} s")
+        return [out[rank] for rank in ranks]
+
+    def search_texts(self, texts: list[str], k: int, threads: int | None, vectors: bool) -> tuple[list | None, list]:
+        """(query vectors per text, or None unless ``vectors``; [(doc row, score)] per text) of non-blank texts;
+        ``threads``: the workers' search threads (None: their default)."""
+        if not self._finalizer.alive:
+            raise RuntimeError("the search workers were stopped (after an error); open the searcher again")
+        if self.placement == "shard":
+            for conn in self.conns:
+                conn.send(("search", texts, k, threads, vectors))
+            first = self._replies(range(len(self.conns)))[0]
+            return first[1], first[2]
+        parts = text_parts(texts, len(self.conns)) if len(texts) > 1 else [slice(0, len(texts))]
+        busy = [(rank, part) for rank, part in enumerate(parts) if part.stop > part.start]
+        for rank, part in busy:
+            self.conns[rank].send(("search", texts[part], k, threads, vectors))
+        replies = self._replies([rank for rank, _ in busy])
+        hits = [h for reply in replies for h in reply[2]]
+        return ([v for reply in replies for v in reply[1]] if vectors else None), hits
