@@ -51,10 +51,10 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
         if threads:
             torch.set_num_threads(threads)
         exchange = None
+        cuda = device.startswith("cuda")
+        if cuda:  # kernels (Triton's too) launch on the current device
+            torch.cuda.set_device(torch.device(device))
         if placement == "shard":
-            cuda = device.startswith("cuda")
-            if cuda:
-                torch.cuda.set_device(torch.device(device))
             dist.init_process_group("nccl" if cuda else "gloo", init_method=Path(group_file).as_uri(), rank=rank,
                                     world_size=world, timeout=datetime.timedelta(seconds=START_TIMEOUT_S))
             exchange = Collectives(DistContext(rank, world, rank))
@@ -87,8 +87,8 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def _stop(processes: list, conns: list) -> None:
-    """Ask every worker to stop, then end the ones that do not."""
+def _stop(processes: list, conns: list, group_file: str | None) -> None:
+    """Ask every worker to stop, end the ones that do not, and remove the process group's file."""
     for conn in conns:
         try:
             conn.send(("stop",))
@@ -101,6 +101,8 @@ def _stop(processes: list, conns: list) -> None:
             process.join(timeout=5)
     for conn in conns:
         conn.close()
+    if group_file is not None and os.path.exists(group_file):
+        os.unlink(group_file)
 
 
 class Workers:
@@ -141,15 +143,13 @@ class Workers:
             child.close()
             self.processes.append(process)
             self.conns.append(parent)
-        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
+        # the group's rendezvous file serves for as long as the group: NCCL connects at the first collective
+        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns, group_file)
         try:
             ready = self._replies(range(len(self.devices)), START_TIMEOUT_S)
         except BaseException:
             self.close()
             raise
-        finally:
-            if group_file is not None and os.path.exists(group_file):
-                os.unlink(group_file)
         found = {reply[1] for reply in ready}
         if found != {generation}:
             self.close()
