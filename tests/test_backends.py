@@ -153,6 +153,24 @@ def test_reopen_chooses_again(codes_index, model, tmp_path):
     assert "new" in {d for hits in searcher.rank(QUERIES, k=N_DOCS) for d, _ in hits}
 
 
+def test_a_lost_worker_is_reported_and_the_searcher_opens_again(codes_index, model):
+    """A worker process that dies (killed here) makes the next search fail with one line naming its device and
+    stops the other workers; a searcher opened again serves the same ranking."""
+    searcher = AlignerSearcher(codes_index, encoder=model, backend="torch", devices=["cpu", "cpu"],
+                               placement="replicate")
+    want = searcher.rank(QUERIES, k=5)
+    searcher.engine.processes[1].kill()
+    searcher.engine.processes[1].join()
+    with pytest.raises(RuntimeError, match=r"search worker on cpu: exited with code -9"):
+        searcher.rank(QUERIES, k=5)
+    assert not any(process.is_alive() for process in searcher.engine.processes)
+    with pytest.raises(RuntimeError, match="the search workers were stopped"):
+        searcher.rank(QUERIES, k=5)
+    again = AlignerSearcher(codes_index, encoder=model, backend="torch", devices=["cpu", "cpu"],
+                            placement="replicate")
+    assert again.rank(QUERIES, k=5) == want
+
+
 def test_command_line_on_two_devices_writes_the_one_device_run(codes_index, tmp_path, capsys):
     """python -m pyserini_aligner.search --devices cpu cpu --placement replicate|shard writes the run of one
     device (replicas encode their own part of a batch, so their scores may differ in the last bit); --devices with

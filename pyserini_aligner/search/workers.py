@@ -161,6 +161,17 @@ class Workers:
         """Stop the workers (also done when the backend is collected)."""
         self._finalizer()
 
+    def _send(self, rank: int, message: tuple) -> None:
+        """Send ``message`` to worker ``rank``; RuntimeError naming the device if it has gone (the workers are then
+        stopped)."""
+        try:
+            self.conns[rank].send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            self.processes[rank].join(timeout=1)
+            code = self.processes[rank].exitcode
+            self.close()
+            raise RuntimeError(f"search worker on {self.devices[rank]}: exited with code {code}") from None
+
     def _replies(self, ranks: Sequence[int], timeout_s: float | None = None) -> list:
         """The next message of each worker in ``ranks``, taken as each arrives; RuntimeError naming the device if
         one reports an error or exits (the workers are then stopped: a lockstep group cannot go on without one of
@@ -198,14 +209,14 @@ class Workers:
         if not self._finalizer.alive:
             raise RuntimeError("the search workers were stopped (after an error); open the searcher again")
         if self.placement == "shard":
-            for conn in self.conns:
-                conn.send(("search", texts, k, threads, vectors))
+            for rank in range(len(self.conns)):
+                self._send(rank, ("search", texts, k, threads, vectors))
             first = self._replies(range(len(self.conns)))[0]
             return first[1], first[2]
         parts = text_parts(texts, len(self.conns)) if len(texts) > 1 else [slice(0, len(texts))]
         busy = [(rank, part) for rank, part in enumerate(parts) if part.stop > part.start]
         for rank, part in busy:
-            self.conns[rank].send(("search", texts[part], k, threads, vectors))
+            self._send(rank, ("search", texts[part], k, threads, vectors))
         replies = self._replies([rank for rank, _ in busy])
         hits = [h for reply in replies for h in reply[2]]
         return ([v for reply in replies for v in reply[1]] if vectors else None), hits
