@@ -6,11 +6,11 @@ import torch
 from pyserini_aligner.index.codec import (
     HIERARCHY_MIN_NLIST,
     CentroidSearch,
-    DEFAULT_MAX_BYTES_PER_TOKEN,
     CodecSpec,
     ResidualCodec,
     choose_nlist,
     choose_refine_m,
+    default_max_bytes_per_token,
     coarse_count,
     dequantize_centroids,
     kmeans,
@@ -56,14 +56,18 @@ def test_parse_codec_rejects(spec, message):
 
 def test_auto_chooses_residual_bytes_from_the_corpus_size_and_budget():
     """Small corpora get the finest residual the per-token budget allows; the codes of a large one stay in 8 GiB."""
-    assert choose_refine_m(128, 1_500_000) == DEFAULT_MAX_BYTES_PER_TOKEN - 2 == 32
+    assert choose_refine_m(128, 1_500_000) == default_max_bytes_per_token(128) - 2 == 32
+    assert choose_refine_m(384, 1_500_000) == default_max_bytes_per_token(384) - 2 == 96  # 2 bits a dimension
+    assert choose_refine_m(384, 100_000_000) == 64  # 98 bytes of 100M tokens pass 8 GiB
     assert choose_refine_m(128, 1_500_000, max_bytes_per_token=66) == 64
     assert choose_refine_m(128, 1_500_000, max_bytes_per_token=20) == 16
-    assert choose_refine_m(384, 1_500_000, max_bytes_per_token=130) == 128  # any power of two dividing the dim
+    assert choose_refine_m(384, 1_500_000, max_bytes_per_token=130) == 128  # the largest even divisor that fits
+    assert choose_refine_m(384, 1_500_000, max_bytes_per_token=34) == 32
     assert [choose_refine_m(128, t) for t in (250_000_000, 260_000_000, 480_000_000, 900_000_000)] == [32, 16, 8, 4]
     with pytest.raises(ValueError, match="max_bytes_per_token must be >= 6"):
         choose_refine_m(128, 1000, max_bytes_per_token=5)
     assert resolve_codec("auto", 128, 1_500_000) == CodecSpec(choose_nlist(1_500_000), 4, 32)
+    assert resolve_codec("auto", 384, 1_500_000) == CodecSpec(choose_nlist(1_500_000), 4, 96)
     assert str(resolve_codec("auto", 128, 1_500_000, max_bytes_per_token=6)) == f"IVF{choose_nlist(1_500_000)},PQ4"
     assert resolve_codec("IVF64,PQ8", 128, 10 ** 9) == CodecSpec(64, 8)  # an explicit string is kept
 

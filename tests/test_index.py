@@ -17,7 +17,7 @@ from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, 
 from pyserini_aligner.index import __main__ as cli
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE
-from pyserini_aligner.index.codec import (AUTO_CODEC, DEFAULT_MAX_BYTES_PER_TOKEN, HIERARCHY_MIN_NLIST, CodecSpec,
+from pyserini_aligner.index.codec import (AUTO_CODEC, HIERARCHY_MIN_NLIST, CodecSpec,
                                           choose_nlist, parse_codec)
 from pyserini_aligner.index.options import BuildOptions
 from pyserini_aligner.model import AlignerModel
@@ -220,7 +220,7 @@ def test_build_options_parse_the_codec_and_keep_the_defaults(tmp_path):
     ("codec", "IVF64,PQ8,Refine(PQ4)", "must be finer than PQ8"),
     ("codec", 8, "codec: codec must be a string, CodecSpec or AutoCodec, got int"),
     ("index_type", " ", "index_type must be a FAISS factory string"),
-    ("max_bytes_per_token", 5, "max_bytes_per_token must be an integer >= 6"),
+    ("max_bytes_per_token", 5, "max_bytes_per_token must be None or an integer >= 6"),
     ("prune_redundancy", 0.0, "prune_redundancy must be None or a cosine threshold in (0, 1], got 0.0"),
     ("prune_redundancy", "off", "prune_redundancy must be None or a cosine threshold"),
     ("max_length", 1, "max_length must be None or an integer >= 2 (room for the special tokens), got 1"),
@@ -583,4 +583,4 @@ def test_max_bytes_per_token_is_refused_where_it_does_nothing(tmp_path, capsys):
     args = parse_args(["--corpus", "c", "--index", str(tmp_path / "i"), "--max-bytes-per-token", "18"])
     assert BuildOptions(**option_flags(args)).max_bytes_per_token == 18
     args = parse_args(["--corpus", "c", "--index", str(tmp_path / "i")])
-    assert BuildOptions(**option_flags(args)).max_bytes_per_token == DEFAULT_MAX_BYTES_PER_TOKEN == 34
+    assert BuildOptions(**option_flags(args)).max_bytes_per_token is None  # 2 bits a dimension, from the model

@@ -69,11 +69,14 @@ def default_index(ctx: Context) -> Path:
     redundancy rule of the defaults), derived once from the full index's stored tokens instead of encoding again
     (its codec trains on a sample of every document's tokens rather than on the first documents')."""
     from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE, derive_index
-    from pyserini_aligner.index.store import MANIFEST
+    from pyserini_aligner.index.codec import resolve_codec
+    from pyserini_aligner.index.store import MANIFEST, read_manifest
 
     full = full_index(ctx)
     target = full.with_name(f"{full.name}-default")
-    if not (target / MANIFEST).is_file():
+    source = read_manifest(full)
+    codec = str(resolve_codec(DEFAULT_CODEC, source.dim, source.num_tokens))  # what the defaults pick today
+    if not (target / MANIFEST).is_file() or read_manifest(target).codec != codec:
         log.info("deriving the default index %s from %s", target, full)
         derive_index(full, target, doc_prune=DEFAULT_DOC_PRUNE, codec=DEFAULT_CODEC,
                      prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=ctx.progress, overwrite=True)

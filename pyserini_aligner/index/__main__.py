@@ -10,7 +10,7 @@ from pathlib import Path
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.cli import (HelpFormatter, UsageError, add_quiet_flag, device, fraction, positive_int,
                                   positive_number, run_main, strategy)
-from pyserini_aligner.index.codec import DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M, FP16, AutoCodec
+from pyserini_aligner.index.codec import DEFAULT_PQ_M, FP16, AutoCodec
 from pyserini_aligner.index.builder import build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distributed, dist_context
@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "IVF<nlist>,PQ<M>[,Refine(PQ<R>)], or fp16 (exact vectors plus a FAISS --index-type index)")
     parser.add_argument("--max-bytes-per-token", type=bytes_per_token, default=None, metavar="B",
                         help=f"with --codec auto: bytes stored per token at most (centroid id and residual code; "
-                             f"default {DEFAULT_MAX_BYTES_PER_TOKEN}, about ColBERTv2's 2-bit residuals); large "
+                             "default: 2 + dim/4, a centroid id and 2 bits a dimension as ColBERTv2's residuals, at "
+                             "least 34: 34 at 128-d, 98 at 384-d); large "
                              "corpora get coarser residuals to keep the codes within 8 GiB")
     parser.add_argument("--codec-from", metavar="DIR", default=None,
                         help="use the trained codec of that compressed index (shards and updates that must share one)")

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.codec import (DEFAULT_MAX_BYTES_PER_TOKEN, SMALL_CORPUS_TOKENS, AutoCodec, CodecSpec,
+from pyserini_aligner.index.codec import (SMALL_CORPUS_TOKENS, AutoCodec, CodecSpec,
                                           ResidualCodec, resolve_codec)
 from pyserini_aligner.index.corpus import Location
 from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE,  # noqa: F401
@@ -435,7 +435,7 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 
 
 def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCodec, dim: int, total: int | None,
-                     train_size: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
+                     train_size: int, max_bytes_per_token: int | None = None
                      ) -> tuple[list[EncodedChunk], CodecSpec]:
     """Buffer the first chunks of ``stream`` until they hold the codec's training sample; returns them with the
     codec spec ("auto" resolved from the tokens of the whole corpus of ``total`` documents, estimated from the

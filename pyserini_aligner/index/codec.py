@@ -32,7 +32,6 @@ from pyserini_aligner import kernels
 FP16 = "fp16"
 AUTO = "auto"  # IVF<nlist>,PQ<DEFAULT_PQ_M>,Refine(PQ<R>): nlist and R chosen from the corpus size
 DEFAULT_PQ_M = 4  # bytes of a list entry's code under "auto" (candidate generation)
-DEFAULT_MAX_BYTES_PER_TOKEN = 34  # "auto": centroid id + a 32-byte residual at most (ColBERTv2's 2-bit: 36 at 128-d)
 DEFAULT_MAX_CODE_BYTES = 8 << 30  # "auto": token codes of the whole corpus within 8 GiB (finer residuals first)
 PQ_CENTROIDS = 256  # 8-bit sub-quantizer codes
 MIN_POINTS_PER_CENTROID = 32  # "auto": tokens per coarse centroid at least (tiny corpora get few centroids)
@@ -159,27 +158,31 @@ def choose_nlist(num_tokens: int) -> int:
     return max(2, min(nlist, 1 << int(np.floor(np.log2(room)))))
 
 
-def choose_refine_m(dim: int, num_tokens: int, max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN,
+def default_max_bytes_per_token(dim: int) -> int:
+    """Bytes a token that "auto" stores at most unless told: a 2-byte centroid id and 2 bits a dimension, as
+    ColBERTv2's residuals, and never less than at 128-d (34 up to 128-d, 98 at 384-d)."""
+    return 2 + max(32, dim // 4)
+
+
+def choose_refine_m(dim: int, num_tokens: int, max_bytes_per_token: int | None = None,
                     max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> int:
-    """Residual bytes per token for "auto": the largest power of two R dividing ``dim`` with 2 + R <=
-    ``max_bytes_per_token`` and ``num_tokens`` · (2 + R) <= ``max_code_bytes``, at least DEFAULT_PQ_M (and at most
-    ``dim``). With the defaults at 128-d: 32 bytes (PQ32) up to 250M tokens (about 3.4M passages of 74 tokens), 16
-    up to 477M, 8 up to 859M, then 4. At 1M passages, exhaustive scoring of PQ32 codes keeps 0.89 of the exact top
-    10, PQ16 0.77, PQ8 0.66, PQ4 0.58 (eval/experiments/results/codec_fidelity)."""
-    if max_bytes_per_token < 2 + DEFAULT_PQ_M:
+    """Residual bytes per token for "auto": the largest even R dividing ``dim`` with 2 + R <= ``max_bytes_per_token``
+    (default :func:`default_max_bytes_per_token`) and ``num_tokens`` · (2 + R) <= ``max_code_bytes``, at least
+    DEFAULT_PQ_M. With the defaults at 128-d: 32 bytes (PQ32, four dimensions a sub-quantiser) up to 250M tokens
+    (about 3.4M passages of 74 tokens), 16 up to 477M, 8 up to 859M, then 4; at 384-d: 96 (also four dimensions a
+    sub-quantiser) up to 87M tokens, then 64, 48, 32, ... At 1M passages, exhaustive scoring of 128-d PQ32 codes keeps
+    0.89 of the exact top 10, PQ16 0.77, PQ8 0.66, PQ4 0.58 (eval/experiments/results/codec_fidelity)."""
+    budget = default_max_bytes_per_token(dim) if max_bytes_per_token is None else max_bytes_per_token
+    if budget < 2 + DEFAULT_PQ_M:
         raise ValueError(f"max_bytes_per_token must be >= {2 + DEFAULT_PQ_M} (a centroid id and a "
-                         f"{DEFAULT_PQ_M}-byte residual), got {max_bytes_per_token}")
-    best = DEFAULT_PQ_M
-    m = DEFAULT_PQ_M
-    while m <= dim:
-        if dim % m == 0 and 2 + m <= max_bytes_per_token and max(num_tokens, 1) * (2 + m) <= max_code_bytes:
-            best = m
-        m *= 2
-    return best
+                         f"{DEFAULT_PQ_M}-byte residual), got {budget}")
+    fits = [m for m in range(DEFAULT_PQ_M, dim + 1, 2)
+            if dim % m == 0 and 2 + m <= budget and max(num_tokens, 1) * (2 + m) <= max_code_bytes]
+    return max(fits, default=DEFAULT_PQ_M)
 
 
 def resolve_codec(spec: "str | CodecSpec | AutoCodec", dim: int, num_tokens: int,
-                  max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN,
+                  max_bytes_per_token: int | None = None,
                   max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> CodecSpec:
     """The codec of ``spec`` for ``dim``-d vectors: "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>,
     Refine(PQ<R>) with R from :func:`choose_refine_m` (plain IVF<nlist>,PQ<DEFAULT_PQ_M> where R is no finer)."""

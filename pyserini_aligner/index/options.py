@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyserini_aligner.index.codec import (AUTO_CODEC, DEFAULT_MAX_BYTES_PER_TOKEN, DEFAULT_PQ_M, FP16, AutoCodec,
+from pyserini_aligner.index.codec import (AUTO_CODEC, DEFAULT_PQ_M, FP16, AutoCodec,
                                           CodecSpec, codec_choice)
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
@@ -48,7 +48,7 @@ class BuildOptions:
     doc_prune: float = DEFAULT_DOC_PRUNE
     codec: CodecSpec | AutoCodec = DEFAULT_CODEC
     index_type: str = DEFAULT_INDEX_TYPE
-    max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
+    max_bytes_per_token: int | None = None  # None: 2 bits a dimension (codec.default_max_bytes_per_token)
     codec_from: Path | None = None
     prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY
     max_length: int | None = None
@@ -78,9 +78,10 @@ class BuildOptions:
             raise ValueError(f"index_type must be a FAISS factory string such as 'Flat' or 'IVF256,Flat', got "
                              f"{self.index_type!r}")
         least = 2 + DEFAULT_PQ_M
-        if not _count(self.max_bytes_per_token) or self.max_bytes_per_token < least:
-            raise ValueError(f"max_bytes_per_token must be an integer >= {least} (a centroid id and a {DEFAULT_PQ_M}-"
-                             f"byte residual), got {self.max_bytes_per_token!r}")
+        if self.max_bytes_per_token is not None and (not _count(self.max_bytes_per_token)
+                                                     or self.max_bytes_per_token < least):
+            raise ValueError(f"max_bytes_per_token must be None or an integer >= {least} (a centroid id and a "
+                             f"{DEFAULT_PQ_M}-byte residual), got {self.max_bytes_per_token!r}")
         if self.prune_redundancy is not None and (not _number(self.prune_redundancy)
                                                   or not 0.0 < self.prune_redundancy <= 1.0):
             raise ValueError(f"prune_redundancy must be None or a cosine threshold in (0, 1], got "
