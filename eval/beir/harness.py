@@ -99,11 +99,12 @@ def adaptation_markdown(row: dict) -> list[str]:
     """aligner-adapted's choices: the rule, how often a fold switched checkpoint or strategy and what that did."""
     others = row["checkpoints"][1:]  # the first is the default's
     lines = ["", f"Few-shot adaptation (aligner-adapted): each fold of {row['fold_size']} queries keeps "
-                 f"{row['baseline']} unless its best (checkpoint, strategy) pair (nDCG@10 of the aligner's top "
+                 f"{row['baseline']} unless a (checkpoint, strategy) pair (nDCG@10 of the aligner's top "
                  f"{row['candidates']} rescored; checkpoints tried besides the default: "
                  f"{', '.join(others) or 'none'}) gains ≥ {row['min_gain']:g} with p ≤ {row['alpha']:g} (one-sided "
-                 "paired randomisation test, max-T over the pairs); a chosen pair then searches its checkpoint's "
-                 f"exact index with its strategy (top {row['search_hits']}). The run ranks "
+                 "paired randomisation test, max-T over the pairs; the best such pair by mean); a chosen pair then "
+                 f"searches its checkpoint's exact index with its strategy (top {row['search_hits']}). The table of "
+                 "switched folds gives the chosen pair's gain and p. The run ranks "
                  f"{row['changed_queries']} queries with a changed choice" +
                  ("" if row["changed_queries_delta"] is None else
                   f" (Δ nDCG@10 on them {row['changed_queries_delta']:+.4f})") + ".",

@@ -160,14 +160,21 @@ def aligner_adapted(ctx: Context) -> Hits:
         "fold_choices": [{"checkpoint": f.chosen.checkpoint, "strategy": f.chosen.strategy, "changed": f.choice.changed,
                           "switch": None if not f.choice.changed else
                           "checkpoint" if f.chosen.checkpoint != own else "strategy",
-                          "best": str(f.choice.best), "gain": round(f.choice.gain(), 4),
-                          "p": round(f.choice.p_values[f.choice.best], 4),
+                          # the gain and p of the chosen pair where the fold switched, of the best pair otherwise
+                          "best": str(f.choice.best), "gain": round(f.choice.gain(_shown(f.choice)), 4),
+                          "p": round(f.choice.p_values[_shown(f.choice)], 4),
                           "held_out": round(f.held_out, 4), "held_out_baseline": round(f.held_out_baseline, 4),
                           "delta": round(f.delta, 4), "queries": f.queries} for f in adaptation.folds],
         "scores": {name: {c.strategy: round(sum(v[q] for q in judged) / len(judged), 4)
                           for c, v in table.items() if c.checkpoint == name}
                    for name in dict.fromkeys(c.checkpoint for c in table)}}
     return {q: served[adaptation.assignment.get(q, baseline)][q] for q in full}
+
+
+def _shown(choice) -> object:
+    """The pair a fold's report shows: the one chosen where the fold switched (the best by mean may have missed the
+    test), else the best by mean."""
+    return choice.chosen if choice.changed else choice.best
 
 
 def _rounded(value: float | None) -> float | None:
