@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any, Sequence
@@ -78,8 +77,7 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
             vectors, hits = searcher._search_texts(texts, k, threads, want_vectors)
             conn.send(("ok", vectors if want_vectors else None, hits if rank == 0 or placement != "shard" else None))
         except BaseException as err:  # noqa: BLE001
-            log_text = traceback.format_exc(limit=3)
-            conn.send(("error", f"{_one_line(err)} ({log_text.strip().splitlines()[-1]})"))
+            conn.send(("error", _one_line(err)))
 
 
 def _one_line(err: BaseException) -> str:
@@ -115,13 +113,12 @@ class Workers:
 
     def __init__(self, index_dir: str | os.PathLike, generation: int, devices: Sequence[str], placement: str,
                  searcher_class: type, options: dict[str, Any]):
+        import torch
         import torch.multiprocessing as mp
 
         if placement not in ("replicate", "shard"):
             raise ValueError(f"placement must be 'replicate' or 'shard' here, got {placement!r}")
         self.devices, self.placement = [str(d) for d in devices], placement
-        import torch
-
         self.device = torch.device(self.devices[0])
         context = mp.get_context("spawn")
         group_file = None
