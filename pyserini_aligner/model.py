@@ -339,7 +339,8 @@ class AlignerModel(nn.Module):
         saved_dtype, was_training = self.compute_dtype, self.training
         if dtype is not None:
             self.compute_dtype = resolve_dtype(dtype)
-        self.eval()
+        if was_training:  # (a mode switch visits every module: milliseconds a call, so only when needed)
+            self.eval()
         try:
             with torch.inference_mode():
                 starts = range(0, len(order), batch_size)
@@ -352,7 +353,8 @@ class AlignerModel(nn.Module):
                         results[i] = EncodedText(vectors[row][keep], salience[row][keep], truncated[i])
         finally:
             self.compute_dtype = saved_dtype
-            self.train(was_training)
+            if was_training:
+                self.train()
         return results
 
     def encode_padded(self, texts: list[str], is_query: bool, batch_size: int = 32,
@@ -377,7 +379,8 @@ class AlignerModel(nn.Module):
         salience = torch.zeros(len(ids), width, device=self.device)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
         was_training = self.training
-        self.eval()
+        if was_training:  # (a mode switch visits every module: milliseconds a call, so only when needed)
+            self.eval()
         try:
             with torch.inference_mode():
                 for start in range(0, len(order), batch_size):
@@ -387,7 +390,8 @@ class AlignerModel(nn.Module):
                     vectors[rows, :cols] = out.vectors[:, :cols].to(dtype)
                     mask[rows, :cols], salience[rows, :cols] = out.mask[:, :cols], out.salience[:, :cols]
         finally:
-            self.train(was_training)
+            if was_training:
+                self.train()
         return TokenOutput(vectors, mask, salience)
 
     def _report_truncation(self, kind: str, count: int, total: int, maxlen: int | None) -> None:

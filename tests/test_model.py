@@ -241,3 +241,21 @@ def test_reduced_precision_autocast(model):
     assert resolve_dtype("fp16") == torch.float16 and resolve_dtype("fp32") is None
     with pytest.raises(ValueError, match="int8"):
         resolve_dtype("int8")
+
+
+def test_encoding_keeps_the_training_mode(model):
+    """Encoding runs in eval mode and leaves the model in the mode it found (eval stays eval without a switch over
+    every module; train mode comes back after encoding)."""
+    texts = ["protein folding in cells", "cancer risk"]
+    assert not model.training
+    first = model.encode_padded(texts, is_query=True)
+    assert not model.training
+    model.train()
+    try:
+        again = model.encode_padded(texts, is_query=True)
+        assert model.training and model.backbone.training
+        encoded = model.encode(texts, is_query=False)
+        assert model.training and len(encoded) == 2
+    finally:
+        model.eval()
+    assert torch.equal(first.vectors, again.vectors)  # dropout was off while encoding
