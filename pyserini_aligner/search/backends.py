@@ -34,8 +34,8 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores
 from pyserini_aligner.index.store import StoredIndex, Workspace
-from pyserini_aligner.search.engine import (CodeShard, merge_probes, narrow, query_chunks, select_candidates,
-                                            top_hits)
+from pyserini_aligner.search.engine import (CodeShard, balanced_slices, merge_probes, narrow, query_chunks,
+                                            select_candidates, top_hits)
 from pyserini_aligner.search.flat import search_index
 
 log = logging.getLogger(__name__)
@@ -391,10 +391,7 @@ def batch_parts(queries: Queries, count: int) -> list[slice]:
     """``count`` consecutive slices of the batch (the last ones empty when it holds fewer queries), balanced by the
     number of probing tokens (the work of a query grows with it): slice i ends with the query that takes the load
     past i/count of the whole."""
-    load = queries.probe_mask.sum(1).cpu().numpy().astype(np.float64) + 1.0
-    prefix = np.concatenate([[0.0], np.cumsum(load)])  # load of the first j queries
-    cuts = [0] + [int(np.searchsorted(prefix, prefix[-1] * i / count)) for i in range(1, count)] + [len(load)]
-    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return balanced_slices(queries.probe_mask.sum(1).cpu().numpy().astype(np.float64) + 1.0, count)
 
 
 def _on_host(found: tuple[Tensor, Tensor], k: int) -> tuple[Tensor, Tensor]:

@@ -336,6 +336,14 @@ def query_chunks(real: Tensor, tokens: Tensor, table_width: int, budget: int, ex
         start = stop
 
 
+def balanced_slices(load: np.ndarray, count: int) -> list[slice]:
+    """``count`` consecutive slices of items with work ``load`` [n] (the last ones empty when there are fewer items):
+    slice i ends with the item that takes the load past i/count of the whole."""
+    prefix = np.concatenate([[0.0], np.cumsum(load)])  # load of the first j items
+    cuts = [0] + [int(np.searchsorted(prefix, prefix[-1] * i / count)) for i in range(1, count)] + [len(load)]
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
 def merge_probes(parts: list[tuple[Tensor, Tensor]], width: int) -> tuple[Tensor, Tensor]:
     """The K=``width`` best entries per probe over several shards' :meth:`CodeShard.probe` outputs (same probes)."""
     if len(parts) == 1:

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pyserini_aligner.search.engine import balanced_slices
+
 START_TIMEOUT_S = 1800.0  # seconds the workers may take to load the index
 POLL_S = 1.0  # how often a waiting parent checks that its workers are still alive
 BALANCE_WORDS = 64  # words of a text counted when balancing the parts of a batch (queries are cut far shorter)
@@ -29,10 +31,7 @@ BALANCE_WORDS = 64  # words of a text counted when balancing the parts of a batc
 def text_parts(texts: Sequence[str], count: int) -> list[slice]:
     """``count`` consecutive slices of ``texts`` (the last ones empty when there are fewer texts), balanced by each
     text's words (at most BALANCE_WORDS) plus one: a slice ends with the text that takes the load past its share."""
-    load = np.array([min(len(text.split()), BALANCE_WORDS) + 1.0 for text in texts])
-    prefix = np.concatenate([[0.0], np.cumsum(load)])
-    cuts = [0] + [int(np.searchsorted(prefix, prefix[-1] * i / count)) for i in range(1, count)] + [len(texts)]
-    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return balanced_slices(np.array([min(len(text.split()), BALANCE_WORDS) + 1.0 for text in texts]), count)
 
 
 def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: str, searcher_class: type,
