@@ -552,10 +552,10 @@ def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scori
     ``devices``. Several devices (compressed index, torch) get a worker process each (:class:`.workers.Workers`:
     each opens a one-device ``searcher_class`` with the keyword arguments ``options``): "replicate" puts a whole
     copy of the codes on each, "shard" consecutive segments on each, "auto" replicates when a copy and room to
-    search fit in every device's free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per process of a
-    process group) the same choice is made across the processes, replicating only when it fits on every rank;
-    ``segments`` (this process's consecutive segments) shards explicitly. ``encoder``: the graphed query encoder,
-    for the one-query plan of the codes on its device. ValueError for knobs the index or backend does not take."""
+    search fit in every device's free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per
+    process of a process group) the same choice is made across the processes, replicating only when it fits on
+    every rank; ``segments`` (this process's consecutive segments) shards explicitly. ``encoder``: the graphed
+    query encoder, for the one-query plan of the codes on its device. ValueError for knobs the index or backend does not take."""
     compressed = store.codec is not None
     devices = [_device(d) for d in devices]
     if ef_search is not None and compressed:

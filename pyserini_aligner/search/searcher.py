@@ -8,9 +8,9 @@ k. A drop-in for Pyserini's ``FaissSearcher``: ``search``/``batch_search`` retur
 The searcher encodes the queries; a backend (:mod:`.backends`), opened with each index generation, searches them:
 "faiss" (CPU: FAISS finds the entries, refinement decodes the memory-mapped codes) or "torch" (codes resident on one
 or more devices, every step as tensor operations; see :mod:`.engine`). On several GPUs a worker process each holds a
-copy of the codes (a batch split across the copies) or a share of the segments (each step on all devices at once). A searcher is safe
-to share across threads (one search runs at a time) and keeps serving the index generation it opened until
-:meth:`AlignerSearcher.reopen`.
+copy of the codes (a batch split across the copies) or a share of the segments (each step on all devices at once).
+A searcher is safe to share across threads (one search runs at a time) and keeps serving the index generation it
+opened until :meth:`AlignerSearcher.reopen`.
 """
 from __future__ import annotations
 
@@ -339,23 +339,12 @@ class AlignerSearcher:
                 hits[live[0]] = list(zip(rows[ok].tolist(), scores[ok].tolist()))
                 clock("search")
                 return query_vectors, hits
-        encoded = None
-        if self.exchange is not None and self.exchange.rank != 0:
-            pass  # every process searches the first one's encoding
-        elif len(live) == 1 and self._graphed is not None:
-            out = self._graphed(texts[live[0]])
-            encoded = (out.vectors.float(), out.mask, out.salience)
-        elif self._graphed is not None:  # a batch through the captured passes: no kernel launches one by one
-            out = self._graphed.encode_batch([texts[i] for i in live])
-            encoded = (out.vectors.float(), out.mask, out.salience)
-        else:
-            with compute_threads(self.encode_threads):  # the same threads in every calling thread: same vectors
-                out = self.model.encode_padded([texts[i] for i in live], is_query=True, batch_size=self.batch_size,
-                                               maxlen=self.query_max_length)
+        encoded = (None, None, None)  # every process of a group searches the first one's encoding
+        if self.exchange is None or self.exchange.rank == 0:
+            out = self._encode([texts[i] for i in live])
             encoded = (out.vectors.float(), out.mask, out.salience)
         if self.exchange is not None:
-            encoded = [self.exchange.broadcast_tensor(None if encoded is None else t, self.model.device)
-                       for t in (encoded or (None, None, None))]
+            encoded = [self.exchange.broadcast_tensor(t, self.model.device) for t in encoded]
         q, q_mask, q_sal = encoded
         clock("encode")
         queries = Queries(q, q_mask, q_sal, prune_mask(q_sal, q_mask, self.query_prune), self.use_salience)
@@ -369,6 +358,15 @@ class AlignerSearcher:
             found = rows[j] >= 0
             hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits
+
+    def _encode(self, texts: list[str]):
+        """TokenOutput of non-blank ``texts``: through the captured CUDA graphs where there are some (one query, or a
+        batch), else the model's eager pass with the searcher's encoding threads."""
+        if self._graphed is not None:
+            return self._graphed(texts[0]) if len(texts) == 1 else self._graphed.encode_batch(texts)
+        with compute_threads(self.encode_threads):  # the same threads in every calling thread: same vectors
+            return self.model.encode_padded(texts, is_query=True, batch_size=self.batch_size,
+                                            maxlen=self.query_max_length)
 
     def _clock(self):
         """A function that adds the seconds since its last call to ``self.timings[step]`` (a no-op unless timings
