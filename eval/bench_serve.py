@@ -3,10 +3,11 @@
 
     python -m eval.bench_serve --index INDEX --output DIR [--topics beir/scifact/test] [--device cpu|cuda]
         [--duration 60] [--clients 1,8,32,128] [--hits 10] [--batch-wait-ms 2] [--max-batch 32] [--url URL]
+        [--client-processes N]
 
 The server runs as a child process serving ``--index`` (the plugin's batching: concurrent queries gathered for at
 most ``--batch-wait-ms`` into batches of at most ``--max-batch``), or ``--url`` names one already running. Each level runs for ``--duration`` seconds after a
-short warm-up, the clients cycling through the topics; it reports queries per second, latency percentiles (p50, p95,
+short warm-up, the clients (threads, spread over ``--client-processes`` processes) cycling through the topics; it reports queries per second, latency percentiles (p50, p95,
 p99, each request's round trip), errors (a status other than 200 or a failed connection) and whether every answer
 equalled the offline ranking (``AlignerSearcher.search`` of that query alone, same device): ``wrong`` counts answers
 whose docids differ in order, ``near_ties`` those differing only where the offline scores of the swapped documents
@@ -33,6 +34,7 @@ from eval.cli import configure_logging
 
 log = logging.getLogger("eval.bench_serve")
 TIE_TOLERANCE = 1e-5  # relative difference of two scores that float32 rounding of a batch can explain
+CLIENT_STRIDE = 7  # a client steps through the topics this many at a time (clients start at different topics)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds each level runs before it is measured")
     parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="the server's --batch-wait-ms")
     parser.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
+    parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) // 4),
+                        help="processes the clients are spread over (default: a quarter of the CPU cores), so that "
+                             "the load generator is not one interpreter's threads")
     parser.add_argument("--max-queries", type=int, default=None, help="use only the first N topics")
     parser.add_argument("--port", type=int, default=None, help="port of the server (default: a free one)")
     parser.add_argument("--url", default=None,
@@ -60,8 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.levels = [int(part) for part in args.clients.split(",")]
     except ValueError:
         parser.error(f"--clients: expected comma-separated integers, got {args.clients!r}")
-    if not args.levels or min(args.levels) < 1 or args.duration <= 0 or args.hits < 1 or args.warm_up < 0:
-        parser.error("--clients, --duration and --hits must be positive, --warm-up not negative")
+    if (not args.levels or min(args.levels) < 1 or args.duration <= 0 or args.hits < 1 or args.warm_up < 0
+            or args.client_processes < 1):
+        parser.error("--clients, --duration, --hits and --client-processes must be positive, --warm-up not negative")
     return args
 
 
@@ -103,22 +109,20 @@ def compare(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> 
     return "wrong"
 
 
-def run_level(url: str, queries: list[str], reference: list[list], clients: int, duration: float,
-              warm_up: float) -> dict:
-    """``clients`` threads, each a session sending one query at a time for ``duration`` seconds after ``warm_up``."""
+def _clients(url: str, queries: list[str], reference: list[list], first: int, clients: int, measure_at: float,
+             stop_at: float) -> tuple[list[float], dict]:
+    """``clients`` threads, each a session sending one query at a time until ``stop_at`` (``time.time()``); the
+    requests that finish in [``measure_at``, ``stop_at``) are counted. Returns their latencies (s) and outcomes."""
     import requests
 
     latencies: list[list[float]] = [[] for _ in range(clients)]
     outcomes = {"same": 0, "near_tie": 0, "wrong": 0, "errors": 0}
-    lock, counter = threading.Lock(), [0]
-    phase = {"measure": False, "stop": False}
+    lock = threading.Lock()
 
     def client(number: int) -> None:
         session = requests.Session()
-        while not phase["stop"]:
-            with lock:
-                position = counter[0] % len(queries)
-                counter[0] += 1
+        position = (first + number) % len(queries)
+        while time.time() < stop_at:
             started = time.perf_counter()
             try:
                 answer = session.post(url, json={"query": queries[position], "hits": len(reference[position]) or 1},
@@ -127,30 +131,64 @@ def run_level(url: str, queries: list[str], reference: list[list], clients: int,
                 got = [(c["docid"], c["score"]) for c in answer.json()["candidates"]] if ok else None
             except (requests.RequestException, ValueError, KeyError):
                 ok, got = False, None
-            elapsed = time.perf_counter() - started
-            if not phase["measure"] or phase["stop"]:
-                continue
-            latencies[number].append(elapsed)
-            outcome = compare(got, reference[position]) if ok else "errors"
-            with lock:
-                outcomes[outcome] += 1
+            elapsed, finished = time.perf_counter() - started, time.time()
+            if measure_at <= finished < stop_at:
+                latencies[number].append(elapsed)
+                outcome = compare(got, reference[position]) if ok else "errors"
+                with lock:
+                    outcomes[outcome] += 1
+            position = (position + CLIENT_STRIDE) % len(queries)
 
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
     for thread in threads:
         thread.start()
-    time.sleep(warm_up)
-    phase["measure"] = True
-    started = time.perf_counter()
-    time.sleep(duration)
-    phase["stop"] = True
-    measured = time.perf_counter() - started
     for thread in threads:
         thread.join()
-    all_latencies = np.array([t for per_client in latencies for t in per_client]) * 1000
+    return [t for per_client in latencies for t in per_client], outcomes
+
+
+def _client_process(url: str, queries: list[str], reference: list[list], first: int, clients: int, ready, go,
+                    times, results) -> None:
+    """One load-generating process: reports ready, waits for the window in ``times`` and puts its results."""
+    ready.put(first)
+    go.wait()
+    results.put(_clients(url, queries, reference, first, clients, times[0], times[1]))
+
+
+def run_level(url: str, queries: list[str], reference: list[list], clients: int, duration: float,
+              warm_up: float, processes: int = 1) -> dict:
+    """``clients`` concurrent clients, spread over ``processes`` processes (threads in this one when 1), each
+    sending one query at a time for ``duration`` seconds after ``warm_up``."""
+    processes = max(1, min(processes, clients))
+    shares = [clients // processes + (p < clients % processes) for p in range(processes)]
+    firsts = [sum(shares[:p]) for p in range(processes)]
+    if processes == 1:
+        measure_at = time.time() + warm_up
+        parts = [_clients(url, queries, reference, 0, clients, measure_at, measure_at + duration)]
+    else:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        ready, results, go, times = context.Queue(), context.Queue(), context.Event(), context.Array("d", 2)
+        workers = [context.Process(target=_client_process, daemon=True,
+                                   args=(url, queries, reference, first, share, ready, go, times, results))
+                   for first, share in zip(firsts, shares)]
+        for worker in workers:
+            worker.start()
+        for _ in workers:
+            ready.get(timeout=300)
+        times[0] = time.time() + warm_up
+        times[1] = times[0] + duration
+        go.set()
+        parts = [results.get(timeout=warm_up + duration + 300) for _ in workers]
+        for worker in workers:
+            worker.join(timeout=60)
+    outcomes = {key: sum(part[1][key] for part in parts) for key in ("same", "near_tie", "wrong", "errors")}
+    all_latencies = np.array([t for part in parts for t in part[0]]) * 1000
     answered = sum(outcomes.values())
     percentiles = np.percentile(all_latencies, [50, 95, 99]) if len(all_latencies) else [float("nan")] * 3
-    return {"clients": clients, "seconds": round(measured, 2), "requests": answered,
-            "qps": round(answered / measured, 2), "p50_ms": round(float(percentiles[0]), 1),
+    return {"clients": clients, "processes": processes, "seconds": round(duration, 2), "requests": answered,
+            "qps": round(answered / duration, 2), "p50_ms": round(float(percentiles[0]), 1),
             "p95_ms": round(float(percentiles[1]), 1), "p99_ms": round(float(percentiles[2]), 1), **outcomes}
 
 
@@ -158,7 +196,7 @@ def report_markdown(report: dict) -> str:
     lines = [f"Serving `{report['index']}` ({report['documents']} documents) on {report['device']}, "
              f"{report['queries']} queries of {report['topics']}, hits {report['hits']}, batches of at most "
              f"{report['max_batch']} gathered for at most {report['batch_wait_ms']} ms; {report['duration']} s per "
-             f"level; {report['machine']}.", "",
+             f"level; clients spread over {report['client_processes']} process(es); {report['machine']}.", "",
              "| clients | q/s | p50 ms | p95 ms | p99 ms | requests | errors | wrong | near ties | mean batch |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["levels"]:
@@ -193,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for clients in args.levels:
             before = requests.get(f"{base}/status", timeout=60).json()
-            row = run_level(f"{base}/search", queries, reference, clients, args.duration, args.warm_up)
+            row = run_level(f"{base}/search", queries, reference, clients, args.duration, args.warm_up,
+                            args.client_processes)
             after = requests.get(f"{base}/status", timeout=60).json()
             batches = after["batches"] - before["batches"]
             row["mean_batch"] = round((after["batched_queries"] - before["batched_queries"]) / max(batches, 1), 1)
@@ -206,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=60)
     report = {"index": str(args.index), "documents": documents, "url": args.url, "topics": args.topics, "queries": len(queries),
               "device": args.device, "hits": args.hits, "duration": args.duration,
-              "batch_wait_ms": args.batch_wait_ms, "max_batch": args.max_batch,
+              "batch_wait_ms": args.batch_wait_ms, "max_batch": args.max_batch, "client_processes": args.client_processes,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "levels": levels}
     (args.output / "bench_serve.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.output / "bench_serve.md").write_text(report_markdown(report))

@@ -87,6 +87,14 @@ class Collectives:
         dist.all_gather(out, send)
         return [t.to(tensor.device) for t in out]
 
+    def all_to_all_tensor(self, parts: list[Tensor]) -> list[Tensor]:
+        """Part i of ``parts`` (one a rank, all of one shape and dtype) sent to rank i; returns the part each rank
+        sent to this one, in rank order, on the parts' device."""
+        send = [self._wire(part) for part in parts]
+        out = [torch.empty_like(send[0]) for _ in range(self.world_size)]
+        dist.all_to_all(out, send)
+        return [t.to(parts[0].device) for t in out]
+
     def all_reduce_max(self, tensor: Tensor) -> Tensor:
         """The element-wise maximum of every rank's ``tensor`` (same shape and dtype), on its device."""
         send = self._wire(tensor)

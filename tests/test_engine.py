@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from pyserini_aligner.index import StoredIndex
-from pyserini_aligner.search.engine import CodeShard, select_candidates
+from pyserini_aligner.search.engine import (CodeShard, ascending, best_of_parts, merge_probes, probe_floors,
+                                            rank_candidates, select_candidates)
 
 import reference
 
@@ -29,6 +30,32 @@ def test_select_candidates_matches_loop_reference(weighted):
                                            None if weights is None else weights.tolist())
         assert [got[b][valid[b]].tolist() for b in range(batch)] == want
         assert (got[~valid] == -1).all()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_shards_ranking_their_own_documents_find_the_merged_candidates(weighted):
+    """A split index's rule (each shard ranks the documents it holds, with every probe's K-th score over all
+    shards, and the shards' best are merged) selects what the rule selects over the merged probes."""
+    gen = np.random.default_rng(1)
+    probes, width, batch, docs, shards = 40, 8, 4, 60, 3
+    owner = torch.from_numpy(np.sort(gen.integers(0, batch, size=probes)))
+    weights = torch.from_numpy(gen.integers(1, 4, size=probes).astype(np.float32)) if weighted else None
+    bounds = [0, 17, 18, docs]  # consecutive rows a shard, one shard holding a single document
+    parts = []
+    for a, b in zip(bounds[:-1], bounds[1:]):  # each shard's K best entries a probe, distinct scores
+        rows = torch.from_numpy(gen.integers(a, b, size=(probes, width)))
+        scores = torch.from_numpy(gen.permutation(probes * width * 4)[:probes * width].reshape(probes, width)
+                                  .astype(np.float32) / 7).sort(dim=1, descending=True).values
+        rows[torch.from_numpy(gen.random((probes, width)) < 0.3)] = -1  # fewer entries than K
+        parts.append((torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf)), rows))
+    merged = merge_probes(parts, width)
+    floor = probe_floors(torch.cat([s for s, _ in parts], dim=1), width)
+    for limit in (1, 5, docs):
+        want, want_ok = select_candidates(*merged, owner, batch, limit, weights)
+        ranked = [rank_candidates(s, r, owner, batch, limit, weights, floor) for s, r in parts]
+        best = best_of_parts([p for p, _ in ranked], [r for _, r in ranked], limit)[1]
+        got, got_ok = ascending(best[:, :want.shape[1]])
+        assert got.tolist() == want.tolist() and got_ok.tolist() == want_ok.tolist()
 
 
 def test_code_shard_probe_matches_numpy_loop(two_segment_index):

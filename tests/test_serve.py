@@ -314,9 +314,10 @@ def test_bench_serve_loads_the_server_and_checks_every_answer(served, tmp_path):
     topics.write_text("".join(f"q{i}\t{q}\n" for i, q in enumerate(scifact_queries(6))))
     assert bench_serve.main(["--index", str(served["index"]), "--url", f"{served['rest']}/sci", "--topics",
                              str(topics), "--output", str(tmp_path / "out"), "--duration", "2", "--clients", "1,4",
-                             "--warm-up", "0.5", "--quiet"]) == 0
+                             "--warm-up", "0.5", "--client-processes", "2", "--quiet"]) == 0
     report = json.loads((tmp_path / "out" / "bench_serve.json").read_text())
     assert [row["clients"] for row in report["levels"]] == [1, 4] and report["documents"] == N_DOCS
+    assert [row["processes"] for row in report["levels"]] == [1, 2]
     for row in report["levels"]:
         assert row["requests"] > 0 and row["errors"] == 0 and row["wrong"] == 0 and row["qps"] > 0
         assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] and row["mean_batch"] >= 1

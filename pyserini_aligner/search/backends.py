@@ -34,8 +34,9 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores
 from pyserini_aligner.index.store import StoredIndex, Workspace
-from pyserini_aligner.search.engine import (CodeShard, balanced_slices, merge_probes, narrow, query_chunks,
-                                            select_candidates, top_hits)
+from pyserini_aligner.search.engine import (CodeShard, ascending, balanced_slices, best_of_parts, merge_probes,
+                                            narrow, probe_floors, query_chunks, rank_candidates, select_candidates,
+                                            top_hits)
 from pyserini_aligner.search.flat import search_index
 
 log = logging.getLogger(__name__)
@@ -414,32 +415,51 @@ def _concat(found: list[tuple[Tensor, Tensor]], k: int) -> tuple[Tensor, Tensor]
 class Exchanged(Staged):
     """This process's consecutive segments (``local``; None when it holds none) of an index split across the
     processes of a process group (a torchrun job, or :class:`.workers.Workers`), connected by ``exchange``
-    (:class:`pyserini_aligner.dist.Collectives`). Every rank probes its segments and the probes are gathered and
-    merged; the first rank selects the candidates and sends them to all; centroid-interaction and refinement scores
-    of the candidates each rank holds are combined by an element-wise maximum. Every rank ends with the ranking of
-    the whole index. ``device``: this rank's device."""
+    (:class:`pyserini_aligner.dist.Collectives`). Every rank probes its own inverted lists; the probes' K-th scores
+    over all ranks are found (each rank for a part of the probes), so that each rank computes the proxies of the
+    documents it holds as one device would; each rank's best documents are gathered and the best of them are the
+    candidates. Centroid-interaction and refinement scores of the candidates each rank holds are combined by an
+    element-wise maximum. Every rank ends with the ranking of the whole index. ``device``: this rank's device."""
 
     placement = "shard"
 
     def __init__(self, local: TorchCodes | None, exchange, device: torch.device):
         self.local, self.exchange, self.device = local, exchange, device
 
-    def probe(self, probes, per_token, nprobe):
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        per_token, nprobe, wide, limit = depth
+        owner, token = queries.probe_mask.nonzero(as_tuple=True)
+        probes = queries.vectors[owner, token]
         if self.local is not None:
             scores, rows = self.local.probe(probes, per_token, nprobe)
         else:  # the shape every shard returns (engine.CodeShard.probe), with nothing found
             scores = torch.full((len(probes), max(1, per_token)), -torch.inf, device=self.device)
             rows = torch.full(scores.shape, -1, dtype=torch.long, device=self.device)
-        return merge_probes(list(zip(self.exchange.all_gather_tensor(scores), self.exchange.all_gather_tensor(rows))),
-                            per_token)
+        floor = self._floors(torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf)), per_token)
+        clock("probe")
+        weights = queries.salience[owner, token].to(self.device) if queries.weighted else None
+        width = wide or limit
+        proxy, found = rank_candidates(scores, rows, owner.to(self.device), len(queries), width, weights, floor)
+        pad = width - found.shape[1]
+        proxy = torch.nn.functional.pad(proxy, (0, pad), value=-torch.inf)
+        found = torch.nn.functional.pad(found, (0, pad), value=-1)
+        _, best = best_of_parts(self.exchange.all_gather_tensor(proxy), self.exchange.all_gather_tensor(found), width)
+        best = best[:, :max(1, int((best >= 0).sum(1).max()) if len(best) else 1)]  # as wide as one device's
+        clock("select")
+        return ascending(best)
 
-    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
-        """:meth:`Staged.candidates` of the first rank, sent to every rank (each rank's own selection could differ
-        in the last bit of a proxy summed in another order)."""
-        rows, valid = Staged.candidates(self, queries, depth, clock)
-        first = self.exchange.rank == 0
-        return (self.exchange.broadcast_tensor(rows if first else None, self.device),
-                self.exchange.broadcast_tensor(valid if first else None, self.device))
+    def _floors(self, scores: Tensor, width: int) -> Tensor:
+        """Every probe's K-th best score (K = ``width``) over the entries of all ranks (:func:`.engine.probe_floors`),
+        [R]: the probes are split among the ranks, each rank receives every rank's entries of its part (all-to-all)
+        and the parts' floors are gathered. scores [R, K] (−inf where invalid), the same probes on every rank."""
+        world = self.exchange.world_size
+        bounds = [len(scores) * i // world for i in range(world + 1)]
+        size = max(1, max(b - a for a, b in zip(bounds[:-1], bounds[1:])))
+        parts = [torch.nn.functional.pad(scores[a:b], (0, 0, 0, size - (b - a)), value=-torch.inf)
+                 for a, b in zip(bounds[:-1], bounds[1:])]
+        mine = probe_floors(torch.cat(self.exchange.all_to_all_tensor(parts), dim=1), width)
+        floors = self.exchange.all_gather_tensor(mine)
+        return torch.cat([f[:b - a] for f, a, b in zip(floors, bounds[:-1], bounds[1:])])
 
     def _combine(self, mine: Tensor | None, rows: Tensor) -> Tensor:
         if mine is None:

@@ -355,28 +355,43 @@ def merge_probes(parts: list[tuple[Tensor, Tensor]], width: int) -> tuple[Tensor
     return values, torch.where(torch.isfinite(values), rows.gather(1, index), torch.full_like(index, -1))
 
 
-def probe_gains(scores: Tensor, rows: Tensor, weights: Tensor | None) -> tuple[Tensor, Tensor]:
+def probe_gains(scores: Tensor, rows: Tensor, weights: Tensor | None,
+                floor: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(valid [R, K], gain [R, K]) of each probe's entries: w · (score − the probe's K-th valid score), the terms of
-    the candidate proxy. scores / rows [R, K] (−1 rows invalid); weights [R] or None."""
+    the candidate proxy. scores / rows [R, K] (−1 rows invalid); weights [R] or None; floor [R]: each probe's K-th
+    score when it is known from elsewhere (the probe's entries over every shard), entries below it invalid."""
     valid = rows >= 0
-    floor = torch.where(valid, scores, torch.full_like(scores, torch.inf)).min(dim=1).values
-    floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
+    if floor is None:
+        floor = torch.where(valid, scores, torch.full_like(scores, torch.inf)).min(dim=1).values
+        floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
+    else:
+        floor = floor.to(scores.device)
+        valid = valid & (scores >= floor.unsqueeze(1))
     gain = scores - floor.unsqueeze(1)
     if weights is not None:
         gain = gain * weights.to(scores.device).unsqueeze(1)
     return valid, gain
 
 
-def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, limit: int,
-                      weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The candidate rule: (rows [B, limit] sorted ascending, valid [B, limit]) per query.
+def probe_floors(scores: Tensor, width: int) -> Tensor:
+    """Each probe's K-th best score (K = ``width``; the worst finite one when fewer exist, 0 when none) over entries
+    ``scores`` [R, E] (−inf where invalid): the floor :func:`probe_gains` computes from a probe's K best."""
+    top = scores.topk(min(width, scores.shape[1]), dim=1).values if scores.shape[1] else scores
+    floor = torch.where(torch.isfinite(top), top, torch.full_like(top, torch.inf)).min(dim=1).values
+    return torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
+
+
+def rank_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, limit: int,
+                    weights: Tensor | None = None, floor: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The candidate rule's ranking: (proxy [B, W] float64, rows [B, W]) of each query's ``limit`` best documents,
+    best first (ties to the lower row), −inf / −1 past the documents found; W = min(limit, most found).
 
     scores / rows [R, K]: each probe's best entries (−1 rows invalid); owner [R]: the query of each probe; weights
-    [R] or None. Proxy of (query, doc) = Σ_probes w · (best score of doc − the probe's K-th score); the ``limit``
-    best documents by proxy, ties to the lower row.
+    [R] or None; floor [R] or None (see :func:`probe_gains`). Proxy of (query, doc) = Σ_probes w · (best score of
+    doc − the probe's K-th score).
     """
     device = scores.device
-    valid, gain = probe_gains(scores, rows, weights)
+    valid, gain = probe_gains(scores, rows, weights, floor)
     probe = torch.arange(len(rows), device=device).unsqueeze(1).expand_as(rows)[valid]
     doc, gain = rows[valid], gain[valid]
     span = int(rows.max()) + 1 if valid.any() else 1
@@ -388,16 +403,39 @@ def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, l
     query, doc = key // span, key % span
     order = torch.argsort(-proxy, stable=True)  # key is sorted by (query, doc): ties keep the lower doc first
     order = order[torch.argsort(query[order], stable=True)]
-    query, doc = query[order], doc[order]
+    query, doc, proxy = query[order], doc[order], proxy[order]
     counts = torch.bincount(query, minlength=batch)
     rank = torch.arange(len(query), device=device) - (torch.cumsum(counts, 0) - counts)[query]
     keep = rank < limit
     width = max(1, min(limit, int(counts.max()) if len(counts) else 1))
     out = torch.full((batch, width), -1, dtype=torch.long, device=device)
+    out_proxy = torch.full((batch, width), -torch.inf, dtype=torch.float64, device=device)
     out[query[keep], rank[keep]] = doc[keep]
-    out = torch.where(out >= 0, out, torch.full_like(out, np.iinfo(np.int64).max)).sort(dim=1).values
+    out_proxy[query[keep], rank[keep]] = proxy[keep]
+    return out_proxy, out
+
+
+def ascending(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """(rows [B, W] sorted ascending with −1 last, valid [B, W]) of candidate ``rows`` (−1 where none)."""
+    out = torch.where(rows >= 0, rows, torch.full_like(rows, np.iinfo(np.int64).max)).sort(dim=1).values
     ok = out != np.iinfo(np.int64).max
     return torch.where(ok, out, torch.full_like(out, -1)), ok
+
+
+def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, limit: int,
+                      weights: Tensor | None = None, floor: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The candidate rule: (rows [B, limit] sorted ascending, valid [B, limit]) per query: the ``limit`` best
+    documents of :func:`rank_candidates` (same arguments)."""
+    return ascending(rank_candidates(scores, rows, owner, batch, limit, weights, floor)[1])
+
+
+def best_of_parts(values: list[Tensor], rows: list[Tensor], limit: int) -> tuple[Tensor, Tensor]:
+    """The ``limit`` best (value, row) per query over parts that each list a disjoint, ascending range of rows, in
+    part order, best first with ties to the lower row (as each part's own list): (values [B, ≤limit], rows).
+    values / rows: [B, W_i] per part, −inf / −1 past what a part found."""
+    values, rows = torch.cat(values, dim=1), torch.cat(rows, dim=1)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices[:, :limit]
+    return values.gather(1, order), rows.gather(1, order)
 
 
 def narrow(scores: Tensor, rows: Tensor, limit: int) -> tuple[Tensor, Tensor]:
