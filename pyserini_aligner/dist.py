@@ -46,8 +46,8 @@ def lost_rank_message(error: BaseException) -> str:
 
 
 class Collectives:
-    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and of tensors, over the default process
-    group, for the rank ``ctx`` describes. Tensors travel from the device they are on under NCCL, through the host
+    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and all-gather, all-to-all and
+    element-wise maximum of tensors, over the default process group, for the rank ``ctx`` describes. Tensors travel from the device they are on under NCCL, through the host
     under Gloo, and come back on the device they were given on."""
 
     def __init__(self, ctx: DistContext):
@@ -69,16 +69,6 @@ class Collectives:
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
-
-    def broadcast_tensor(self, tensor: Tensor | None, device: torch.device) -> Tensor:
-        """Rank 0's ``tensor`` on every rank, on ``device`` (the other ranks pass None; shape and dtype travel too)."""
-        shape, dtype = self.broadcast(None if tensor is None else (tuple(tensor.shape), tensor.dtype))
-        wire = torch.device(device) if self.on_device else torch.device("cpu")
-        buffer = self._wire(tensor) if self.rank == 0 else torch.empty(shape, dtype=dtype, device=wire)
-        if dtype == torch.bool:  # as bytes: not every backend reduces or sends booleans
-            buffer = buffer.view(torch.uint8)
-        dist.broadcast(buffer, src=0)
-        return buffer.view(dtype).to(device) if dtype == torch.bool else buffer.to(device)
 
     def all_gather_tensor(self, tensor: Tensor) -> list[Tensor]:
         """Every rank's ``tensor`` (the same shape and dtype on every rank), in rank order, on its device."""

@@ -48,7 +48,6 @@ DEFAULT_EF_SEARCH = 128
 # device memory a search needs beside the index (a batch of 300 queries at the GPU's default depth peaks near
 # 1.3 GiB), kept free when deciding whether a whole copy of the index fits on a device
 WORKSPACE_BYTES = 4 << 30
-_REFINE_BUDGET = {True: 1 << 26, False: 1 << 22}  # elements of a query chunk in CodeShard.refine, on CUDA or not
 
 Depth = tuple[int, int, int, int]  # (entries per probe K, nprobe, candidates narrowed by interaction W or 0, refined C)
 Clock = Callable[[str], None]
@@ -336,7 +335,7 @@ class TorchCodes(Staged):
         held = valid & (rows >= shard.row_base) & (rows < shard.row_base + shard.num_rows)
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         padded = torch.full((len(rows),), rows.shape[1] * self.scoring.refine_width, device=self.device)
-        budget = _REFINE_BUDGET[self.device.type == "cuda"]
+        budget = shard.elements if self.device.type == "cuda" else 1 << 22  # CodeShard.refine's chunks
         for part, _ in query_chunks(q_mask.sum(1), padded, 0, budget, padded * shard.centroids.shape[1]):
             mine = held[part]
             count = int(mine.sum(1).max())

@@ -29,6 +29,7 @@ from pyserini_aligner.index.store import StoredIndex
 from pyserini_aligner import kernels
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
+GPU_ELEMENTS = 1 << 28  # the same bound on a GPU: larger blocks, fewer kernel launches and host round trips a batch
 PAIR_MAX_SUB = 8  # on a GPU, token codes of sub-vectors this short or shorter decode two sub-quantisers at a time
 
 
@@ -49,6 +50,7 @@ class CodeShard:
         if store.codec is None:
             raise ValueError("CodeShard needs a compressed index")
         self.device = torch.device(device)
+        self.elements = element_bound(self.device)
         self.dtype = torch.float32  # refinement decodes and scores in float32: near-ties rank as exhaustively
         codec = store.codec.to(self.device)
         self.centroids = codec.centroids.float()
@@ -122,6 +124,7 @@ class CodeShard:
         copy.__dict__.update({name: value.to(device) if isinstance(value, Tensor) else value
                               for name, value in vars(self).items()})
         copy.device = torch.device(device)
+        copy.elements = element_bound(copy.device)
         copy.pair_tables(copy.device.type == "cuda" and copy.token_m % 2 == 0
                          and copy.token_books.shape[2] <= PAIR_MAX_SUB)
         return copy
@@ -137,11 +140,11 @@ class CodeShard:
         out_rows = torch.full((len(probes), width), -1, dtype=torch.long, device=self.device)
         if not len(probes) or not self.num_entries:
             return out_scores, out_rows
-        step = max(1, _MAX_ELEMENTS // max(self.nlist, 1))
+        step = max(1, self.elements // max(self.nlist, 1))
         cells = [(probes[a:a + step] @ self.centroids.T).topk(nprobe, dim=1) for a in range(0, len(probes), step)]
         cval, cidx = torch.cat([c.values for c in cells]), torch.cat([c.indices for c in cells])
         entries = self.ivf_lengths[cidx].sum(1).cpu().numpy()  # entries per probe
-        budget, start = max(_MAX_ELEMENTS // 8, int(entries.max())), 0
+        budget, start = max(self.elements // 8, int(entries.max())), 0
         bounds = np.cumsum(entries)
         while start < len(probes):
             base = bounds[start - 1] if start else 0
@@ -198,7 +201,7 @@ class CodeShard:
             return self._interaction_kernel(q, q_mask, local, mine)
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         half = torch.float16 if self.device.type == "cuda" else torch.float32
-        budget = _MAX_ELEMENTS * (4 if self.device.type == "cuda" else 1)
+        budget = self.elements
         real = q_mask.sum(1)
         tokens = lengths.sum(1)
         for part, n in query_chunks(real, tokens, self.nlist, budget):
@@ -235,7 +238,7 @@ class CodeShard:
         npad = kernels.pad_width(q.shape[1])
         mask = torch.zeros(q.shape[0], npad, dtype=torch.bool, device=self.device)
         mask[:, :q.shape[1]] = q_mask
-        step = max(1, _MAX_ELEMENTS // (self.nlist * npad))
+        step = max(1, self.elements // (self.nlist * npad))
         for a in range(0, len(q), step):
             out[a:a + step] = kernels.interaction(self.query_table(q[a:a + step]), local[a:a + step],
                                                   mine[a:a + step], self.offsets, self.token_ids, mask[a:a + step])
@@ -255,7 +258,7 @@ class CodeShard:
             return out
         width = max(int(lengths.max()), 1) if width is None else width
         span = torch.arange(width, device=self.device)
-        budget = 1 << 26 if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
+        budget = self.elements if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
         padded = torch.full_like(lengths[:, 0], rows.shape[1] * width)  # padded candidate tokens per query
         for part, n in query_chunks(q_mask.sum(1), padded, 0, budget, padded * self.centroids.shape[1]):
             positions = (self.offsets[local[part]].unsqueeze(-1) + span).clamp_max(max(len(self.token_ids) - 1, 0))
@@ -306,6 +309,11 @@ class CodeShard:
             codes = codes[..., 0::2] * 256 + codes[..., 1::2]
         residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
         return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
+
+
+def element_bound(device: torch.device) -> int:
+    """Elements of the largest intermediate tensor a search step makes at once on ``device``."""
+    return GPU_ELEMENTS if device.type == "cuda" else _MAX_ELEMENTS
 
 
 def descending_key(values: Tensor) -> Tensor:

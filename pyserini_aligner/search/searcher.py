@@ -33,6 +33,7 @@ from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.salience import prune_mask
 from pyserini_aligner.search.backends import Queries, Scoring, check_backend, default_backend, open_backend
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
+from pyserini_aligner.search.workers import text_parts
 from pyserini_aligner.textio import check_collection, is_blank
 
 log = logging.getLogger(__name__)
@@ -339,13 +340,11 @@ class AlignerSearcher:
                 hits[live[0]] = list(zip(rows[ok].tolist(), scores[ok].tolist()))
                 clock("search")
                 return query_vectors, hits
-        encoded = (None, None, None)  # every process of a group searches the first one's encoding
-        if self.exchange is None or self.exchange.rank == 0:
+        if self.exchange is None:
             out = self._encode([texts[i] for i in live])
-            encoded = (out.vectors.float(), out.mask, out.salience)
-        if self.exchange is not None:
-            encoded = [self.exchange.broadcast_tensor(t, self.model.device) for t in encoded]
-        q, q_mask, q_sal = encoded
+            q, q_mask, q_sal = out.vectors.float(), out.mask, out.salience
+        else:
+            q, q_mask, q_sal = self._encode_together([texts[i] for i in live])
         clock("encode")
         queries = Queries(q, q_mask, q_sal, prune_mask(q_sal, q_mask, self.query_prune), self.use_salience)
         with compute_threads(self.encode_threads if threads is None else threads):
@@ -367,6 +366,32 @@ class AlignerSearcher:
         with compute_threads(self.encode_threads):  # the same threads in every calling thread: same vectors
             return self.model.encode_padded(texts, is_query=True, batch_size=self.batch_size,
                                             maxlen=self.query_max_length)
+
+    def _encode_together(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(vectors [B, n, d] float32, mask [B, n] bool, salience [B, n]) of ``texts`` on every process of the group:
+        on GPUs each process encodes its consecutive part (balanced by words) and the parts are gathered; on CPUs,
+        whose vectors of a text can differ in the last bit with the batch around it, the first process encodes all."""
+        exchange, device = self.exchange, self.model.device
+        if exchange.on_device:
+            mine = texts[text_parts(texts, exchange.world_size)[exchange.rank]]
+        else:
+            mine = texts if exchange.rank == 0 else []
+        out = self._encode(mine) if mine else None
+        shapes = exchange.all_gather(None if out is None else (*out.vectors.shape, str(out.salience.dtype)))
+        found = [shape for shape in shapes if shape is not None]
+        rows, width, dim = max(s[0] for s in found), max(s[1] for s in found), found[0][2]
+        if out is None:
+            parts = [torch.zeros(0, width, dim, device=device), torch.zeros(0, width, dtype=torch.uint8, device=device),
+                     torch.zeros(0, width, device=device)]
+        else:  # salience travels as float32 and comes back in its own type
+            parts = [out.vectors.float(), out.mask.to(torch.uint8), out.salience.float()]
+        gathered = []
+        for t in parts:
+            pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1], 0, rows - t.shape[0]]
+            every = exchange.all_gather_tensor(torch.nn.functional.pad(t, pad))
+            gathered.append(torch.cat([g[:s[0]] for g, s in zip(every, shapes) if s is not None]).to(device))
+        salience_type = getattr(torch, found[0][3].split(".")[-1])
+        return gathered[0], gathered[1].bool(), gathered[2].to(salience_type)
 
     def _clock(self):
         """A function that adds the seconds since its last call to ``self.timings[step]`` (a no-op unless timings
