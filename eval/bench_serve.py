@@ -5,14 +5,14 @@
         [--duration 60] [--clients 1,8,32,128] [--hits 10] [--batch-wait-ms 2] [--max-batch 32] [--url URL]
         [--client-processes N]
 
-The server runs as a child process serving ``--index`` (the plugin's batching: concurrent queries gathered for at
-most ``--batch-wait-ms`` into batches of at most ``--max-batch``), or ``--url`` names one already running. Each level runs for ``--duration`` seconds after a
-short warm-up, the clients (threads, spread over ``--client-processes`` processes) cycling through the topics; it reports queries per second, latency percentiles (p50, p95,
-p99, each request's round trip), errors (a status other than 200 or a failed connection) and whether every answer
-equalled the offline ranking (``AlignerSearcher.search`` of that query alone, same device): ``wrong`` counts answers
-whose docids differ in order, ``near_ties`` those differing only where the offline scores of the swapped documents
-agree to float32 rounding (a batch rounds its products its own way). Writes ``bench_serve.json`` and
-``bench_serve.md`` under ``--output``.
+The server runs as a child process serving ``--index`` (the plugin's batching: concurrent queries gathered for at most
+``--batch-wait-ms`` into batches of at most ``--max-batch``), or ``--url`` names one already running. Each level runs
+for ``--duration`` seconds after a short warm-up, the clients (threads, spread over ``--client-processes`` processes)
+cycling through the topics; it reports queries per second, latency percentiles (p50, p95, p99, each request's round
+trip), errors (a status other than 200 or a failed connection) and whether every answer equalled the offline ranking
+(``AlignerSearcher.search`` of that query alone, same device): ``wrong`` counts answers whose docids differ in order,
+``near_ties`` those differing only where the offline scores of the swapped documents agree to float32 rounding (a
+batch rounds its products its own way). Writes ``bench_serve.json`` and ``bench_serve.md`` under ``--output``.
 """
 from __future__ import annotations
 

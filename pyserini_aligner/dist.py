@@ -46,9 +46,9 @@ def lost_rank_message(error: BaseException) -> str:
 
 
 class Collectives:
-    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and all-gather, all-to-all and
-    element-wise maximum of tensors, over the default process group, for the rank ``ctx`` describes. Tensors travel from the device they are on under NCCL, through the host
-    under Gloo, and come back on the device they were given on."""
+    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and all-gather, all-to-all and element-wise
+    maximum of tensors, over the default process group, for the rank ``ctx`` describes. Tensors travel from the
+    device they are on under NCCL, through the host under Gloo, and come back on the device they were given on."""
 
     def __init__(self, ctx: DistContext):
         self.ctx = ctx

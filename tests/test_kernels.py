@@ -122,3 +122,26 @@ def test_static_plan_ranks_alike_with_and_without_kernels(default_index, model, 
         interpreted._triton.cache_clear()
     assert len(plain) == 10
     assert_same(with_kernels, plain)
+
+
+def test_a_shard_scores_its_share_of_the_candidates_as_the_whole_list(interpreted, two_segment_index):
+    """A shard holding a share of the candidates gathers them to the front before the interaction kernel: every
+    score equals the kernel's over the uncompacted list, to the last bit."""
+    from pyserini_aligner.index import StoredIndex
+    from pyserini_aligner.search.engine import CodeShard
+
+    store = StoredIndex(two_segment_index)
+    shard = CodeShard(store, [0])
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(3, 6, store.manifest.dim, generator=gen), dim=-1)
+    q_mask = torch.ones(3, 6, dtype=torch.bool)
+    q_mask[2, 4:] = False
+    first = shard.num_rows  # rows of the shard's segment; a quarter of the candidates are drawn from them
+    rows = torch.where(torch.rand(3, 24, generator=gen) < 0.25, torch.randint(0, first, (3, 24), generator=gen),
+                       torch.randint(first, store.manifest.num_docs, (3, 24), generator=gen)).sort(dim=1).values
+    valid = torch.rand(3, 24, generator=gen) > 0.1
+    local, mine, _ = shard._held(rows, valid)
+    assert 0 < int(mine.sum(1).max()) <= rows.shape[1] // 2  # a share: the compacted path
+    got = shard.interaction(q, q_mask, rows, valid)
+    want = shard._interaction_blocks(q, q_mask, local, mine)
+    assert torch.equal(got, want) and bool(torch.isinf(got[~mine]).all()) and bool(torch.isfinite(got[mine]).all())

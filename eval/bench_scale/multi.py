@@ -2,13 +2,13 @@
 
 Search on several GPUs over one real index. The first ``--size`` synthetic passages (:mod:`.corpus`) are written as a
 JsonCollection (parts written at once by several processes) and built by ``torchrun`` on G GPUs into one index of G
-segments (timed). That index is then searched at k=10 on one GPU and on all G with the codes replicated and with
-them sharded: p50/p95 one query at a time (query encoding included), q/s for batches of ``--search-batch`` queries
-(median of 3 passes), how many G-GPU rankings equal the one-GPU ranking (same docids in order; same docids and
-scores), and the ratios against the targets: replicated q/s >= 0.8·G·one GPU and p50 <= 1.2 × one GPU, sharded q/s
->= 0.6·G·one GPU. ``--compare-build`` also builds size/G passages on one GPU (build throughput against the G-GPU
-build). Writes multi.json and multi.md under ``--output``; ``--device cpu`` runs the same steps with CPU processes
-(a quick check of the harness, not a measurement).
+segments (timed). That index is then searched at k=10 on one GPU and on all G with the codes replicated and with them
+sharded: p50/p95 one query at a time (query encoding included), q/s for batches of ``--search-batch`` queries (median
+of 3 passes after an untimed one), how many G-GPU rankings equal the one-GPU ranking (same docids in order; same
+docids and scores), and the ratios against the targets: replicated q/s >= 0.8·G·one GPU and p50 <= 1.2 × one GPU,
+sharded q/s >= 0.6·G·one GPU. ``--compare-build`` also builds size/G passages on one GPU (build throughput against the
+G-GPU build). Writes multi.json and multi.md under ``--output``; ``--device cpu`` runs the same steps with CPU
+processes (a quick check of the harness, not a measurement).
 """
 from __future__ import annotations
 

@@ -61,7 +61,8 @@ def markdown(report: dict) -> str:
              f"{', '.join(sorted({row['codec'] for row in rows})) or settings['codec']}; {where}, torch "
              f"{machine['torch']}, {machine['cpu_count']} CPUs", "",
              f"Latency at k=10, one query at a time, query encoding included, over {'/'.join(map(str, queries))} "
-             f"judged queries after {settings['warmup']} warm-up; q/s: median of {settings['qps_repeats']} passes; "
+             f"judged queries after {settings['warmup']} warm-up; q/s: median of {settings['qps_repeats']} passes"
+             f"{' after %d untimed' % settings['qps_warmup'] if settings.get('qps_warmup') else ''}; "
              "overlap@10 (codes) and the second nDCG@10: exhaustive scoring of the same index's codes; overlap@10 "
              "(exact) and the third nDCG@10: exhaustive scoring of every passage's exact float16 tokens (the same "
              "model, unpruned); GB = GiB."

@@ -233,7 +233,19 @@ class CodeShard:
         return table
 
     def _interaction_kernel(self, q: Tensor, q_mask: Tensor, local: Tensor, mine: Tensor) -> Tensor:
-        """:meth:`interaction` through :func:`.kernels.interaction`, a few queries' tables at a time."""
+        """:meth:`interaction` through :func:`.kernels.interaction`. A shard of a split index holds a share of the
+        candidates: they are gathered to the front of each query's list first, so that the kernel's blocks of
+        documents hold only them (a document's score does not depend on its place)."""
+        held = int(mine.sum(1).max()) if mine.numel() else 0
+        if 0 < held <= mine.shape[1] // 2:
+            order = torch.sort((~mine).to(torch.int8), dim=1, stable=True).indices[:, :held]  # held first, in order
+            scores = self._interaction_blocks(q, q_mask, local.gather(1, order), mine.gather(1, order))
+            return torch.full(local.shape, -torch.inf, device=self.device).scatter(1, order, scores)
+        return self._interaction_blocks(q, q_mask, local, mine)
+
+    def _interaction_blocks(self, q: Tensor, q_mask: Tensor, local: Tensor, mine: Tensor) -> Tensor:
+        """:func:`.kernels.interaction` of candidates ``local`` [B, C] where ``mine``, a few queries' tables at a
+        time."""
         out = torch.empty(local.shape, device=self.device)
         npad = kernels.pad_width(q.shape[1])
         mask = torch.zeros(q.shape[0], npad, dtype=torch.bool, device=self.device)

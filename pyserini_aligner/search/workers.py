@@ -1,14 +1,14 @@
 """Search on several devices of one machine: one worker process a device, so that the devices work at once.
 
 Each worker is a one-device :class:`~pyserini_aligner.search.searcher.AlignerSearcher` in a process of its own
-(started with "spawn"), with its own Python interpreter: no worker waits on another's kernel launches or host
-work. Placement "replicate": every worker holds a whole copy of the codes, a batch of texts is split into
-consecutive parts (balanced by their length in words) and every worker encodes and searches its part; one query
-goes to the first worker (its CUDA-graph plan). Placement "shard": the workers form a process group (NCCL on
-GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the
-ranks of a torchrun job do (:mod:`.distributed`): each ranks the candidates it holds, the best of all are kept,
-candidate scores are combined, and the first worker returns the ranking. Either way the ranking is the one a single device computes over the whole
-index. The workers open the index generation the parent opened and are stopped with the backend.
+(started with "spawn"), with its own Python interpreter: no worker waits on another's kernel launches or host work.
+Placement "replicate": every worker holds a whole copy of the codes, a batch of texts is split into consecutive
+parts (balanced by their length in words) and every worker encodes and searches its part; one query goes to the
+first worker (its CUDA-graph plan). Placement "shard": the workers form a process group (NCCL on GPUs, Gloo on
+CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the ranks of a torchrun
+job do (:mod:`.distributed`): each ranks the candidates it holds, the best of all are kept, candidate scores are
+combined, and the first worker returns the ranking. Either way the ranking is the one a single device computes over
+the whole index. The workers open the index generation the parent opened and are stopped with the backend.
 """
 from __future__ import annotations
 
