@@ -1,0 +1,156 @@
+"""Where a batch's time goes: the milliseconds of each search step (encode, probe, select, interaction, refine) on one
+device, and on every rank of a process group that shards the same index.
+
+    python -m eval.experiments.search_steps --index DIR --beir-zip scifact.zip --size 8.8m --devices cuda:0 cuda:1
+        cuda:2 cuda:3 --output DIR [--batch 300] [--passes 3]
+
+The queries are the judged queries of the synthetic corpus of ``--size`` passages grown from ``--beir-zip`` (the
+corpus ``eval.bench_scale.multi`` builds), searched at k=10 in one batch of ``--batch``. One device: the first of
+``--devices``. Shard group: one process a device (NCCL on GPUs, Gloo on CPUs), each holding its share of the
+segments, searching in lockstep as ``placement="shard"`` does. Each pass is timed after two untimed ones; a step's
+time is taken when the step ends, after the device finishes its work (a rank's step also holds its wait for the
+others in the step's collectives). Writes search_steps.json and search_steps.md under ``--output``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from eval.cli import configure_logging, corpus_size, positive_int
+
+STEPS = ("encode", "probe", "select", "interaction", "refine")
+WARM_PASSES = 2
+
+
+def timed_passes(searcher, texts: list[str], passes: int, synchronize) -> dict:
+    """{"wall_ms": median wall of a pass, step: mean ms a pass} of ``passes`` searches of ``texts`` as one batch."""
+    for _ in range(WARM_PASSES):
+        searcher._search_texts(texts, 10, None, False)
+    walls = []
+    searcher.timings = {}
+    for _ in range(passes):
+        synchronize()
+        start = time.perf_counter()
+        searcher._search_texts(texts, 10, None, False)
+        synchronize()
+        walls.append(time.perf_counter() - start)
+    steps = {step: round(seconds * 1000 / passes, 2) for step, seconds in searcher.timings.items()}
+    searcher.timings = None
+    return {"wall_ms": round(statistics.median(walls) * 1000, 2), **steps}
+
+
+def _synchronizer(device: str):
+    import torch
+
+    return (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+
+
+def _rank(rank: int, devices: list[str], index: str, texts: list[str], passes: int, group_file: str, results) -> None:
+    """One rank of the shard group: its figures, or the error, put on ``results``."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from pyserini_aligner.dist import Collectives, DistContext
+        from pyserini_aligner.search import AlignerSearcher
+
+        device = devices[rank]
+        cuda = device.startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=Path(group_file).as_uri(), rank=rank,
+                                world_size=len(devices), timeout=datetime.timedelta(seconds=1800))
+        searcher = AlignerSearcher(index, device=device, backend="torch", placement="shard",
+                                   exchange=Collectives(DistContext(rank, len(devices), rank)), batch_size=len(texts))
+        row = {"rank": rank, "device": device, "rows_held": searcher.engine.local.shard.num_rows
+               if getattr(searcher.engine, "local", None) is not None else 0,
+               **timed_passes(searcher, texts, passes, _synchronizer(device))}
+        dist.barrier()
+        dist.destroy_process_group()
+        results.put(row)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent
+        results.put({"rank": rank, "error": f"{type(err).__name__}: {err}"})
+
+
+def measure(index: Path, texts: list[str], devices: list[str], passes: int) -> dict:
+    """{"one": one device's figures, "shard": every rank's, in rank order}."""
+    import torch.multiprocessing as mp
+
+    from eval.bench_scale.run import release_memory
+    from pyserini_aligner.search import AlignerSearcher
+
+    one = AlignerSearcher(str(index), device=devices[0], backend="torch", batch_size=len(texts))
+    report = {"one": {"device": devices[0], **timed_passes(one, texts, passes, _synchronizer(devices[0]))}}
+    del one
+    release_memory(devices[0])
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory(prefix="search-steps-") as folder:
+        group_file = str(Path(folder) / "group")
+        processes = [context.Process(target=_rank, args=(rank, devices, str(index), texts, passes, group_file,
+                                                         results)) for rank in range(len(devices))]
+        for process in processes:
+            process.start()
+        rows = sorted((results.get(timeout=3600) for _ in processes), key=lambda row: row["rank"])
+        for process in processes:
+            process.join(timeout=60)
+    failed = [row["error"] for row in rows if "error" in row]
+    if failed:
+        raise RuntimeError(f"a shard rank failed: {failed[0]}")
+    report["shard"] = rows
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Search steps, {report['queries']} queries in one batch, k=10, {report['size']} passages, "
+             f"{len(report['shard'])} shards; ms a pass (median wall of {report['passes']} passes after "
+             f"{WARM_PASSES} untimed; steps: mean).", "",
+             "| | wall | " + " | ".join(STEPS) + " |", "|---|" + "---:|" * (len(STEPS) + 1)]
+    for name, row in [(f"one {report['one']['device']}", report["one"])] + \
+            [(f"shard rank {row['rank']} {row['device']}", row) for row in report["shard"]]:
+        lines.append(f"| {name} | {row['wall_ms']} | " + " | ".join(str(row.get(step, "")) for step in STEPS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.search_steps", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", type=Path, required=True, help="an index of several segments")
+    parser.add_argument("--beir-zip", type=Path, required=True, help="the BEIR zip its synthetic passages grew from")
+    parser.add_argument("--size", type=corpus_size, required=True, help="the passages it holds, e.g. 8.8m")
+    parser.add_argument("--devices", nargs="+", required=True, help="one device a shard rank (the first: one device)")
+    parser.add_argument("--output", type=Path, required=True, help="folder for search_steps.json and .md")
+    parser.add_argument("--batch", type=positive_int, default=300, help="queries searched in one batch")
+    parser.add_argument("--passes", type=positive_int, default=3, help="timed passes")
+    parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    args = parser.parse_args(argv)
+    if len(args.devices) < 2:
+        parser.error("--devices: name at least two (one a shard rank)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.quiet)
+    from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip
+    from eval.bench_scale.report import write_report
+    from eval.bench_scale.run import judged_queries
+
+    texts = list(judged_queries(SyntheticCorpus(read_beir_zip(args.beir_zip)), args.size, None).values())
+    texts = (texts * (args.batch // max(len(texts), 1) + 1))[:args.batch]
+    report = {"index": str(args.index), "size": args.size, "queries": len(texts), "passes": args.passes,
+              **measure(args.index, texts, list(args.devices), args.passes)}
+    args.output.mkdir(parents=True, exist_ok=True)
+    table = markdown(report)
+    write_report(args.output, "search_steps", report, table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
