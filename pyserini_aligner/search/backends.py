@@ -34,9 +34,9 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores
 from pyserini_aligner.index.store import StoredIndex, Workspace
-from pyserini_aligner.search.engine import (CodeShard, ascending, balanced_slices, best_of_parts, merge_probes,
-                                            narrow, probe_floors, query_chunks, rank_candidates, select_candidates,
-                                            top_hits)
+from pyserini_aligner.search.engine import (CodeShard, ascending, balanced_slices, best_of_parts, held_first,
+                                            merge_probes, narrow, probe_floors, query_chunks, rank_candidates,
+                                            select_candidates, top_hits)
 from pyserini_aligner.search.flat import search_index
 
 log = logging.getLogger(__name__)
@@ -341,7 +341,7 @@ class TorchCodes(Staged):
             count = int(mine.sum(1).max())
             if count == 0:
                 continue
-            order = torch.sort((~mine).to(torch.int8), dim=1, stable=True).indices[:, :count]  # held first, in order
+            order = held_first(mine, count)
             picked, ok = rows[part].gather(1, order), mine.gather(1, order)
             scores = self.refine(q[part], q_mask[part], None if q_sal is None else q_sal[part].to(self.device),
                                  picked, ok)

@@ -238,7 +238,7 @@ class CodeShard:
         documents hold only them (a document's score does not depend on its place)."""
         held = int(mine.sum(1).max()) if mine.numel() else 0
         if 0 < held <= mine.shape[1] // 2:
-            order = torch.sort((~mine).to(torch.int8), dim=1, stable=True).indices[:, :held]  # held first, in order
+            order = held_first(mine, held)
             scores = self._interaction_blocks(q, q_mask, local.gather(1, order), mine.gather(1, order))
             return torch.full(local.shape, -torch.inf, device=self.device).scatter(1, order, scores)
         return self._interaction_blocks(q, q_mask, local, mine)
@@ -321,6 +321,11 @@ class CodeShard:
             codes = codes[..., 0::2] * 256 + codes[..., 1::2]
         residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
         return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
+
+
+def held_first(mine: Tensor, count: int) -> Tensor:
+    """Column indices [B, count] of each row of ``mine`` [B, C] (bool) with its True columns first, in order."""
+    return torch.sort((~mine).to(torch.int8), dim=1, stable=True).indices[:, :count]
 
 
 def element_bound(device: torch.device) -> int:
