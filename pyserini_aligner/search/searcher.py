@@ -123,12 +123,12 @@ class AlignerSearcher:
     replica's scores may differ in the last bit: it encodes its part of a batch alone).
 
     segments and exchange (torch backend, compressed index; one process of a torchrun job, see :mod:`.distributed`):
-    ``exchange`` (``rank``, ``world_size``, ``broadcast(obj)`` from rank 0, ``all_gather(obj)``) connects the
-    processes. With placement "shard" each holds its consecutive share of the segments (``segments``, or its share
-    by tokens) and probes and refinement scores are combined across them; with "replicate" each holds the whole index
-    and searches its part of every batch; "auto" replicates when the index fits on every rank. Every process returns
-    the ranking of the whole index. query_max_length: tokens per query, special tokens included (default: the
-    model's query_maxlen; at most the backbone's positions).
+    ``exchange`` (a :class:`pyserini_aligner.dist.Collectives`) connects the processes, which encode their parts of
+    each batch on GPUs. With placement "shard" each holds its consecutive share of the segments (``segments``, or its
+    share by tokens) and ranks the candidates it holds, and candidate scores are combined across them; with
+    "replicate" each holds the whole index and searches its part of every batch; "auto" replicates when the index fits
+    on every rank. Every process returns the ranking of the whole index. query_max_length: tokens per query, special
+    tokens included (default: the model's query_maxlen; at most the backbone's positions).
     """
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, strategy: str | Strategy | None = None,
