@@ -448,10 +448,10 @@ def ascending(rows: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def select_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, limit: int,
-                      weights: Tensor | None = None, floor: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                      weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The candidate rule: (rows [B, limit] sorted ascending, valid [B, limit]) per query: the ``limit`` best
-    documents of :func:`rank_candidates` (same arguments)."""
-    return ascending(rank_candidates(scores, rows, owner, batch, limit, weights, floor)[1])
+    documents of :func:`rank_candidates` (same arguments), each probe's floor its own K-th score."""
+    return ascending(rank_candidates(scores, rows, owner, batch, limit, weights)[1])
 
 
 def best_of_parts(values: list[Tensor], rows: list[Tensor], limit: int) -> tuple[Tensor, Tensor]:
