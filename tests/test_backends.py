@@ -3,6 +3,7 @@ live document with the slow alignment score of tests/reference.py; several (CPU)
 placements; the placement rules and the batch split."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,10 @@ from pyserini_aligner.index import StoredIndex, build_index
 from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search import backends
-from pyserini_aligner.search.backends import (FaissFlat, FaissIVF, Queries, TorchCodes, TorchTokens, batch_parts,
+from pyserini_aligner.search.backends import (QUERY_PROBES, FaissFlat, FaissIVF, Queries, TorchCodes, TorchTokens, batch_parts,
                                               codes_on)
 from pyserini_aligner.search.engine import merge_probes
-from pyserini_aligner.search.workers import Workers, text_parts
+from pyserini_aligner.search.workers import BALANCE_WORDS, TEXT_WORDS, Workers, gpu_worker_threads, text_parts
 
 import reference
 from test_index import short_records
@@ -216,26 +217,38 @@ def test_too_few_segments_for_the_devices_search_on_one(tmp_path, model):
     assert type(searcher.engine) is TorchCodes
 
 
-def test_text_parts_split_in_order_by_words():
-    texts = ["a b c d", "a", "a", "a", "a b c d", "a b c d", "a"]
+def test_text_parts_split_in_order_by_load():
+    long = " ".join(["w"] * (2 * BALANCE_WORDS))  # counted as BALANCE_WORDS words
+    texts = [long, "a", "a", "a", long, long, "a"]
     parts = text_parts(texts, 3)
     assert parts[0].start == 0 and parts[-1].stop == 7
     assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
-    loads = [sum(len(t.split()) + 1 for t in texts[part]) for part in parts]
-    assert max(loads) - min(loads) <= 5
+    loads = [sum(TEXT_WORDS + min(len(t.split()), BALANCE_WORDS) for t in texts[part]) for part in parts]
+    assert [p.stop - p.start for p in parts] == [3, 2, 2]
+    assert max(loads) - min(loads) <= TEXT_WORDS + BALANCE_WORDS  # one text's load
+    assert [p.stop - p.start for p in text_parts(["a b c"] * 9 + ["a"] * 3, 3)] == [4, 4, 4]  # mostly by count
     assert [p.stop - p.start for p in text_parts(texts[:1], 3)] == [1, 0, 0]
 
 
+def test_gpu_workers_share_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    assert gpu_worker_threads(1) == cores
+    assert gpu_worker_threads(2) == max(1, cores // 2)
+    assert gpu_worker_threads(cores + 1) == 1
+
+
 def test_batch_parts_split_in_order_by_probes():
-    mask = torch.zeros(7, 4, dtype=torch.bool)
-    for row, probes in enumerate([4, 1, 1, 1, 4, 4, 1]):
+    width = 3 * QUERY_PROBES
+    mask = torch.zeros(7, width, dtype=torch.bool)
+    for row, probes in enumerate([width, 1, 1, 1, width, width, 1]):  # a long query weighs about four short ones
         mask[row, :probes] = True
-    queries = Queries(torch.zeros(7, 4, 2), mask, torch.zeros(7, 4), mask, False)
+    queries = Queries(torch.zeros(7, width, 2), mask, torch.zeros(7, width), mask, False)
     parts = batch_parts(queries, 3)
     assert parts[0].start == 0 and parts[-1].stop == 7
     assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
-    loads = [int(mask[part].sum()) + (part.stop - part.start) for part in parts]
-    assert max(loads) - min(loads) <= 5  # one query's load (4 probes + 1)
+    assert [p.stop - p.start for p in parts] == [3, 2, 2]
+    loads = [int(mask[part].sum()) + QUERY_PROBES * (part.stop - part.start) for part in parts]
+    assert max(loads) - min(loads) <= width + QUERY_PROBES  # one query's load
     assert [p.stop - p.start for p in batch_parts(queries.part(slice(0, 1)), 3)] == [1, 0, 0]
 
 

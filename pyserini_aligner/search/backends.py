@@ -387,11 +387,14 @@ class TorchTokens:
 
 
 # ---------------------------------------------------------------------------------------------------- several
+QUERY_PROBES = 32  # a query's fixed work (the same depth of candidates for every query) weighs this many probes
+
+
 def batch_parts(queries: Queries, count: int) -> list[slice]:
-    """``count`` consecutive slices of the batch (the last ones empty when it holds fewer queries), balanced by the
-    number of probing tokens (the work of a query grows with it): slice i ends with the query that takes the load
-    past i/count of the whole."""
-    return balanced_slices(queries.probe_mask.sum(1).cpu().numpy().astype(np.float64) + 1.0, count)
+    """``count`` consecutive slices of the batch (the last ones empty when it holds fewer queries), balanced by each
+    query's load: QUERY_PROBES plus its probing tokens, since most of a search's work is the same for every query;
+    slice i ends with the query that takes the load past i/count of the whole."""
+    return balanced_slices(queries.probe_mask.sum(1).cpu().numpy().astype(np.float64) + QUERY_PROBES, count)
 
 
 def _on_host(found: tuple[Tensor, Tensor], k: int) -> tuple[Tensor, Tensor]:
@@ -475,7 +478,8 @@ class Exchanged(Staged):
 
 class ExchangedReplica:
     """The whole index in every process of a torchrun job (``local``); each rank searches its consecutive part of
-    every batch (balanced by probing tokens) and the parts' hits are gathered on every rank (through ``exchange``)."""
+    every batch (balanced by load, :func:`batch_parts`) and the parts' hits are gathered on every rank (through
+    ``exchange``)."""
 
     has_interaction = True
     placement = "replicate"

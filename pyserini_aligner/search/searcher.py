@@ -369,8 +369,9 @@ class AlignerSearcher:
 
     def _encode_together(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(vectors [B, n, d] float32, mask [B, n] bool, salience [B, n]) of ``texts`` on every process of the group:
-        on GPUs each process encodes its consecutive part (balanced by words) and the parts are gathered; on CPUs,
-        whose vectors of a text can differ in the last bit with the batch around it, the first process encodes all."""
+        on GPUs each process encodes its consecutive part (balanced by load, :func:`.workers.text_parts`) and the
+        parts are gathered; on CPUs, whose vectors of a text can differ in the last bit with the batch around it, the
+        first process encodes all."""
         exchange, device = self.exchange, self.model.device
         if exchange.on_device:
             mine = texts[text_parts(texts, exchange.world_size)[exchange.rank]]

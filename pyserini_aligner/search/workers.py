@@ -3,8 +3,8 @@
 Each worker is a one-device :class:`~pyserini_aligner.search.searcher.AlignerSearcher` in a process of its own
 (started with "spawn"), with its own Python interpreter: no worker waits on another's kernel launches or host work.
 Placement "replicate": every worker holds a whole copy of the codes, a batch of texts is split into consecutive
-parts (balanced by their length in words) and every worker encodes and searches its part; one query goes to the
-first worker (its CUDA-graph plan). Placement "shard": the workers form a process group (NCCL on GPUs, Gloo on
+parts (balanced by load, :func:`text_parts`) and every worker encodes and searches its part; one query goes to the
+first worker (its CUDA-graph plan). A GPU worker's torch threads are its share of the cores. Placement "shard": the workers form a process group (NCCL on GPUs, Gloo on
 CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the ranks of a torchrun
 job do (:mod:`.distributed`): each ranks the candidates it holds, the best of all are kept, candidate scores are
 combined, and the first worker returns the ranking. Either way the ranking is the one a single device computes over
@@ -26,12 +26,21 @@ from pyserini_aligner.search.engine import balanced_slices
 START_TIMEOUT_S = 1800.0  # seconds the workers may take to load the index
 POLL_S = 1.0  # how often a waiting parent checks that its workers are still alive
 BALANCE_WORDS = 64  # words of a text counted when balancing the parts of a batch (queries are cut far shorter)
+TEXT_WORDS = 48  # a query's fixed work (the same depth of candidates for every query) weighs as much as this many words
 
 
 def text_parts(texts: Sequence[str], count: int) -> list[slice]:
     """``count`` consecutive slices of ``texts`` (the last ones empty when there are fewer texts), balanced by each
-    text's words (at most BALANCE_WORDS) plus one: a slice ends with the text that takes the load past its share."""
-    return balanced_slices(np.array([min(len(text.split()), BALANCE_WORDS) + 1.0 for text in texts]), count)
+    text's load: TEXT_WORDS plus its words (at most BALANCE_WORDS), since most of a search's work is the same for
+    every query; a slice ends with the text that takes the load past its share."""
+    return balanced_slices(np.array([TEXT_WORDS + min(len(text.split()), BALANCE_WORDS) for text in texts],
+                                    dtype=np.float64), count)
+
+
+def gpu_worker_threads(workers: int) -> int:
+    """Torch threads of each of ``workers`` GPU worker processes: this process's usable cores shared among them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(workers, 1))
 
 
 def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: str, searcher_class: type,
@@ -130,8 +139,9 @@ class Workers:
         for rank, device in enumerate(self.devices):
             parent, child = context.Pipe()
             mine = dict(options)
-            if not device.startswith("cuda"):
-                mine["threads"] = cpu_threads
+            # a GPU worker's host work (tokens, launches, small tensors) gets its share of the cores, so that the
+            # workers' thread pools do not contend for them
+            mine["threads"] = cpu_threads if not device.startswith("cuda") else gpu_worker_threads(len(self.devices))
             process = context.Process(target=_serve, name=f"aligner-search-{device}", daemon=True,
                                       args=(child, rank, len(self.devices), device, placement, str(index_dir),
                                             searcher_class, mine, group_file))
