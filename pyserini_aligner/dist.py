@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 DEFAULT_TIMEOUT_S = 1800.0  # seconds a collective waits for the other ranks
+BYTE_WIRED = (torch.bool, torch.int16)  # tensor types sent by all_to_all_rows as their bytes
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,10 @@ def lost_rank_message(error: BaseException) -> str:
 
 
 class Collectives:
-    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and all-gather, all-to-all and element-wise
-    maximum of tensors, over the default process group, for the rank ``ctx`` describes. Tensors travel from the
-    device they are on under NCCL, through the host under Gloo, and come back on the device they were given on."""
+    """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and all-gather, all-to-all (of equal or of
+    varying row counts) and element-wise maximum of tensors, over the default process group, for the rank ``ctx``
+    describes. Tensors travel from the device they are on under NCCL, through the host under Gloo, and come back on
+    the device they were given on."""
 
     def __init__(self, ctx: DistContext):
         self.ctx = ctx
@@ -84,6 +86,24 @@ class Collectives:
         out = [torch.empty_like(send[0]) for _ in range(self.world_size)]
         dist.all_to_all(out, send)
         return [t.to(parts[0].device) for t in out]
+
+    def all_to_all_rows(self, parts: list[Tensor]) -> list[Tensor]:
+        """Part i of ``parts`` (one a rank, any number of rows, the same trailing shape and dtype) sent to rank i;
+        returns the part each rank sent to this one, in rank order, on the parts' device (bool travels as uint8)."""
+        device, dtype = parts[0].device, parts[0].dtype
+        sent = [len(part) for part in parts]
+        counts = torch.tensor(sent, dtype=torch.long, device=device)
+        received = torch.cat(self.all_to_all_tensor(list(counts.view(-1, 1)))).tolist()
+        send = torch.cat(parts)
+        if dtype in BYTE_WIRED:  # types NCCL does not carry travel as their bytes
+            send = send.unsqueeze(-1).view(torch.uint8)
+        send = self._wire(send)
+        out = send.new_empty((sum(received), *send.shape[1:]))
+        dist.all_to_all_single(out, send, output_split_sizes=received, input_split_sizes=sent)
+        out = out.to(device)
+        if dtype in BYTE_WIRED:
+            out = out.view(dtype).squeeze(-1)
+        return list(out.split(received))
 
     def all_reduce_max(self, tensor: Tensor) -> Tensor:
         """The element-wise maximum of every rank's ``tensor`` (same shape and dtype), on its device."""

@@ -15,8 +15,8 @@ from pyserini_aligner.index import StoredIndex, build_index
 from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search import backends
-from pyserini_aligner.search.backends import (QUERY_PROBES, FaissFlat, FaissIVF, Queries, TorchCodes, TorchTokens, batch_parts,
-                                              codes_on)
+from pyserini_aligner.search.backends import (QUERY_PROBES, FaissFlat, FaissIVF, Queries, TorchCodes, TorchTokens,
+                                              batch_parts, codes_on)
 from pyserini_aligner.search.engine import merge_probes
 from pyserini_aligner.search.workers import BALANCE_WORDS, TEXT_WORDS, Workers, gpu_worker_threads, text_parts
 
@@ -261,3 +261,51 @@ def test_resident_bytes_counts_the_codes(codes_index):
     assert got >= tokens * (2 + spec.residual_m) + entries * (4 + spec.pq_m) + docs * 16
     assert backends.resident_bytes(store, [0], "all", torch.device("cpu")) < got
     assert not backends.fits_whole(store, torch.device("cpu"), "all")  # only GPUs take a replica by choice
+
+
+def _split_rank(rank: int, world: int, index: str, knobs: dict, group_file: str, results) -> None:
+    """One rank of a Gloo shard group whose ranks split the queries after choosing candidates (as on GPUs): its
+    rankings, or its error, put on ``results``."""
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        from pyserini_aligner.dist import Collectives, DistContext
+
+        dist.init_process_group("gloo", init_method=Path(group_file).as_uri(), rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=300))
+        searcher = AlignerSearcher(index, placement="shard", exchange=Collectives(DistContext(rank, world, rank)),
+                                   **knobs)
+        searcher.engine.split = True
+        ranked = [searcher.rank(QUERIES, k=k) for k in (3, 10)] + [searcher.rank(QUERIES[:1], k=5)]
+        results.put((rank, ranked, searcher.engine._holders))
+        dist.destroy_process_group()
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        results.put((rank, f"{type(err).__name__}: {err}", None))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, world):
+    """Ranks that fetch their queries' candidates from the shards holding them and score them themselves (the GPU
+    path, forced here over Gloo) return the one-device ranking on every rank: batches of three queries over two or
+    three ranks, one query (the other ranks score nothing), the interaction stage on."""
+    import torch.multiprocessing as mp
+
+    knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
+                 batch_size=3)
+    one = AlignerSearcher(codes_index, **knobs)
+    want = [one.rank(QUERIES, k=k) for k in (3, 10)] + [one.rank(QUERIES[:1], k=5)]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_split_rank, args=(rank, world, str(codes_index), knobs,
+                                                           str(tmp_path / "group"), results)) for rank in range(world)]
+    for process in processes:
+        process.start()
+    got = sorted(results.get(timeout=600) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+    for rank, ranked, holders in got:
+        assert not isinstance(ranked, str), ranked
+        assert len(holders) == world  # every rank holds segments: the queries were split
+        assert ranked == want

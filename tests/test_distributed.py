@@ -203,3 +203,57 @@ def test_killed_rank_leaves_no_index_and_is_named(tmp_path, single, corpus):
     assert ranks[0].returncode != 0
     assert "error: rank 1 (pid" in err and "died without reporting" in err, err[-2000:]
     assert list(tmp_path.iterdir()) == []  # neither an index nor a build folder
+
+
+def _exchange_rows(rank: int, world: int, group_file: str, results) -> None:
+    """One Gloo rank of the all-to-all test: rank r sends rank j (r + j) rows of each kind, valued from r and j;
+    what it received, or its error, goes on ``results``."""
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        from pyserini_aligner.dist import Collectives, DistContext
+
+        dist.init_process_group("gloo", init_method=Path(group_file).as_uri(), rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))
+        exchange = Collectives(DistContext(rank, world, rank))
+        kinds = {"int16": lambda n, v: torch.full((n,), -v, dtype=torch.int16),
+                 "bool": lambda n, v: torch.arange(n) % 2 == v % 2,
+                 "uint8": lambda n, v: torch.full((n, 3), v, dtype=torch.uint8),
+                 "int64": lambda n, v: torch.arange(n) + (v << 40)}
+        got = {name: [t.tolist() for t in exchange.all_to_all_rows([make(rank + j, 10 * rank + j)
+                                                                    for j in range(world)])]
+               for name, make in kinds.items()}
+        results.put((rank, got))
+        dist.destroy_process_group()
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        results.put((rank, f"{type(err).__name__}: {err}"))
+
+
+def test_all_to_all_of_varying_row_counts(tmp_path):
+    """Collectives.all_to_all_rows over Gloo: parts of different row counts (none included), of types NCCL does not
+    carry (int16, bool) and of several columns arrive whole, in rank order."""
+    import torch
+    import torch.multiprocessing as mp
+
+    world = 3
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_exchange_rows, args=(rank, world, str(tmp_path / "group"), results))
+                 for rank in range(world)]
+    for process in processes:
+        process.start()
+    got = dict(results.get(timeout=300) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+    for rank in range(world):
+        assert not isinstance(got[rank], str), got[rank]
+        for sender in range(world):
+            n, v = sender + rank, 10 * sender + rank  # what sender made for this rank
+            assert got[rank]["int16"][sender] == [-v] * n
+            assert got[rank]["bool"][sender] == (torch.arange(n) % 2 == v % 2).tolist()
+            assert got[rank]["uint8"][sender] == [[v] * 3] * n
+            assert got[rank]["int64"][sender] == [i + (v << 40) for i in range(n)]
+    assert got[0]["int64"][0] == []  # rank 0 sent itself nothing

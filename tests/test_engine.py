@@ -109,3 +109,31 @@ def test_decoding_by_pairs_and_under_a_mask_equals_the_codebooks(default_index):
     masked = shard.decode(positions, mask)
     assert torch.equal(masked[~mask], torch.zeros_like(masked[~mask]))
     assert torch.allclose(masked[mask], want[mask], atol=1e-6)
+
+
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+def test_a_shard_of_fetched_documents_scores_them_as_their_own_shard(two_segment_index, refine_with):
+    """What one shard sends (CodeShard.documents) makes, on another (CodeShard.holding), a shard whose centroid
+    interaction and refinement of those documents equal the holding shard's own, to the last bit."""
+    from pyserini_aligner.alignment import parse_strategy
+
+    store = StoredIndex(two_segment_index)
+    shard = CodeShard(store, [1], refine_with=refine_with)
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(shard.row_base, shard.row_base + shard.num_rows, (3, 7), generator=generator)
+    valid = torch.rand(3, 7, generator=generator) < 0.8
+    need = torch.unique(rows[valid])
+    fetched = shard.documents(need, residuals=True)
+    assert fetched[0].tolist() == shard.lengths[need - shard.row_base].tolist()
+    assert (fetched[3] is None) == (refine_with == "all")
+    other = CodeShard(store, [0], refine_with=refine_with).holding(*fetched)
+    local = torch.where(valid, torch.searchsorted(need, rows), torch.zeros_like(rows))
+    q = torch.nn.functional.normalize(torch.randn(3, 5, store.manifest.dim, generator=generator), dim=-1)
+    q_mask = torch.ones(3, 5, dtype=torch.bool)
+    q_mask[1, 3:] = False
+    strategy = parse_strategy(store.manifest.default_strategy)
+    assert torch.equal(other.interaction(q, q_mask, local, valid), shard.interaction(q, q_mask, rows, valid))
+    assert torch.equal(other.refine(q, q_mask, None, local, valid, strategy, 64),
+                       shard.refine(q, q_mask, None, rows, valid, strategy, 64))
+    ids_only = other.holding(*shard.documents(need, residuals=False))
+    assert torch.equal(ids_only.interaction(q, q_mask, local, valid), shard.interaction(q, q_mask, rows, valid))

@@ -420,15 +420,57 @@ class Exchanged(Staged):
     (:class:`pyserini_aligner.dist.Collectives`). Every rank probes its own inverted lists; the probes' K-th scores
     over all ranks are found (each rank for a part of the probes), so that each rank computes the proxies of the
     documents it holds as one device would; each rank's best documents are gathered and the best of them are the
-    candidates. Centroid-interaction and refinement scores of the candidates each rank holds are combined by an
-    element-wise maximum. Every rank ends with the ranking of the whole index. ``device``: this rank's device."""
+    candidates. Every rank ends with the ranking of the whole index. ``device``: this rank's device.
+
+    Then, with ``split`` (default: on GPUs, where NCCL moves tensors between devices), each rank takes its part of
+    the batch's queries (balanced by load, :func:`batch_parts`), fetches the tokens of those queries' candidates from
+    the ranks that hold them and scores them itself, by centroid interaction and by refinement; the parts' hits are
+    gathered. The work of these steps is then split evenly however the candidates fall among the shards (a query's
+    best documents often lie close together in an index). Without it (on CPUs, and where a rank holds no segment)
+    every rank scores the candidates it holds for every query and the scores are combined by an element-wise
+    maximum: each query-dependent table is then computed over the same queries as on one device, which keeps a
+    CPU's scores those of one device to the last bit."""
 
     placement = "shard"
 
-    def __init__(self, local: TorchCodes | None, exchange, device: torch.device):
+    def __init__(self, local: TorchCodes | None, exchange, device: torch.device, split: bool | None = None):
         self.local, self.exchange, self.device = local, exchange, device
+        self.split = exchange.on_device if split is None else split
+        self._holders: list[tuple[int, int, int]] | None = None  # (first row, rows, rank), by row; [] when not split
 
-    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = _no_clock) -> tuple[Tensor, Tensor]:
+        if not self._splits():
+            return super().search(queries, depth, k, clock)
+        parts = batch_parts(queries, self.exchange.world_size)
+        rows, valid = self.candidates(queries, depth, clock, parts)
+        mine = queries.part(parts[self.exchange.rank]).to(self.device)
+        q, q_mask = mine.vectors, mine.mask
+        _, _, wide, limit = depth
+        if wide:
+            shard, local = self._fetch(rows, valid, residuals=False)
+            rows, valid = narrow(shard.interaction(q, q_mask, local, valid), rows, limit)
+            clock("interaction")
+        shard, local = self._fetch(rows, valid, residuals=True)
+        scoring = self.local.scoring
+        refined = shard.refine(q, q_mask, mine.refine_salience, local, valid, scoring.strategy, scoring.refine_width)
+        return self._gather_hits(*top_hits(refined, rows, k), parts, k)
+
+    def _splits(self) -> bool:
+        """Whether this search splits the queries after choosing candidates (every rank decides alike: the ranks'
+        row ranges are gathered at the first search)."""
+        if not self.split:
+            return False
+        if self._holders is None:
+            held = None if self.local is None else (self.local.shard.row_base, self.local.shard.num_rows)
+            every = self.exchange.all_gather(held)
+            self._holders = [] if None in every else sorted((base, rows, rank)
+                                                             for rank, (base, rows) in enumerate(every))
+        return bool(self._holders)
+
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = _no_clock,
+                   parts: list[slice] | None = None) -> tuple[Tensor, Tensor]:
+        """(rows [B, W] ascending, valid [B, W]) of every query, or with ``parts`` (one slice of the batch a rank)
+        of this rank's part of the queries only."""
         per_token, nprobe, wide, limit = depth
         owner, token = queries.probe_mask.nonzero(as_tuple=True)
         probes = queries.vectors[owner, token]
@@ -445,10 +487,53 @@ class Exchanged(Staged):
         pad = width - found.shape[1]
         proxy = torch.nn.functional.pad(proxy, (0, pad), value=-torch.inf)
         found = torch.nn.functional.pad(found, (0, pad), value=-1)
-        _, best = best_of_parts(self.exchange.all_gather_tensor(proxy), self.exchange.all_gather_tensor(found), width)
+        if parts is None:
+            proxies, lists = self.exchange.all_gather_tensor(proxy), self.exchange.all_gather_tensor(found)
+        else:  # each rank receives every rank's lists of its own queries
+            size, count = max(p.stop - p.start for p in parts), parts[self.exchange.rank]
+            count = count.stop - count.start
+            proxies = [t[:count] for t in self.exchange.all_to_all_tensor(
+                [torch.nn.functional.pad(proxy[p], (0, 0, 0, size - (p.stop - p.start)), value=-torch.inf)
+                 for p in parts])]
+            lists = [t[:count] for t in self.exchange.all_to_all_tensor(
+                [torch.nn.functional.pad(found[p], (0, 0, 0, size - (p.stop - p.start)), value=-1) for p in parts])]
+        _, best = best_of_parts(proxies, lists, width)
         best = best[:, :max(1, int((best >= 0).sum(1).max()) if len(best) else 1)]  # as wide as one device's
         clock("select")
         return ascending(best)
+
+    def _fetch(self, rows: Tensor, valid: Tensor, residuals: bool) -> tuple[CodeShard, Tensor]:
+        """(a :class:`.engine.CodeShard` holding the documents of candidate ``rows`` [b, C] where ``valid``, fetched
+        from the ranks that hold them; their rows in it [b, C], 0 where not valid). ``residuals``: fetch the
+        residual codes too (refinement), not only the centroid ids (centroid interaction)."""
+        world, shard = self.exchange.world_size, self.local.shard
+        need = torch.unique(rows[valid])  # ascending
+        bases = torch.tensor([base for base, _, _ in self._holders], dtype=need.dtype, device=need.device)
+        cuts = torch.searchsorted(need, bases).tolist()[1:] + [len(need)]
+        wanted = [need[:0]] * world
+        for (_, _, rank), start, stop in zip(self._holders, [0] + cuts[:-1], cuts):
+            wanted[rank] = need[start:stop]
+        served = [shard.documents(asked, residuals) for asked in self.exchange.all_to_all_rows(wanted)]
+        order = [rank for _, _, rank in self._holders]  # ascending rows
+
+        def fetched(field: int) -> Tensor | None:
+            if served[0][field] is None:
+                return None
+            got = self.exchange.all_to_all_rows([parts[field] for parts in served])
+            return torch.cat([got[rank] for rank in order])
+
+        held = shard.holding(fetched(0), fetched(1), fetched(2), fetched(3))
+        local = torch.searchsorted(need, rows.clamp_min(0)).clamp_max(max(len(need) - 1, 0))
+        return held, torch.where(valid, local, torch.zeros_like(local))
+
+    def _gather_hits(self, scores: Tensor, rows: Tensor, parts: list[slice], k: int) -> tuple[Tensor, Tensor]:
+        """Every rank's top-k (scores, rows) of its part of the queries, [b, ≤k] here, as [B, k] of the batch."""
+        size = max(p.stop - p.start for p in parts)
+        pad = (0, k - scores.shape[1], 0, size - len(scores))
+        every_score = self.exchange.all_gather_tensor(torch.nn.functional.pad(scores.float(), pad, value=-torch.inf))
+        every_row = self.exchange.all_gather_tensor(torch.nn.functional.pad(rows, pad, value=-1))
+        return (torch.cat([t[:p.stop - p.start] for t, p in zip(every_score, parts)]),
+                torch.cat([t[:p.stop - p.start] for t, p in zip(every_row, parts)]))
 
     def _floors(self, scores: Tensor, width: int) -> Tensor:
         """Every probe's K-th best score (K = ``width``) over the entries of all ranks (:func:`.engine.probe_floors`),

@@ -3,9 +3,10 @@
 Per query batch the ranks' query encodings are gathered (on GPUs each rank encodes a part, on CPUs rank 0 all).
 Placement "shard": every rank probes its segments, each probe's K-th score over all ranks is found (the ranks share
 that work), each rank ranks the documents it holds by the candidate proxy (:func:`.engine.rank_candidates`, as one
-process would over the whole index) and the best of all ranks are the candidates; every rank refines those it holds
-and the refined scores are combined. Placement "replicate": every rank searches its consecutive part of the batch
-over its copy and the hits are gathered. Either way every rank ends with the ranking a single process computes over
+process would over the whole index) and the best of all ranks are the candidates; on GPUs each rank then fetches the
+tokens of its part of the queries' candidates and scores them itself, on CPUs every rank scores those it holds and
+the scores are combined (:class:`.backends.Exchanged`). Placement "replicate": every rank searches its consecutive
+part of the batch over its copy and the hits are gathered. Either way every rank ends with the ranking a single process computes over
 the whole index. Collectives (:class:`pyserini_aligner.dist.Collectives`) exchange tensors (on the GPUs under NCCL,
 through the host under Gloo).
 """

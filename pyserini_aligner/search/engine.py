@@ -183,6 +183,35 @@ class CodeShard:
         out_scores[owner[keep], rank[keep]] = score[keep]
         out_rows[owner[keep], rank[keep]] = docs[keep] + self.row_base
 
+    def documents(self, rows: Tensor, residuals: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """What another device needs to score documents this shard holds: (token counts [N], centroid ids [T],
+        residual codes [T, R] or None, kept flags [T] or None) of global ``rows`` [N], their tokens in row order;
+        codes and flags only with ``residuals`` (refinement reads them, centroid interaction does not)."""
+        local = rows.to(self.device) - self.row_base
+        lengths = self.lengths[local]
+        total = int(lengths.sum()) if len(lengths) else 0
+        start = self.offsets[local] - (torch.cumsum(lengths, 0) - lengths)  # token position minus output position
+        pos = torch.repeat_interleave(start, lengths, output_size=total) + torch.arange(total, device=self.device)
+        codes = self.token_codes[pos] if residuals else None
+        kept = self.kept[pos] if residuals and self.kept is not None else None
+        return lengths, self.token_ids[pos], codes, kept
+
+    def holding(self, lengths: Tensor, token_ids: Tensor, token_codes: Tensor | None,
+                kept: Tensor | None) -> "CodeShard":
+        """A shard of this codec that holds only the given documents, as rows 0 .. N−1 (``lengths`` [N] tokens each,
+        their ``token_ids`` [T], ``token_codes`` [T, R] and ``kept`` [T] in row order, as :meth:`documents` returns
+        them): candidates fetched from the shards that hold them, to score by centroid interaction (no codes
+        needed) or refinement. It is not probed (its inverted lists are not its documents')."""
+        shard = object.__new__(CodeShard)
+        shard.__dict__.update(vars(self))
+        shard.row_base, shard.num_rows = 0, len(lengths)
+        shard.lengths = lengths.to(self.device)
+        shard.offsets = torch.cat([shard.lengths.new_zeros(1), torch.cumsum(shard.lengths, 0)])
+        shard.token_ids = token_ids.to(self.device)
+        shard.token_codes = self.token_codes[:0] if token_codes is None else token_codes.to(self.device)
+        shard.kept = None if kept is None else kept.to(self.device)
+        return shard
+
     def _held(self, rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(shard-local rows, held mask, token counts) of candidate global ``rows`` [B, C] (0 where not held)."""
         local = rows - self.row_base

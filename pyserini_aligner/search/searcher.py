@@ -125,7 +125,8 @@ class AlignerSearcher:
     segments and exchange (torch backend, compressed index; one process of a torchrun job, see :mod:`.distributed`):
     ``exchange`` (a :class:`pyserini_aligner.dist.Collectives`) connects the processes, which encode their parts of
     each batch on GPUs. With placement "shard" each holds its consecutive share of the segments (``segments``, or its
-    share by tokens) and ranks the candidates it holds, and candidate scores are combined across them; with
+    share by tokens), ranks the candidates it holds, and the candidates are scored by parts of the batch (GPUs) or by
+    the ranks that hold them (CPUs: :class:`.backends.Exchanged`); with
     "replicate" each holds the whole index and searches its part of every batch; "auto" replicates when the index fits
     on every rank. Every process returns the ranking of the whole index. query_max_length: tokens per query, special
     tokens included (default: the model's query_maxlen; at most the backbone's positions).

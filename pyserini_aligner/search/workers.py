@@ -4,11 +4,12 @@ Each worker is a one-device :class:`~pyserini_aligner.search.searcher.AlignerSea
 (started with "spawn"), with its own Python interpreter: no worker waits on another's kernel launches or host work.
 Placement "replicate": every worker holds a whole copy of the codes, a batch of texts is split into consecutive
 parts (balanced by load, :func:`text_parts`) and every worker encodes and searches its part; one query goes to the
-first worker (its CUDA-graph plan). A GPU worker's torch threads are its share of the cores. Placement "shard": the workers form a process group (NCCL on GPUs, Gloo on
-CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the ranks of a torchrun
-job do (:mod:`.distributed`): each ranks the candidates it holds, the best of all are kept, candidate scores are
-combined, and the first worker returns the ranking. Either way the ranking is the one a single device computes over
-the whole index. The workers open the index generation the parent opened and are stopped with the backend.
+first worker (its CUDA-graph plan). A GPU worker's torch threads are its share of the cores. Placement "shard": the
+workers form a process group (NCCL on GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search
+every batch in lockstep as the ranks of a torchrun job do (:mod:`.distributed`, :class:`.backends.Exchanged`):
+each ranks the candidates it holds, the best of all are kept and scored, and the first worker returns the ranking.
+Either way the ranking is the one a single device computes over the whole index. The workers open the index
+generation the parent opened and are stopped with the backend.
 """
 from __future__ import annotations
 
