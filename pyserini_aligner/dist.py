@@ -87,13 +87,15 @@ class Collectives:
         dist.all_to_all(out, send)
         return [t.to(parts[0].device) for t in out]
 
-    def all_to_all_rows(self, parts: list[Tensor]) -> list[Tensor]:
+    def all_to_all_rows(self, parts: list[Tensor], received: list[int] | None = None) -> list[Tensor]:
         """Part i of ``parts`` (one a rank, any number of rows, the same trailing shape and dtype) sent to rank i;
-        returns the part each rank sent to this one, in rank order, on the parts' device (bool travels as uint8)."""
+        returns the part each rank sent to this one, in rank order, on the parts' device. ``received``: the rows each
+        rank sends here, where the caller knows them (else they are exchanged first)."""
         device, dtype = parts[0].device, parts[0].dtype
         sent = [len(part) for part in parts]
-        counts = torch.tensor(sent, dtype=torch.long, device=device)
-        received = torch.cat(self.all_to_all_tensor(list(counts.view(-1, 1)))).tolist()
+        if received is None:
+            counts = torch.tensor(sent, dtype=torch.long, device=device)
+            received = torch.cat(self.all_to_all_tensor(list(counts.view(-1, 1)))).tolist()
         send = torch.cat(parts)
         if dtype in BYTE_WIRED:  # types NCCL does not carry travel as their bytes
             send = send.unsqueeze(-1).view(torch.uint8)

@@ -226,6 +226,9 @@ def _exchange_rows(rank: int, world: int, group_file: str, results) -> None:
         got = {name: [t.tolist() for t in exchange.all_to_all_rows([make(rank + j, 10 * rank + j)
                                                                     for j in range(world)])]
                for name, make in kinds.items()}
+        known = exchange.all_to_all_rows([kinds["int64"](rank + j, 10 * rank + j) for j in range(world)],
+                                         received=[j + rank for j in range(world)])  # what each sends here
+        assert [t.tolist() for t in known] == got["int64"]
         results.put((rank, got))
         dist.destroy_process_group()
     except BaseException as err:  # noqa: BLE001 - reported to the test
@@ -234,7 +237,8 @@ def _exchange_rows(rank: int, world: int, group_file: str, results) -> None:
 
 def test_all_to_all_of_varying_row_counts(tmp_path):
     """Collectives.all_to_all_rows over Gloo: parts of different row counts (none included), of types NCCL does not
-    carry (int16, bool) and of several columns arrive whole, in rank order."""
+    carry (int16, bool) and of several columns arrive whole, in rank order; alike when the receiver names the
+    counts."""
     import torch
     import torch.multiprocessing as mp
 

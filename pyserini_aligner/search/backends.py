@@ -514,12 +514,14 @@ class Exchanged(Staged):
         for (_, _, rank), start, stop in zip(self._holders, [0] + cuts[:-1], cuts):
             wanted[rank] = need[start:stop]
         served = [shard.documents(asked, residuals) for asked in self.exchange.all_to_all_rows(wanted)]
+        lengths = self.exchange.all_to_all_rows([parts[0] for parts in served], [len(part) for part in wanted])
+        tokens = torch.stack([part.sum() for part in lengths]).tolist()  # the token rows each rank sends here
         order = [rank for _, _, rank in self._holders]  # ascending rows
 
         def fetched(field: int) -> Tensor | None:
             if served[0][field] is None:
                 return None
-            got = self.exchange.all_to_all_rows([parts[field] for parts in served])
+            got = lengths if field == 0 else self.exchange.all_to_all_rows([parts[field] for parts in served], tokens)
             return torch.cat([got[rank] for rank in order])
 
         held = shard.holding(fetched(0), fetched(1), fetched(2), fetched(3))
