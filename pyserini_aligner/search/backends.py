@@ -490,13 +490,13 @@ class Exchanged(Staged):
         if parts is None:
             proxies, lists = self.exchange.all_gather_tensor(proxy), self.exchange.all_gather_tensor(found)
         else:  # each rank receives every rank's lists of its own queries
-            size, count = max(p.stop - p.start for p in parts), parts[self.exchange.rank]
-            count = count.stop - count.start
-            proxies = [t[:count] for t in self.exchange.all_to_all_tensor(
-                [torch.nn.functional.pad(proxy[p], (0, 0, 0, size - (p.stop - p.start)), value=-torch.inf)
-                 for p in parts])]
-            lists = [t[:count] for t in self.exchange.all_to_all_tensor(
-                [torch.nn.functional.pad(found[p], (0, 0, 0, size - (p.stop - p.start)), value=-1) for p in parts])]
+            size, mine = max(p.stop - p.start for p in parts), parts[self.exchange.rank]
+
+            def own(t: Tensor, fill: float) -> list[Tensor]:
+                sent = [torch.nn.functional.pad(t[p], (0, 0, 0, size - (p.stop - p.start)), value=fill) for p in parts]
+                return [got[:mine.stop - mine.start] for got in self.exchange.all_to_all_tensor(sent)]
+
+            proxies, lists = own(proxy, -torch.inf), own(found, -1)
         _, best = best_of_parts(proxies, lists, width)
         best = best[:, :max(1, int((best >= 0).sum(1).max()) if len(best) else 1)]  # as wide as one device's
         clock("select")
