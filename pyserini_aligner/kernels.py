@@ -2,7 +2,8 @@
 
 - :func:`nearest`: the index of each vector's best centroid by inner product, without writing the [n, k] score
   matrix (the codec's assignment and its k-means).
-- :func:`probe_scores`: the search's scores of every entry of each probe's inverted lists.
+- :func:`probe_entries`: the search's scores of every entry of each probe's inverted lists.
+- :func:`decode_tokens`: refinement's token vectors decoded from their codes.
 - :func:`interaction`: the search's centroid-interaction scores.
 
 Used only where Triton and a CUDA device are present (:func:`available`); elsewhere the callers run their torch code.
@@ -186,17 +187,27 @@ def _probe_kernel():
     tl = triton.language
 
     @triton.jit
-    def kernel(lut, cval, cidx, ivf_offsets, ivf_codes, ivf_docs, live, valid, score_out, docs_out, nprobe, cap,
+    def kernel(lut, cval, cidx, ivf_offsets, ivf_codes, ivf_docs, live, valid, score_out, docs_out, nprobe, width,
                M: tl.constexpr, BLOCK: tl.constexpr):
-        cell = tl.program_id(0)  # probe r's j-th list: r · nprobe + j
-        r = cell // nprobe
+        r = tl.program_id(0)  # a probe; its entries packed list after list: e = (entries of lists < j) + i
         e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = e < cap
-        lst = tl.load(cidx + cell)
-        start = tl.load(ivf_offsets + lst)
-        length = tl.load(ivf_offsets + lst + 1) - start
-        ok = (e < length) & (tl.load(valid + r) != 0)
-        pos = start + e
+        inside = e < width
+        pos = tl.zeros([BLOCK], dtype=tl.int64)
+        base = tl.zeros([BLOCK], dtype=tl.float32)
+        found = e < 0
+        first = (r * 0).to(tl.int64)  # entries of the lists before the j-th
+        j = 0
+        while j < nprobe:  # a while loop: Triton's interpreter cannot take a tensor as range()'s bound
+            lst = tl.load(cidx + r * nprobe + j)
+            start = tl.load(ivf_offsets + lst)
+            length = tl.load(ivf_offsets + lst + 1) - start
+            here = (e >= first) & (e < first + length)
+            pos = tl.where(here, start + e - first, pos)
+            base = tl.where(here, tl.load(cval + r * nprobe + j), base)
+            found = found | here
+            first += length
+            j += 1
+        ok = found & inside & (tl.load(valid + r) != 0)
         residual = tl.load(lut + r * (M * 256) + tl.load(ivf_codes + pos * M, mask=ok, other=0).to(tl.int32),
                            mask=ok, other=0.0)
         for m in tl.static_range(1, M):  # the engine's order of additions, so its float32 sums to the bit
@@ -204,50 +215,107 @@ def _probe_kernel():
             residual = residual + tl.load(lut + r * (M * 256) + m * 256 + code, mask=ok, other=0.0)
         doc = tl.load(ivf_docs + pos, mask=ok, other=0)
         ok = ok & (tl.load(live + doc, mask=ok, other=0) != 0)
-        score = tl.load(cval + cell) + residual
-        out = cell.to(tl.int64) * cap + e
+        score = base + residual
+        out = r.to(tl.int64) * width + e
         tl.store(score_out + out, tl.where(ok, score, float("-inf")), mask=inside)
-        tl.store(docs_out + out, doc.to(tl.int64), mask=inside)
+        tl.store(docs_out + out, tl.where(ok, doc, 0), mask=inside)
 
     return kernel
 
 
-def probe_scores(lut: Tensor, cval: Tensor, cidx: Tensor, ivf_offsets: Tensor, ivf_codes: Tensor, ivf_docs: Tensor,
-                 live: Tensor, valid: Tensor, cap: int, block: int = 256) -> tuple[Tensor, Tensor]:
-    """(scores [R, P, cap] float32, shard-local docs [R, P, cap] int64) of the first ``cap`` entries of each probe's
-    P lists: centroid score ``cval[r, j]`` plus the residual's look-up-table sum, −inf past a list's end, for dead
-    documents and for probes not ``valid``. lut [R, M·256] float32, cval [R, P] float32, cidx [R, P] int64 (list
-    ids), ivf_offsets [nlist + 1] int64, ivf_codes [E, M] uint8, ivf_docs [E] int32, live [N] bool, valid [R]
-    bool."""
+def probe_entries(lut: Tensor, cval: Tensor, cidx: Tensor, ivf_offsets: Tensor, ivf_codes: Tensor, ivf_docs: Tensor,
+                  live: Tensor, valid: Tensor, width: int, block: int = 256) -> tuple[Tensor, Tensor]:
+    """(scores [R, width] float32, shard-local docs [R, width] int32) of the entries of each probe's P lists packed
+    one list after another (list order, then entry order; the first ``width`` of them): centroid score ``cval[r, j]``
+    plus the residual's look-up-table sum; −inf (doc 0) past the last entry, for dead documents and for probes not
+    ``valid``. lut [R, M·256] float32, cval [R, P] float32, cidx [R, P] int64 (list ids), ivf_offsets [nlist + 1]
+    int64, ivf_codes [E, M] uint8, ivf_docs [E] int32, live [N] bool, valid [R] bool."""
     r, nprobe = cidx.shape
-    scores = torch.empty(r, nprobe, cap, dtype=torch.float32, device=lut.device)
-    docs = torch.empty(r, nprobe, cap, dtype=torch.long, device=lut.device)
-    if r == 0 or nprobe == 0 or cap == 0:
+    scores = torch.empty(r, width, dtype=torch.float32, device=lut.device)
+    docs = torch.empty(r, width, dtype=torch.int32, device=lut.device)
+    if r == 0 or width == 0:
         return scores, docs
-    grid = (r * nprobe, (cap + block - 1) // block)
+    grid = (r, (width + block - 1) // block)
     args = (lut.contiguous(), cval.contiguous(), cidx.contiguous(), ivf_offsets, ivf_codes, ivf_docs,
-            live.view(torch.uint8), valid.to(torch.uint8).contiguous(), scores, docs, nprobe, cap)
+            live.view(torch.uint8), valid.to(torch.uint8).contiguous(), scores, docs, nprobe, width)
     with _LAUNCH:
         _probe_kernel()[grid](*args, M=ivf_codes.shape[1], BLOCK=block)
     return scores, docs
 
 
-def probe_scores_reference(lut: Tensor, cval: Tensor, cidx: Tensor, ivf_offsets: Tensor, ivf_codes: Tensor,
-                           ivf_docs: Tensor, live: Tensor, valid: Tensor, cap: int) -> tuple[Tensor, Tensor]:
-    """:func:`probe_scores`, one entry at a time in plain Python (slow; for tests; docs are 0 past a list's end)."""
+def probe_entries_reference(lut: Tensor, cval: Tensor, cidx: Tensor, ivf_offsets: Tensor, ivf_codes: Tensor,
+                            ivf_docs: Tensor, live: Tensor, valid: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """:func:`probe_entries`, one entry at a time in plain Python (slow; for tests)."""
     r, nprobe = cidx.shape
     m = ivf_codes.shape[1]
-    scores = torch.full((r, nprobe, cap), -torch.inf)
-    docs = torch.zeros((r, nprobe, cap), dtype=torch.long)
+    scores = torch.full((r, width), -torch.inf)
+    docs = torch.zeros((r, width), dtype=torch.int32)
     for i in range(r):
+        e = 0
         for j in range(nprobe):
             start, end = int(ivf_offsets[cidx[i, j]]), int(ivf_offsets[cidx[i, j] + 1])
-            for e in range(min(end - start, cap)):
-                doc = int(ivf_docs[start + e])
-                docs[i, j, e] = doc
-                residual = lut[i, int(ivf_codes[start + e, 0])]
+            for entry in range(start, end):
+                doc = int(ivf_docs[entry])
+                residual = lut[i, int(ivf_codes[entry, 0])]
                 for book in range(1, m):
-                    residual = residual + lut[i, book * 256 + int(ivf_codes[start + e, book])]
-                if bool(valid[i]) and bool(live[doc]):
-                    scores[i, j, e] = cval[i, j] + residual
+                    residual = residual + lut[i, book * 256 + int(ivf_codes[entry, book])]
+                if e < width and bool(valid[i]) and bool(live[doc]):
+                    scores[i, e], docs[i, e] = cval[i, j] + residual, doc
+                e += 1
     return scores, docs
+
+
+@lru_cache(maxsize=None)
+def _decode_kernel():
+    triton = _triton()
+    tl = triton.language
+
+    @triton.jit
+    def kernel(positions, keep, token_ids, token_codes, centroids, books, out, count, dim, sub, R: tl.constexpr,
+               BLOCK: tl.constexpr, DPAD: tl.constexpr):
+        t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        lanes = tl.arange(0, DPAD)
+        inside = t < count
+        ok = inside & (tl.load(keep + t, mask=inside, other=0) != 0)
+        pos = tl.load(positions + t, mask=ok, other=0)
+        cid = tl.load(token_ids + pos, mask=ok, other=0).to(tl.int32) & 0xFFFF
+        lane_ok = ok[:, None] & (lanes[None, :] < dim)
+        book = lanes // sub
+        code = tl.load(token_codes + pos[:, None] * R + book[None, :], mask=lane_ok, other=0).to(tl.int32)
+        residual = tl.load(books + (book[None, :] * 256 + code) * sub + (lanes - book * sub)[None, :], mask=lane_ok,
+                           other=0.0)
+        centroid = tl.load(centroids + cid[:, None].to(tl.int64) * dim + lanes[None, :], mask=lane_ok, other=0.0)
+        tl.store(out + t[:, None].to(tl.int64) * dim + lanes[None, :], tl.where(lane_ok, centroid + residual, 0.0),
+                 mask=inside[:, None] & (lanes[None, :] < dim))
+
+    return kernel
+
+
+def decode_tokens(positions: Tensor, keep: Tensor, token_ids: Tensor, token_codes: Tensor, centroids: Tensor,
+                  books: Tensor, block: int = 32) -> Tensor:
+    """Token vectors [T, d] float32 at ``positions`` [T] (int64) where ``keep`` [T] (bool), zeros elsewhere: the
+    token's centroid plus its residual codewords side by side, c + r element by element. token_ids [N] int16
+    (centroid ids stored as uint16), token_codes [N, R] uint8, centroids [nlist, d] float32, books [R, 256, d/R]
+    float32."""
+    count, dim = len(positions), centroids.shape[1]
+    out = torch.empty(count, dim, dtype=torch.float32, device=centroids.device)
+    if count == 0:
+        return out
+    r, sub = books.shape[0], books.shape[2]
+    args = (positions.contiguous(), keep.to(torch.uint8).contiguous(), token_ids, token_codes.contiguous(),
+            centroids.contiguous(), books.contiguous(), out, count, dim, sub)
+    with _LAUNCH:
+        _decode_kernel()[((count + block - 1) // block,)](*args, R=r, BLOCK=block,
+                                                          DPAD=max(16, 1 << max(dim - 1, 0).bit_length()))
+    return out
+
+
+def decode_tokens_reference(positions: Tensor, keep: Tensor, token_ids: Tensor, token_codes: Tensor,
+                            centroids: Tensor, books: Tensor) -> Tensor:
+    """:func:`decode_tokens`, one token at a time in plain torch (slow; for tests)."""
+    out = torch.zeros(len(positions), centroids.shape[1])
+    for t, pos in enumerate(positions.tolist()):
+        if bool(keep[t]):
+            residual = torch.cat([books[m, int(code)] for m, code in enumerate(token_codes[pos])])
+            out[t] = centroids[int(token_ids[pos]) & 0xFFFF] + residual
+    return out

@@ -82,6 +82,29 @@ def test_code_shard_probe_matches_numpy_loop(two_segment_index):
         assert sorted(rows[p].tolist()) == sorted(r for _, r in found[:k])
 
 
+def test_best_entries_equal_a_stable_sort_of_each_row():
+    """Each row's K best finite entries, best first, ties in position order: what sorting the whole row stably
+    from the largest gives, with many exact ties at the K-th score, rows of fewer finite entries than K and an empty
+    row."""
+    from pyserini_aligner.search.engine import best_entries
+
+    gen = np.random.default_rng(3)
+    scores = torch.from_numpy(gen.integers(0, 6, size=(7, 50)).astype(np.float32))  # small integers: ties
+    scores[torch.from_numpy(gen.random((7, 50)) < 0.3)] = -torch.inf
+    scores[2, 4:] = -torch.inf  # four entries
+    scores[5] = -torch.inf  # none
+    docs = torch.from_numpy(gen.integers(0, 1000, size=(7, 50)).astype(np.int32))
+    for width in (1, 9, 50, 60):
+        got_scores, got_docs = best_entries(scores, docs, width)
+        assert got_scores.shape == (7, width) and got_docs.dtype == torch.long
+        for row in range(7):
+            values = scores[row].numpy()
+            order = [i for i in np.argsort(-values, kind="stable") if np.isfinite(values[i])][:width]
+            want_scores = scores[row, order].tolist() + [-np.inf] * (width - len(order))
+            want_docs = docs[row, order].tolist() + [-1] * (width - len(order))
+            assert got_scores[row].tolist() == want_scores and got_docs[row].tolist() == want_docs
+
+
 def test_descending_key_orders_floats_from_largest():
     from pyserini_aligner.search.engine import descending_key
 

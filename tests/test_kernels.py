@@ -16,10 +16,12 @@ def interpreted(monkeypatch):
     kernels._interaction_kernel.cache_clear()
     kernels._nearest_kernel.cache_clear()
     kernels._probe_kernel.cache_clear()
+    kernels._decode_kernel.cache_clear()
     yield kernels
     kernels._interaction_kernel.cache_clear()
     kernels._nearest_kernel.cache_clear()
     kernels._probe_kernel.cache_clear()
+    kernels._decode_kernel.cache_clear()
 
 
 def test_interaction_kernel_matches_reference(interpreted):
@@ -63,8 +65,8 @@ def test_nearest_kernel_matches_reference(interpreted):
 
 
 def test_probe_kernel_matches_reference(interpreted):
-    """Entry scores of the probed lists equal the reference's to the bit: lists shorter and longer than the cap, an
-    empty list, a dead document and a probe that is not valid."""
+    """Entry scores of the probed lists, packed list after list, equal the reference's to the bit: an empty list, a
+    dead document, a probe that is not valid, probes with more entries than the width and with fewer."""
     kernels = interpreted
     torch.manual_seed(1)
     nlist, m, docs = 6, 4, 30
@@ -74,16 +76,57 @@ def test_probe_kernel_matches_reference(interpreted):
     ivf_docs = torch.randint(0, docs, (int(offsets[-1]),), dtype=torch.int32)
     live = torch.ones(docs, dtype=torch.bool)
     live[int(ivf_docs[0])] = False
-    lut = torch.randn(3, m * 256)
-    cval = torch.randn(3, 4)
-    cidx = torch.tensor([[2, 1, 5, 0], [5, 4, 3, 2], [0, 1, 2, 3]])
-    valid = torch.tensor([True, True, False])
-    got = kernels.probe_scores(lut, cval, cidx, offsets, codes, ivf_docs, live, valid, cap=16, block=8)
-    want = kernels.probe_scores_reference(lut, cval, cidx, offsets, codes, ivf_docs, live, valid, cap=16)
-    assert torch.equal(got[0], want[0])
-    finite = torch.isfinite(want[0])
-    assert torch.equal(got[1][finite], want[1][finite]) and int(finite.sum()) > 20
-    assert not bool(torch.isfinite(got[0][2]).any())  # the probe that is not valid finds nothing
+    lut = torch.randn(4, m * 256)
+    cval = torch.randn(4, 3)
+    cidx = torch.tensor([[2, 1, 5], [5, 4, 3], [0, 1, 2], [1, 3, 0]])  # 32, 32, 17 (not valid) and 8 entries
+    valid = torch.tensor([True, True, False, True])
+    for width in (40, 20):
+        got = kernels.probe_entries(lut, cval, cidx, offsets, codes, ivf_docs, live, valid, width, block=8)
+        want = kernels.probe_entries_reference(lut, cval, cidx, offsets, codes, ivf_docs, live, valid, width)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert int(torch.isfinite(want[0]).sum()) > 40
+        assert not bool(torch.isfinite(got[0][2]).any())  # the probe that is not valid finds nothing
+    assert torch.equal(got[0][0, :12], want[0][0, :12]) and bool(torch.isfinite(got[0][0, 12:17]).all())
+    assert not bool(torch.isfinite(got[0][3, 8:]).any())  # past the probe's last entry
+
+
+def test_decode_kernel_matches_reference(interpreted):
+    """Decoded tokens equal the reference's to the bit (centroid ids past 32,767 stored as negative int16), zeros
+    where not kept, at a width that is not a power of two."""
+    kernels = interpreted
+    torch.manual_seed(2)
+    nlist, r, sub, n = 40000, 6, 4, 50
+    centroids = torch.randn(nlist, r * sub)
+    books = torch.randn(r, 256, sub)
+    ids = torch.randint(0, nlist, (n,)).to(torch.int16)  # stored as uint16: wraps past 32,767
+    ids[0] = torch.tensor(39999).to(torch.int16)
+    codes = torch.randint(0, 256, (n, r), dtype=torch.uint8)
+    positions = torch.randint(0, n, (70,))
+    positions[0] = 0
+    keep = torch.rand(70) > 0.3
+    keep[0] = True
+    got = kernels.decode_tokens(positions, keep, ids, codes, centroids, books, block=16)
+    want = kernels.decode_tokens_reference(positions, keep, ids, codes, centroids, books)
+    assert torch.equal(got, want) and torch.equal(got[~keep], torch.zeros_like(got[~keep]))
+    assert torch.equal(got[0], centroids[39999] + books[torch.arange(r), codes[0].long()].reshape(-1))
+
+
+def test_code_shard_decodes_alike_with_and_without_the_kernel(default_index, interpreted, monkeypatch):
+    """CodeShard.decode through the kernel equals its torch operations to the bit, with and without a mask."""
+    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.search.engine import CodeShard
+
+    shard = CodeShard(StoredIndex(default_index), [0], "cpu")
+    positions = torch.randint(0, len(shard.token_ids), (4, 30), generator=torch.Generator().manual_seed(0))
+    mask = torch.rand(4, 30, generator=torch.Generator().manual_seed(1)) < 0.7
+    with_kernel = shard.decode(positions), shard.decode(positions, mask)
+    monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "0")
+    interpreted._triton.cache_clear()
+    try:
+        plain = shard.decode(positions), shard.decode(positions, mask)
+    finally:
+        interpreted._triton.cache_clear()
+    assert torch.equal(with_kernel[0], plain[0]) and torch.equal(with_kernel[1], plain[1])
 
 
 def test_engine_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch):

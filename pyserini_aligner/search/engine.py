@@ -30,7 +30,7 @@ from pyserini_aligner import kernels
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
 GPU_ELEMENTS = 1 << 28  # the same bound on a GPU: larger blocks, fewer kernel launches and host round trips a batch
-PAIR_MAX_SUB = 8  # on a GPU, token codes of sub-vectors this short or shorter decode two sub-quantisers at a time
+PAIR_MAX_SUB = 8  # on a GPU without kernels, codes of sub-vectors this short decode two sub-quantisers at a time
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> Tensor:
@@ -58,8 +58,7 @@ class CodeShard:
         self.m = self.books.shape[0]
         self.token_books = codec.token_books.float()  # [R, 256, d/R]: every token's residual code
         self.token_m = self.token_books.shape[0]
-        self.pair_tables(self.device.type == "cuda" and self.token_m % 2 == 0
-                         and self.token_books.shape[2] <= PAIR_MAX_SUB)
+        self.pair_tables(paired_decoding(self.device, self.token_books))
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -125,8 +124,7 @@ class CodeShard:
                               for name, value in vars(self).items()})
         copy.device = torch.device(device)
         copy.elements = element_bound(copy.device)
-        copy.pair_tables(copy.device.type == "cuda" and copy.token_m % 2 == 0
-                         and copy.token_books.shape[2] <= PAIR_MAX_SUB)
+        copy.pair_tables(paired_decoding(copy.device, copy.token_books))
         return copy
 
     # ------------------------------------------------------------------ step 1
@@ -149,23 +147,36 @@ class CodeShard:
         while start < len(probes):
             base = bounds[start - 1] if start else 0
             stop = max(start + 1, int(np.searchsorted(bounds, base + budget, side="right")))
+            # the part's entries padded to its most entries a probe: at most twice the budget
+            padded = np.arange(1, stop - start + 1) * np.maximum.accumulate(entries[start:stop])
+            stop = start + max(1, int((padded <= 2 * budget).sum()))
             part = slice(start, stop)
-            self._probe_part(probes[part], cval[part], cidx[part], width, out_scores[part], out_rows[part])
+            scores, docs = self._probe_entries(probes[part], cval[part], cidx[part], int(entries[part].max()))
+            out_scores[part], rows = best_entries(scores, docs, width)
+            out_rows[part] = torch.where(rows >= 0, rows + self.row_base, rows)
             start = stop
         return out_scores, out_rows
 
-    def _probe_part(self, probes: Tensor, cval: Tensor, cidx: Tensor, width: int, out_scores: Tensor,
-                    out_rows: Tensor) -> None:
-        """Score every entry of the probed lists and write each probe's ``width`` best into the outputs."""
+    def _probe_entries(self, probes: Tensor, cval: Tensor, cidx: Tensor, span: int) -> tuple[Tensor, Tensor]:
+        """(scores [r, span] float32, shard-local docs [r, span]) of every entry of each probe's lists, packed list
+        after list (:func:`pyserini_aligner.kernels.probe_entries`; −inf past a probe's entries and for dead
+        documents). probes [r, d], cval / cidx [r, P]: the probed lists' centroid scores and ids; span: the most
+        entries a probe has."""
         r, nprobe = cidx.shape
         lut = torch.einsum("rms,mks->rmk", probes.view(r, self.m, -1), self.books).reshape(r, -1)  # [r, M·256]
+        if kernels.available(self.device):
+            return kernels.probe_entries(lut, cval, cidx, self.ivf_offsets, self.ivf_codes, self.ivf_docs, self.live,
+                                         torch.ones(r, dtype=torch.bool, device=self.device), span)
+        scores = torch.full((r, span), -torch.inf, device=self.device)
+        docs = torch.zeros((r, span), dtype=torch.long, device=self.device)
         counts = self.ivf_lengths[cidx].reshape(-1)  # [r·P]
         total = int(counts.sum())
         if total == 0:
-            return
+            return scores, docs
         cell = torch.repeat_interleave(torch.arange(r * nprobe, device=self.device), counts, output_size=total)
         first = torch.cumsum(counts, 0) - counts
-        pos = self.ivf_offsets[cidx.reshape(-1)][cell] + torch.arange(total, device=self.device) - first[cell]
+        within = torch.arange(total, device=self.device) - first[cell]
+        pos = self.ivf_offsets[cidx.reshape(-1)][cell] + within
         owner = torch.div(cell, nprobe, rounding_mode="floor")
         codes = self.ivf_codes.index_select(0, pos)  # [E, M]
         base = owner * (self.m * 256)
@@ -173,15 +184,11 @@ class CodeShard:
         for m in range(1, self.m):
             residual = residual + lut.reshape(-1)[base + (m * 256 + codes[:, m].long())]
         score = cval.reshape(-1).index_select(0, cell) + residual
-        docs = self.ivf_docs.index_select(0, pos).long()
-        score = torch.where(self.live[docs], score, torch.full_like(score, -torch.inf))
-        order = torch.sort(owner * (1 << 32) + descending_key(score), stable=True).indices  # by probe, best first;
-        owner, score, docs = owner[order], score[order], docs[order]  # ties keep list order
-        per_probe = torch.bincount(owner, minlength=r)
-        rank = torch.arange(total, device=self.device) - (torch.cumsum(per_probe, 0) - per_probe)[owner]
-        keep = (rank < width) & torch.isfinite(score)
-        out_scores[owner[keep], rank[keep]] = score[keep]
-        out_rows[owner[keep], rank[keep]] = docs[keep] + self.row_base
+        doc = self.ivf_docs.index_select(0, pos).long()
+        at = torch.arange(total, device=self.device) - first[owner * nprobe]  # packed position within the probe
+        scores[owner, at] = torch.where(self.live[doc], score, torch.full_like(score, -torch.inf))
+        docs[owner, at] = doc
+        return scores, docs
 
     def documents(self, rows: Tensor, residuals: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """What another device needs to score documents this shard holds: (token counts [N], centroid ids [T],
@@ -340,6 +347,10 @@ class CodeShard:
     def decode(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
         """Decoded token vectors [..., d] (float32) at shard token ``positions`` [...]; with ``mask`` [...], only
         where it is True (zeros elsewhere: padding is not decoded)."""
+        if kernels.available(self.device):
+            keep = torch.ones_like(positions, dtype=torch.bool) if mask is None else mask
+            return kernels.decode_tokens(positions.reshape(-1), keep.reshape(-1), self.token_ids, self.token_codes,
+                                         self.centroids, self.token_books).view(*positions.shape, -1)
         if mask is not None:
             out = torch.zeros(*positions.shape, self.centroids.shape[1], dtype=self.dtype, device=self.device)
             out[mask] = self.decode(positions[mask])
@@ -352,6 +363,13 @@ class CodeShard:
         return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
 
 
+def paired_decoding(device: torch.device, token_books: Tensor) -> bool:
+    """Whether torch operations decode tokens two sub-quantisers at a time on ``device`` (a GPU without the decoding
+    kernel, sub-vectors of at most PAIR_MAX_SUB dimensions, an even count of them). token_books [R, 256, d/R]."""
+    return (device.type == "cuda" and not kernels.available(device) and token_books.shape[0] % 2 == 0
+            and token_books.shape[2] <= PAIR_MAX_SUB)
+
+
 def held_first(mine: Tensor, count: int) -> Tensor:
     """Column indices [B, count] of each row of ``mine`` [B, C] (bool) with its True columns first, in order."""
     return torch.sort((~mine).to(torch.int8), dim=1, stable=True).indices[:, :count]
@@ -360,6 +378,30 @@ def held_first(mine: Tensor, count: int) -> Tensor:
 def element_bound(device: torch.device) -> int:
     """Elements of the largest intermediate tensor a search step makes at once on ``device``."""
     return GPU_ELEMENTS if device.type == "cuda" else _MAX_ELEMENTS
+
+
+def best_entries(scores: Tensor, docs: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """(scores [R, K] float32, docs [R, K] int64; −inf / −1 past the entries found) of the K = ``width`` best finite
+    entries of each row of ``scores`` [R, W], best first, ties in position order: the first K of a stable sort of
+    each row from the largest. docs [R, W]. Only the entries at or above a row's K-th largest score are sorted."""
+    r, w = scores.shape
+    out_scores = torch.full((r, width), -torch.inf, device=scores.device)
+    out_docs = torch.full((r, width), -1, dtype=torch.long, device=scores.device)
+    if r == 0 or w == 0 or width == 0:
+        return out_scores, out_docs
+    keep = torch.isfinite(scores)
+    if w > width:
+        keep &= scores >= scores.topk(width, dim=1, sorted=False).values.amin(1, keepdim=True)
+    owner, at = keep.nonzero(as_tuple=True)  # by row, then position
+    value = scores[owner, at]
+    order = torch.sort(owner * (1 << 32) + descending_key(value), stable=True).indices
+    owner, at, value = owner[order], at[order], value[order]
+    per_row = torch.bincount(owner, minlength=r)
+    rank = torch.arange(len(owner), device=scores.device) - (torch.cumsum(per_row, 0) - per_row)[owner]
+    first = rank < width
+    out_scores[owner[first], rank[first]] = value[first]
+    out_docs[owner[first], rank[first]] = docs[owner[first], at[first]].long()
+    return out_scores, out_docs
 
 
 def descending_key(values: Tensor) -> Tensor:

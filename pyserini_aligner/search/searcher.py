@@ -352,9 +352,11 @@ class AlignerSearcher:
             scores, rows = self.engine.search(queries, self._depth(k), k, clock)
             scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
         clock("refine")
-        vectors, mask = q.cpu().numpy(), q_mask.cpu().numpy()
+        if vectors:  # read back only for callers that take them
+            host_vectors, mask = q.cpu().numpy(), q_mask.cpu().numpy()
         for j, i in enumerate(live):
-            query_vectors[i] = vectors[j][mask[j]]
+            if vectors:
+                query_vectors[i] = host_vectors[j][mask[j]]
             found = rows[j] >= 0
             hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits

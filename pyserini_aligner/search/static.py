@@ -62,8 +62,9 @@ class StaticPlan:
         cval, cidx = (probes @ shard.centroids.T).topk(self.nprobe, dim=1)
         lut = torch.einsum("rms,mks->rmk", probes.view(r, shard.m, -1), shard.books).reshape(r, -1)
         if kernels.available(probes.device):
-            score, docs = kernels.probe_scores(lut, cval, cidx, shard.ivf_offsets, shard.ivf_codes, shard.ivf_docs,
-                                               shard.live, valid, self.cap)
+            # the probe's entries packed list after list, in at most nprobe × the longest list's places
+            score, docs = kernels.probe_entries(lut, cval, cidx, shard.ivf_offsets, shard.ivf_codes, shard.ivf_docs,
+                                                shard.live, valid, self.nprobe * self.cap)
         else:
             score, docs = self._probe_torch(lut, cval, cidx, valid)
         flat = score.reshape(r, -1)
@@ -71,11 +72,12 @@ class StaticPlan:
         key = (descending_key(flat) << 31) | torch.arange(flat.shape[1], device=flat.device)
         at = key.topk(self.per_token, dim=1, largest=False).values & ((1 << 31) - 1)
         values = flat.gather(1, at)
-        rows = docs.reshape(r, -1).gather(1, at) + shard.row_base
+        rows = docs.reshape(r, -1).gather(1, at).long() + shard.row_base
         return values, torch.where(torch.isfinite(values), rows, torch.full_like(rows, -1))
 
     def _probe_torch(self, lut: Tensor, cval: Tensor, cidx: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-        """:func:`pyserini_aligner.kernels.probe_scores` in torch operations, a few probes at a time."""
+        """The scores of :func:`pyserini_aligner.kernels.probe_entries` in torch operations, a few probes at a time,
+        in ``cap`` places a list ([R, P, cap]: the same order of entries, −inf in between)."""
         shard, r = self.shard, len(cidx)
         span = torch.arange(self.cap, device=cidx.device)
         score = torch.empty(r, self.nprobe, self.cap, device=cidx.device)
