@@ -354,9 +354,9 @@ class AlignerSearcher:
         clock("refine")
         if vectors:  # read back only for callers that take them
             host_vectors, mask = q.cpu().numpy(), q_mask.cpu().numpy()
-        for j, i in enumerate(live):
-            if vectors:
+            for j, i in enumerate(live):
                 query_vectors[i] = host_vectors[j][mask[j]]
+        for j, i in enumerate(live):
             found = rows[j] >= 0
             hits[i] = list(zip(rows[j][found].tolist(), scores[j][found].tolist()))
         return query_vectors, hits
