@@ -307,6 +307,72 @@ def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_in
     failing.close()
 
 
+def test_batcher_answers_coroutines_in_batches_as_alone(default_index):
+    """Queries submitted by coroutines of one event loop are searched together and each gets its own hits; a
+    batch's error reaches every coroutine of it."""
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.serve.batching import QueryBatcher
+
+    searcher = AlignerSearcher(default_index)
+    queries = scifact_queries(10)
+    alone = [[(h.docid, h.score) for h in searcher.search(q, k=4)] for q in queries]
+    sizes = []
+
+    def search_batch(texts, k):
+        sizes.append(len(texts))
+        found = searcher.batch_search(texts, [str(i) for i in range(len(texts))], k=k)
+        return [found[str(i)] for i in range(len(texts))]
+
+    batcher = QueryBatcher(search_batch, wait_ms=200, max_batch=6)
+    failing = QueryBatcher(lambda texts, k: 1 / 0, wait_ms=50, max_batch=6)
+
+    async def run():
+        got = await asyncio.gather(*(batcher.submit_async(q, 4) for q in queries))
+        errors = await asyncio.gather(*(failing.submit_async(q, 4) for q in queries[:3]), return_exceptions=True)
+        return got, errors
+
+    got, errors = asyncio.run(run())
+    batcher.close()
+    failing.close()
+    assert sum(sizes) == len(queries) and max(sizes) == 6 and len(sizes) < len(queries)
+    for answer, expected in zip(got, alone):
+        assert_same_ranking([(h.docid, h.score) for h in answer], expected)
+    assert all(isinstance(error, ZeroDivisionError) for error in errors)
+
+
+def test_search_process_answers_as_the_searcher_and_recovers_from_a_crash(default_index, tmp_path):
+    """The server's search process gives a batch search's hits, applies settings between batches, refuses what the
+    searcher refuses with its message, and a process that died fails only the call in flight."""
+    import signal
+
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.serve.search_process import SearchProcess, SearchProcessError
+
+    queries = scifact_queries(5)
+    expected = AlignerSearcher(default_index).batch_search(queries, [str(i) for i in range(5)], k=7)
+    process = SearchProcess(default_index, "cpu", 8)
+    try:
+        assert process.info["documents"] == N_DOCS and process.info["strategy"] == "top-k:1"
+        got = process.search(queries, 7)
+        for i, answer in enumerate(got):
+            assert_same_ranking(answer, [(h.docid, h.score) for h in expected[str(i)]])
+        info = process.call("update", 32, "top-k:2")
+        assert (info["depth"], info["strategy"]) == (32, "top-k:2") and process.info is info
+        other = AlignerSearcher(default_index, strategy="top-k:2", max_candidates=32).search(queries[0], k=7)
+        assert_same_ranking(process.search(queries[:1], 7)[0], [(h.docid, h.score) for h in other])
+        with pytest.raises(ValueError, match="k must be"):
+            process.search(queries[:1], 0)
+        os.kill(process._process.pid, signal.SIGKILL)
+        with pytest.raises(SearchProcessError, match="exited"):
+            process.search(queries[:1], 7)
+        assert_same_ranking(process.search(queries[:1], 7)[0], [(h.docid, h.score) for h in expected["0"]])
+    finally:
+        process.close()
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises((ValueError, OSError)):
+        SearchProcess(tmp_path, "cpu", 8)
+
+
 def test_bench_serve_loads_the_server_and_checks_every_answer(served, tmp_path):
     from eval import bench_serve
 

@@ -74,7 +74,17 @@ def serve_rest(host: str, port: int, concurrency: int) -> None:
         anyio.to_thread.current_default_thread_limiter().total_tokens = concurrency
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
 
-    asyncio.run(serve())
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(serve())
+
+
+def event_loop_factory():
+    """uvloop's event loop where it is installed (as uvicorn picks it), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def serve_mcp(transport: str, host: str, port: int, concurrency: int) -> None:

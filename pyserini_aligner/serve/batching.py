@@ -1,11 +1,15 @@
 """Gather concurrent single-query searches into batches for one worker thread.
 
-Each caller's thread (a worker thread of the web server) submits its query and waits on a future; the batcher's own
-thread takes the first query waiting, gathers those that arrive within ``wait_ms`` (at most ``max_batch``), runs
-them as one batch per hit count and hands every caller its own hits. The event loop only ever awaits.
+A caller submits its query and waits on a future: a thread (a worker thread of the web server) on a
+``concurrent.futures.Future``, a coroutine on an asyncio future of its event loop. The batcher's own thread takes the
+first query waiting, gathers those that arrive within ``wait_ms`` (at most ``max_batch``), runs them as one batch per
+hit count and hands every caller its own hits: the asyncio futures of one loop are all settled by one callback on that
+loop, so a batch wakes the loop once rather than once per query (each wake-up makes the batcher's thread wait for the
+interpreter lock while the loop works). The event loop only ever awaits.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import queue
 import threading
@@ -20,7 +24,18 @@ SearchBatch = Callable[[list[str], int], Sequence[list]]  # (queries, k) -> hits
 class _Pending:
     query: str
     k: int
-    future: Future
+    future: Future | asyncio.Future
+    loop: asyncio.AbstractEventLoop | None = None  # the loop of an asyncio future
+
+
+def _settle(settled: list[tuple[asyncio.Future, list | None, BaseException | None]]) -> None:
+    """Set asyncio futures on their loop: (future, hits, error) each; futures cancelled meanwhile are skipped."""
+    for future, hits, error in settled:
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(hits)
 
 
 class QueryBatcher:
@@ -44,6 +59,13 @@ class QueryBatcher:
         """A future of the hits of ``query`` (top ``k``)."""
         future: Future = Future()
         self._queue.put(_Pending(query, k, future))
+        return future
+
+    def submit_async(self, query: str, k: int) -> asyncio.Future:
+        """An asyncio future (of the running event loop) of the hits of ``query`` (top ``k``)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Pending(query, k, future, loop))
         return future
 
     def search(self, query: str, k: int) -> list:
@@ -82,15 +104,31 @@ class QueryBatcher:
             batch, stop = self._gather(first)
             by_k: dict[int, list[_Pending]] = {}
             for item in batch:
-                if item.future.set_running_or_notify_cancel():
+                if item.loop is not None or item.future.set_running_or_notify_cancel():
                     by_k.setdefault(item.k, []).append(item)
             for k, items in by_k.items():
                 try:
                     found = self.search_batch([item.query for item in items], k)
                 except BaseException as error:  # noqa: BLE001 - handed to every caller of the batch
-                    for item in items:
-                        item.future.set_exception(error)
+                    self._answer(items, [None] * len(items), error)
                     continue
                 self.batches, self.queries = self.batches + 1, self.queries + len(items)
-                for item, hits in zip(items, found):
-                    item.future.set_result(hits)
+                self._answer(items, list(found), None)
+
+    @staticmethod
+    def _answer(items: list[_Pending], found: list, error: BaseException | None) -> None:
+        """Every caller its hits (or the batch's error): threads' futures here, asyncio futures by one callback on
+        each loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for item, hits in zip(items, found):
+            if item.loop is not None:
+                by_loop.setdefault(item.loop, []).append((item.future, hits, error))
+            elif error is not None:
+                item.future.set_exception(error)
+            else:
+                item.future.set_result(hits)
+        for loop, settled in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, settled)
+            except RuntimeError:  # the loop closed: its callers are gone
+                pass

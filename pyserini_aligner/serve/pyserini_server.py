@@ -5,8 +5,9 @@
   Pyserini's reach the controller;
 - ``search_controller``: ``SearchController`` serves the indexes of :mod:`.served` (others go to Pyserini's own
   code; an unknown name is a 404), and the default prebuilt index is not loaded when AligneR indexes are registered;
-- ``rest.routes.indexes``: the routes (their bodies call the controller synchronously) run in FastAPI's worker
-  threads, so that the event loop never waits for a search and concurrent searches can be batched;
+- ``rest.routes.indexes``: the routes' controller calls (synchronous in Pyserini's code) are awaited: a search of a
+  served AligneR index waits for its batch on the event loop without holding a thread, every other call runs in one
+  of FastAPI's worker threads, so the event loop never waits for a search and concurrent searches are batched;
 - ``rest.app``: a refused request gets its 4xx with a one-line message, an internal error a 500 without traceback;
 - ``pyserini.encode.optional._uniir`` imports without its optional package (M-BEIR encoders), as the server needs.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextvars
+import gc
 import logging
 import sys
 from types import ModuleType
@@ -30,6 +32,7 @@ UNIIR_PACKAGE = "uniir_for_pyserini"
 LISTED: dict[str, dict] = {}  # served name -> description: Pyserini's INDEX_TYPE["aligner"]
 POSTED_SETTINGS: contextvars.ContextVar[dict] = contextvars.ContextVar("posted_settings", default={})
 _REGISTRY: list = []
+CONTROLLER_CALL = "_aligner_controller_call"  # the name routes call controller_call by
 
 
 def registry():
@@ -39,6 +42,13 @@ def registry():
 
         _REGISTRY.append(Registry(serve_config.current(), LISTED))
     return _REGISTRY[0]
+
+
+def freeze_heap() -> None:
+    """Leave every object alive now (the imports, the opened indexes) out of later garbage collections: under load a
+    full collection over them stopped every thread of the server for a few hundred ms."""
+    gc.collect()
+    gc.freeze()
 
 
 def _exec_transformed(name: str, inner, module: ModuleType, transform) -> None:
@@ -57,14 +67,46 @@ def _without_default_index(tree: ast.Module) -> None:
         and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "initialize_default_index")]
 
 
-def _sync_endpoints(tree: ast.Module) -> None:
-    """Module-level ``async def`` functions that await nothing become plain functions (FastAPI then runs them in
-    its worker threads)."""
-    for position, node in enumerate(tree.body):
+class _ControllerCalls(ast.NodeTransformer):
+    """``get_controller().NAME(args)`` becomes ``await _aligner_controller_call("NAME", get_controller(), args)``."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        target = node.func
+        if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Call)
+                and isinstance(target.value.func, ast.Name) and target.value.func.id == "get_controller"):
+            call = ast.Call(func=ast.Name(CONTROLLER_CALL, ast.Load()),
+                            args=[ast.Constant(target.attr), target.value, *node.args], keywords=node.keywords)
+            return ast.copy_location(ast.Await(ast.copy_location(call, node)), node)
+        return node
+
+
+def _awaited_controller_calls(tree: ast.Module) -> None:
+    """In module-level ``async def`` routes that await nothing, every controller call is awaited through
+    :func:`controller_call`, so that no route blocks the event loop."""
+    for node in tree.body:
         if isinstance(node, ast.AsyncFunctionDef) and not any(
                 isinstance(inside, (ast.Await, ast.AsyncFor, ast.AsyncWith)) for inside in ast.walk(node)):
-            tree.body[position] = ast.copy_location(
-                ast.FunctionDef(**{field: getattr(node, field) for field in node._fields}), node)
+            _ControllerCalls().visit(node)
+    ast.fix_missing_locations(tree)
+
+
+async def controller_call(method: str, controller, *args: Any, **kwargs: Any) -> Any:
+    """A REST route's call of ``SearchController.<method>``: the search of a served AligneR index awaits its batch
+    on the event loop (no thread waits for it); every other call runs in one of FastAPI's worker threads."""
+    if method == "search":
+        served = registry().opened(args[1] if len(args) > 1 else kwargs.get("index_name"))
+        if served is not None and hasattr(served, "search_async"):
+            query, k, qid = _search_arguments(*args, **kwargs)
+            return await served.search_async(query, k, qid)
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(getattr(controller, method), *args, **kwargs)
+
+
+def _search_arguments(query, index_name, k=10, qid="", *rest, **options) -> tuple[Any, Any, str]:
+    """(query, k, qid) of a call of ``SearchController.search``."""
+    return query, options.get("k", k), options.get("qid", qid)
 
 
 def _exec_uniir(inner, module: ModuleType) -> None:
@@ -97,7 +139,8 @@ def exec_server_module(name: str, inner, module: ModuleType) -> None:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
     elif name == "pyserini.server.rest.routes.indexes":
-        _exec_transformed(name, inner, module, _sync_endpoints)
+        module.__dict__[CONTROLLER_CALL] = controller_call
+        _exec_transformed(name, inner, module, _awaited_controller_calls)
     else:
         inner.exec_module(module)
         if name == "pyserini.server.models":
@@ -136,6 +179,7 @@ def patch_controller(module: ModuleType) -> None:
     original = {method: getattr(cls, method) for method in (
         "_add_index", "search", "get_document", "get_status", "update_settings", "get_settings", "eval_hits")}
     registry()  # open the registered indexes before the server listens
+    freeze_heap()
 
     def known(name: str) -> bool:
         return any(name in info for info in prebuilt) or ("shard" in name and "msmarco" in name)

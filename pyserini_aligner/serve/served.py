@@ -3,18 +3,18 @@ the Lucene BM25 index registered with one (``NAME.bm25``, also the source of its
 (``NAME.hybrid``, Pyserini's HybridSearcher fusion). Each answers in the shapes of Pyserini's SearchController."""
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyserini_aligner.serve.batching import QueryBatcher
 from pyserini_aligner.serve.config import (BM25_SUFFIX, HYBRID_SUFFIX, NotFound, RequestError, ServeConfig,
                                            UnknownIndex)
+from pyserini_aligner.serve.search_process import SearchProcess
 
 log = logging.getLogger(__name__)
 DEFAULT_FUSION_HITS = 100  # hits taken from each side of a hybrid before fusion (Pyserini's fusion --hits)
@@ -125,58 +125,71 @@ class ServedIndex:
         return {"downloaded": True, "type": self.kind, **self.settings()}
 
 
+class Hit(NamedTuple):
+    """One hit of a served AligneR index (what Pyserini's fusion and the candidate records read)."""
+
+    docid: str
+    score: float
+
+
 class ServedAligner(ServedIndex):
-    """An AligneR index: searches batched by a :class:`QueryBatcher`, reloaded when its manifest's generation
-    changes (polled every ``config.reload_s`` seconds); settings ``strategy`` (alignment) and ``depth`` (documents
-    refined per query)."""
+    """An AligneR index, searched in a process of its own (:class:`.search_process.SearchProcess`) in batches
+    gathered by a :class:`QueryBatcher`; reopened when its manifest's generation changes (polled every
+    ``config.reload_s`` seconds); settings ``strategy`` (alignment) and ``depth`` (documents refined per query)."""
 
     kind = "aligner"
     settings_keys = ("strategy", "depth")
 
     def __init__(self, name: str, path: str, config: ServeConfig, docs: LuceneDocs | None = None,
                  qrels: str | None = None):
-        from pyserini_aligner.search.searcher import AlignerSearcher
-
         super().__init__(name, config, docs)
         self.path, self.qrels, self.aligner = Path(path), qrels, self
-        self.searcher = AlignerSearcher(path, device=config.device, batch_size=config.max_batch)
+        self.process = SearchProcess(path, config.device, config.max_batch)
         self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name)
         if config.reload_s > 0:
             threading.Thread(target=self._watch, name=f"aligner-reload-{name}", daemon=True).start()
 
     @property
     def size(self) -> int:
-        return self.searcher.num_docs
+        return self.process.info["documents"]
 
-    def _search_batch(self, queries: list[str], k: int) -> list[list]:
-        """Hits per query of one batch, on the batcher's thread (made current on the searcher's CUDA device)."""
-        import torch
-
-        ids = [str(i) for i in range(len(queries))]
-        device = torch.device(self.searcher.device)
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            found = self.searcher.batch_search(queries, ids, k=k)
-        return [found[i] for i in ids]
+    def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Hits per query of one batch (on the batcher's thread, searched by the index's process)."""
+        return [[Hit(docid, score) for docid, score in found] for found in self.process.search(queries, k)]
 
     def hits(self, text: str, k: int) -> list:
         return self.batcher.search(text, k)
+
+    async def search_async(self, query: Any, k: Any, qid: str = "") -> dict[str, Any]:
+        """:meth:`search` for an event loop: awaits the batch without holding a thread (the document texts, read from
+        Lucene, are fetched in a worker thread)."""
+        text = query_text(query, self.config.max_query_chars)
+        found = await self.batcher.submit_async(text, check_hits(k, self.size, self.name))
+        answer = {"query": {"qid": qid, "query_txt": text}}
+        if self.docs is None:
+            return {**answer, "candidates": candidates(self, found)}
+        from starlette.concurrency import run_in_threadpool
+
+        return {**answer, "candidates": await run_in_threadpool(candidates, self, found)}
 
     def _watch(self) -> None:
         from pyserini_aligner.index.store import read_manifest
 
         while True:
             time.sleep(self.config.reload_s)
+            served = self.process.info["generation"]
             try:
-                if read_manifest(self.path).generation != self.searcher.manifest.generation:
-                    self.searcher.reopen()
-                    log.info("index %s: serving generation %d (%d documents)", self.name,
-                             self.searcher.manifest.generation, self.searcher.num_docs)
+                if read_manifest(self.path).generation != served:
+                    info = self.process.call("reopen")
+                    log.info("index %s: serving generation %d (%d documents)", self.name, info["generation"],
+                             info["documents"])
             except Exception as error:  # noqa: BLE001 - keep serving the generation open
-                log.warning("index %s: keeps serving generation %d; reading %s failed: %s", self.name,
-                            self.searcher.manifest.generation, self.path, error)
+                log.warning("index %s: keeps serving generation %d; reading %s failed: %s", self.name, served,
+                            self.path, error)
 
     def settings(self) -> dict[str, Any]:
-        return {"strategy": str(self.searcher.strategy), "depth": self.searcher.max_candidates}
+        info = self.process.info
+        return {"strategy": info["strategy"], "depth": info["depth"]}
 
     def update(self, values: dict[str, Any]) -> None:
         from pyserini_aligner.alignment import parse_strategy
@@ -188,27 +201,18 @@ class ServedAligner(ServedIndex):
         strategy = None
         if "strategy" in values:
             try:
-                strategy = parse_strategy(values["strategy"])
+                strategy = str(parse_strategy(values["strategy"]))
             except ValueError as error:
                 raise RequestError(f"unknown strategy: {error}") from None
-        searcher = self.searcher
-        with searcher._lock:  # between batches: a batch runs on one setting
-            if depth is not None:
-                searcher.max_candidates = depth
-            if strategy is not None and strategy != searcher.strategy:
-                searcher._strategy_arg = str(strategy)
-                searcher._load(searcher.store, None)  # the engines (and a captured GPU plan) on the new strategy
+        self.process.call("update", depth, strategy)  # between batches: a batch runs on one setting
 
     def status(self) -> dict[str, Any]:
-        manifest = self.searcher.manifest
-        size = sum(record["bytes"] for info in manifest.segments for record in info.files.values())
-        size += sum(record["bytes"] for record in manifest.codec_files.values())
-        return {**super().status(), "size_bytes": str(size), "path": str(self.path),
-                "generation": manifest.generation, "documents": manifest.num_docs,
-                "segments": len(manifest.segments), "codec": manifest.codec, "model": manifest.model_name,
-                "device": self.searcher.device, "batch_wait_ms": self.config.batch_wait_ms,
-                "max_batch": self.config.max_batch, "batches": self.batcher.batches,
-                "batched_queries": self.batcher.queries}
+        info = self.process.info
+        return {**super().status(), "size_bytes": str(info["size_bytes"]), "path": str(self.path),
+                "generation": info["generation"], "documents": info["documents"], "segments": info["segments"],
+                "codec": info["codec"], "model": info["model"], "device": info["device"],
+                "batch_wait_ms": self.config.batch_wait_ms, "max_batch": self.config.max_batch,
+                "batches": self.batcher.batches, "batched_queries": self.batcher.queries}
 
     def evaluate(self, metric: str, query_id: str, hits: dict[str, float], cutoff: int, args: list[str]) -> float:
         """Pyserini's trec_eval ``args`` (from its EVAL_METRICS) of ``hits`` against the registered qrels."""
@@ -345,6 +349,10 @@ class Registry:
             if name not in self._served:
                 self._add(ServedAligner(name, name, self.config), f"AligneR index {name}")
         return self._served[name]
+
+    def opened(self, name: Any) -> ServedIndex | None:
+        """The served index ``name`` if it is open already (never opens one)."""
+        return self._served.get(name) if isinstance(name, str) else None
 
     def require(self, name: str) -> ServedIndex:
         served = self.get(name)
