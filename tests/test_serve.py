@@ -271,13 +271,8 @@ def test_mcp_tools_serve_the_index(served):
     assert "unknown index 'nope'" in str(unknown) and "query is empty" in str(empty)
 
 
-def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_index):
-    from pyserini_aligner.search import AlignerSearcher
-    from pyserini_aligner.serve.batching import QueryBatcher
-
-    searcher = AlignerSearcher(default_index)
-    queries = scifact_queries(12)
-    alone = [searcher.search(q, k=5) for q in queries]
+def recording_batch_search(searcher):
+    """A QueryBatcher's search function over ``searcher`` that records each batch's size, and the list it records in."""
     sizes = []
 
     def search_batch(texts, k):
@@ -285,6 +280,17 @@ def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_in
         found = searcher.batch_search(texts, [str(i) for i in range(len(texts))], k=k)
         return [found[str(i)] for i in range(len(texts))]
 
+    return search_batch, sizes
+
+
+def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_index):
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.serve.batching import QueryBatcher
+
+    searcher = AlignerSearcher(default_index)
+    queries = scifact_queries(12)
+    alone = [searcher.search(q, k=5) for q in queries]
+    search_batch, sizes = recording_batch_search(searcher)
     batcher = QueryBatcher(search_batch, wait_ms=200, max_batch=8)
     start = threading.Barrier(len(queries))
 
@@ -316,13 +322,7 @@ def test_batcher_answers_coroutines_in_batches_as_alone(default_index):
     searcher = AlignerSearcher(default_index)
     queries = scifact_queries(10)
     alone = [[(h.docid, h.score) for h in searcher.search(q, k=4)] for q in queries]
-    sizes = []
-
-    def search_batch(texts, k):
-        sizes.append(len(texts))
-        found = searcher.batch_search(texts, [str(i) for i in range(len(texts))], k=k)
-        return [found[str(i)] for i in range(len(texts))]
-
+    search_batch, sizes = recording_batch_search(searcher)
     batcher = QueryBatcher(search_batch, wait_ms=200, max_batch=6)
     failing = QueryBatcher(lambda texts, k: 1 / 0, wait_ms=50, max_batch=6)
 
