@@ -44,6 +44,16 @@ def timed_passes(searcher, texts: list[str], passes: int, synchronize) -> dict:
     return {"wall_ms": round(statistics.median(walls) * 1000, 2), **steps}
 
 
+def batch_texts(beir_zip: Path, size: int, batch: int) -> list[str]:
+    """``batch`` query texts: the judged queries of the synthetic corpus of ``size`` passages grown from
+    ``beir_zip``, repeated as often as needed."""
+    from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip
+    from eval.bench_scale.run import judged_queries
+
+    texts = list(judged_queries(SyntheticCorpus(read_beir_zip(beir_zip)), size, None).values())
+    return (texts * (batch // max(len(texts), 1) + 1))[:batch]
+
+
 def _synchronizer(device: str):
     import torch
 
@@ -137,12 +147,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.quiet)
-    from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip
     from eval.bench_scale.report import write_report
-    from eval.bench_scale.run import judged_queries
 
-    texts = list(judged_queries(SyntheticCorpus(read_beir_zip(args.beir_zip)), args.size, None).values())
-    texts = (texts * (args.batch // max(len(texts), 1) + 1))[:args.batch]
+    texts = batch_texts(args.beir_zip, args.size, args.batch)
     report = {"index": str(args.index), "size": args.size, "queries": len(texts), "passes": args.passes,
               **measure(args.index, texts, list(args.devices), args.passes)}
     args.output.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,149 @@
+"""What a batch costs beyond its queries: batches of several sizes searched on one device, and for each the wall time
+of every search step (as search_steps) and, from one profiled pass, what the host did in the step: kernel launches,
+waits for the device (stream and event synchronisations, which copies to the host cause) and copies, and how long
+the device was busy with kernels. A step whose wall grows less than its batch, with many waits and an idle device,
+has fixed costs that a bigger batch or fewer host round trips would remove.
+
+    python -m eval.experiments.batch_cost --index DIR --beir-zip scifact.zip --size 1m --device cuda
+        --batches 75,150,300 --output DIR [--passes 3]
+
+The queries are those of ``eval.experiments.search_steps`` (the judged queries of the synthetic corpus of ``--size``
+passages grown from ``--beir-zip``). Times are in ms a pass: the wall is the median of ``--passes`` timed passes after
+two untimed ones, steps their mean; the profiled pass comes after them (the profiler slows the host a little).
+Writes batch_cost.json and batch_cost.md under ``--output``.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import sys
+from pathlib import Path
+
+from eval.cli import configure_logging, corpus_size, positive_int
+from eval.experiments.search_steps import STEPS, _synchronizer, batch_texts, timed_passes
+
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize")  # the clock's own cudaDeviceSynchronize is not counted
+COPIES = ("cudaMemcpyAsync", "cudaMemcpy")
+COUNTED = {**{name: "launches" for name in LAUNCHES}, **{name: "waits" for name in WAITS},
+           **{name: "copies" for name in COPIES}}
+
+
+def step_of(start_us: float, ends: list[tuple[float, str]]) -> str | None:
+    """The step an event starting at ``start_us`` belongs to: the first whose end marker comes at or after it
+    (``ends``: (marker start µs, step), sorted); None after the last."""
+    position = bisect.bisect_left(ends, (start_us, ""))
+    return ends[position][1] if position < len(ends) else None
+
+
+def attribute(events: list[tuple[str, bool, float, float]], ends: list[tuple[float, str]]) -> dict[str, dict]:
+    """Per step: counts of launches, waits and copies and the device's busy ms, from profiler ``events`` given as
+    (name, on the device, start µs, duration µs), the step end markers ``ends`` as in :func:`step_of`."""
+    steps = {step: {"launches": 0, "waits": 0, "copies": 0, "busy_ms": 0.0} for _, step in ends}
+    for name, on_device, start, duration in events:
+        step = step_of(start, ends)
+        if step is None:
+            continue
+        if on_device:
+            steps[step]["busy_ms"] += duration / 1000.0
+        elif name in COUNTED:
+            steps[step][COUNTED[name]] += 1
+    for row in steps.values():
+        row["busy_ms"] = round(row["busy_ms"], 2)
+    return steps
+
+
+def profiled_pass(searcher, texts: list[str], device: str) -> dict[str, dict]:
+    """One profiled search of ``texts`` as one batch: :func:`attribute` of its events."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from pyserini_aligner.search.searcher import STEP_END
+
+    cuda = device.startswith("cuda")
+    synchronize = _synchronizer(device)
+    searcher.timings = {}
+    synchronize()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as profiler:
+        searcher._search_texts(texts, 10, None, False)
+        synchronize()
+    searcher.timings = None
+    events, ends = [], []
+    for event in profiler.events():
+        start, duration = event.time_range.start, event.time_range.elapsed_us()
+        if event.name.startswith(STEP_END):
+            ends.append((start, event.name[len(STEP_END):]))
+        else:
+            events.append((event.name, event.device_type == DeviceType.CUDA, start, duration))
+    return attribute(events, sorted(ends))
+
+
+def measure(index: Path, texts: list[str], device: str, batches: list[int], passes: int) -> list[dict]:
+    """One row a batch size: {"batch", "wall_ms", step: ms, "profile": {step: counts and busy ms}}."""
+    from pyserini_aligner.search import AlignerSearcher
+
+    searcher = AlignerSearcher(str(index), device=device, backend="torch", batch_size=max(batches))
+    rows = []
+    for batch in batches:
+        part = texts[:batch]
+        rows.append({"batch": batch, **timed_passes(searcher, part, passes, _synchronizer(device)),
+                     "profile": profiled_pass(searcher, part, device)})
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Batch cost on {report['device']}, k=10, {report['size']} passages; ms a pass (wall: median of "
+             f"{report['passes']} passes, steps: mean), then one profiled pass: kernel launches, host waits for the "
+             "device, copies, and the device's busy ms (kernels) in each step.", "",
+             "| batch | step | ms | ms a query | launches | waits | copies | device busy ms |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        batch = row["batch"]
+        lines.append(f"| {batch} | wall | {row['wall_ms']} | {round(row['wall_ms'] / batch, 3)} | | | | |")
+        for step in STEPS:
+            if step in row:
+                counts = row["profile"].get(step, {})
+                lines.append(f"| {batch} | {step} | {row[step]} | {round(row[step] / batch, 3)} | "
+                             f"{counts.get('launches', '')} | {counts.get('waits', '')} | {counts.get('copies', '')} | "
+                             f"{counts.get('busy_ms', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.batch_cost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", type=Path, required=True, help="the index to search")
+    parser.add_argument("--beir-zip", type=Path, required=True, help="the BEIR zip its synthetic passages grew from")
+    parser.add_argument("--size", type=corpus_size, required=True, help="the passages it holds, e.g. 1m")
+    parser.add_argument("--device", default="cuda", help="the device searched (cpu or cuda[:N])")
+    parser.add_argument("--batches", default="75,150,300", help="comma-separated batch sizes")
+    parser.add_argument("--output", type=Path, required=True, help="folder for batch_cost.json and .md")
+    parser.add_argument("--passes", type=positive_int, default=3, help="timed passes a batch size")
+    parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    args = parser.parse_args(argv)
+    try:
+        args.batch_sizes = [int(part) for part in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        parser.error("--batches: every batch size must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.quiet)
+    from eval.bench_scale.report import write_report
+
+    texts = batch_texts(args.beir_zip, args.size, max(args.batch_sizes))
+    report = {"index": str(args.index), "size": args.size, "device": args.device, "passes": args.passes,
+              "rows": measure(args.index, texts, args.device, args.batch_sizes, args.passes)}
+    args.output.mkdir(parents=True, exist_ok=True)
+    table = markdown(report)
+    write_report(args.output, "batch_cost", report, table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

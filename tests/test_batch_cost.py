@@ -1,0 +1,41 @@
+"""The batch-cost study: events attributed to the step whose end marker follows them, and a real CPU run over a
+two-segment index."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eval.experiments import batch_cost
+
+SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"
+
+
+def test_events_count_toward_the_step_whose_end_follows_them():
+    ends = [(10.0, "encode"), (20.0, "probe"), (35.0, "refine")]
+    events = [("cudaLaunchKernel", False, 1.0, 2.0), ("cuLaunchKernel", False, 12.0, 1.0),
+              ("cudaStreamSynchronize", False, 13.0, 4.0), ("cudaMemcpyAsync", False, 20.0, 1.0),
+              ("kernel_a", True, 14.0, 1500.0), ("kernel_b", True, 21.0, 250.0), ("aten::mm", False, 22.0, 3.0),
+              ("cudaDeviceSynchronize", False, 30.0, 5.0), ("cudaLaunchKernel", False, 36.0, 1.0)]
+    steps = batch_cost.attribute(events, ends)
+    assert steps == {"encode": {"launches": 1, "waits": 0, "copies": 0, "busy_ms": 0.0},
+                     "probe": {"launches": 1, "waits": 1, "copies": 1, "busy_ms": 1.5},
+                     "refine": {"launches": 0, "waits": 0, "copies": 0, "busy_ms": 0.25}}
+    assert batch_cost.step_of(10.0, ends) == "encode" and batch_cost.step_of(35.5, ends) is None
+
+
+def test_batch_cost_profiles_each_batch_size_on_cpu(two_segment_index, tmp_path):
+    out = tmp_path / "out"
+    assert batch_cost.main(["--index", str(two_segment_index), "--beir-zip", str(SCIFACT), "--size", "10k",
+                            "--device", "cpu", "--batches", "2,4", "--output", str(out), "--passes", "1",
+                            "--quiet"]) == 0
+    report = json.loads((out / "batch_cost.json").read_text())
+    assert [row["batch"] for row in report["rows"]] == [2, 4]
+    for row in report["rows"]:
+        assert row["wall_ms"] > 0 and {"encode", "probe", "refine"} <= set(row["profile"])
+        assert all(counts["launches"] == 0 and counts["busy_ms"] == 0 for counts in row["profile"].values())
+    assert "| 4 | refine |" in (out / "batch_cost.md").read_text()
+    with pytest.raises(SystemExit) as refused:
+        batch_cost.parse_args(["--index", "x", "--beir-zip", "y", "--size", "1k", "--batches", "3,0",
+                               "--output", str(out)])
+    assert refused.value.code == 2
