@@ -7,7 +7,7 @@ from typing import Callable
 
 from pyserini_aligner.cli import configure_logging, positive_int
 
-__all__ = ["configure_logging", "corpus_size", "positive_int", "run_report"]
+__all__ = ["configure_logging", "corpus_size", "positive_int", "positive_ints", "run_report"]
 
 
 def corpus_size(text: str) -> int:
@@ -18,6 +18,17 @@ def corpus_size(text: str) -> int:
         return parse_size(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse type: comma-separated integers, each at least 1, such as 75,150,300."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every number must be >= 1, got {text!r}")
+    return values
 
 
 def run_report(run: Callable[[], object], report: Path) -> int:

@@ -19,8 +19,9 @@ import bisect
 import sys
 from pathlib import Path
 
-from eval.cli import configure_logging, corpus_size, positive_int
-from eval.experiments.search_steps import STEPS, _synchronizer, batch_texts, timed_passes
+from eval.cli import configure_logging, positive_ints
+from eval.experiments.search_steps import (STEPS, batch_texts, study_parser, synchronizer, timed_passes,
+                                           write_study)
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize")  # the clock's own cudaDeviceSynchronize is not counted
@@ -61,7 +62,7 @@ def profiled_pass(searcher, texts: list[str], device: str) -> dict[str, dict]:
     from pyserini_aligner.search.searcher import STEP_END
 
     cuda = device.startswith("cuda")
-    synchronize = _synchronizer(device)
+    synchronize = synchronizer(device)
     searcher.timings = {}
     synchronize()
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as profiler:
@@ -86,7 +87,7 @@ def measure(index: Path, texts: list[str], device: str, batches: list[int], pass
     rows = []
     for batch in batches:
         part = texts[:batch]
-        rows.append({"batch": batch, **timed_passes(searcher, part, passes, _synchronizer(device)),
+        rows.append({"batch": batch, **timed_passes(searcher, part, passes, synchronizer(device)),
                      "profile": profiled_pass(searcher, part, device)})
     return rows
 
@@ -110,38 +111,20 @@ def markdown(report: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m eval.experiments.batch_cost", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", type=Path, required=True, help="the index to search")
-    parser.add_argument("--beir-zip", type=Path, required=True, help="the BEIR zip its synthetic passages grew from")
-    parser.add_argument("--size", type=corpus_size, required=True, help="the passages it holds, e.g. 1m")
+    parser = study_parser("batch_cost", __doc__, "the index to search")
     parser.add_argument("--device", default="cuda", help="the device searched (cpu or cuda[:N])")
-    parser.add_argument("--batches", default="75,150,300", help="comma-separated batch sizes")
-    parser.add_argument("--output", type=Path, required=True, help="folder for batch_cost.json and .md")
-    parser.add_argument("--passes", type=positive_int, default=3, help="timed passes a batch size")
-    parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
-    args = parser.parse_args(argv)
-    try:
-        args.batch_sizes = [int(part) for part in args.batches.split(",")]
-    except ValueError:
-        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
-    if not args.batch_sizes or min(args.batch_sizes) < 1:
-        parser.error("--batches: every batch size must be >= 1")
-    return args
+    parser.add_argument("--batches", type=positive_ints, default=[75, 150, 300],
+                        help="comma-separated batch sizes (default 75,150,300)")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.quiet)
-    from eval.bench_scale.report import write_report
-
-    texts = batch_texts(args.beir_zip, args.size, max(args.batch_sizes))
+    texts = batch_texts(args.beir_zip, args.size, max(args.batches))
     report = {"index": str(args.index), "size": args.size, "device": args.device, "passes": args.passes,
-              "rows": measure(args.index, texts, args.device, args.batch_sizes, args.passes)}
-    args.output.mkdir(parents=True, exist_ok=True)
-    table = markdown(report)
-    write_report(args.output, "batch_cost", report, table)
-    print(table)
+              "rows": measure(args.index, texts, args.device, args.batches, args.passes)}
+    write_study(args.output, "batch_cost", report, markdown(report))
     return 0
 
 

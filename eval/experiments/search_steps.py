@@ -54,7 +54,8 @@ def batch_texts(beir_zip: Path, size: int, batch: int) -> list[str]:
     return (texts * (batch // max(len(texts), 1) + 1))[:batch]
 
 
-def _synchronizer(device: str):
+def synchronizer(device: str):
+    """A function that waits for ``device`` to finish its work (nothing on a CPU)."""
     import torch
 
     return (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
@@ -79,7 +80,7 @@ def _rank(rank: int, devices: list[str], index: str, texts: list[str], passes: i
                                    exchange=Collectives(DistContext(rank, len(devices), rank)), batch_size=len(texts))
         row = {"rank": rank, "device": device, "rows_held": searcher.engine.local.shard.num_rows
                if getattr(searcher.engine, "local", None) is not None else 0,
-               **timed_passes(searcher, texts, passes, _synchronizer(device))}
+               **timed_passes(searcher, texts, passes, synchronizer(device))}
         dist.barrier()
         dist.destroy_process_group()
         results.put(row)
@@ -95,7 +96,7 @@ def measure(index: Path, texts: list[str], devices: list[str], passes: int) -> d
     from pyserini_aligner.search import AlignerSearcher
 
     one = AlignerSearcher(str(index), device=devices[0], backend="torch", batch_size=len(texts))
-    report = {"one": {"device": devices[0], **timed_passes(one, texts, passes, _synchronizer(devices[0]))}}
+    report = {"one": {"device": devices[0], **timed_passes(one, texts, passes, synchronizer(devices[0]))}}
     del one
     release_memory(devices[0])
     context = mp.get_context("spawn")
@@ -127,17 +128,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m eval.experiments.search_steps", description=__doc__,
+def study_parser(name: str, doc: str, index_help: str) -> argparse.ArgumentParser:
+    """The flags of a search study over an index of synthetic passages: --index, --beir-zip, --size, --output
+    (for NAME.json and NAME.md), --passes and --quiet."""
+    parser = argparse.ArgumentParser(prog=f"python -m eval.experiments.{name}", description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", type=Path, required=True, help="an index of several segments")
+    parser.add_argument("--index", type=Path, required=True, help=index_help)
     parser.add_argument("--beir-zip", type=Path, required=True, help="the BEIR zip its synthetic passages grew from")
     parser.add_argument("--size", type=corpus_size, required=True, help="the passages it holds, e.g. 8.8m")
-    parser.add_argument("--devices", nargs="+", required=True, help="one device a shard rank (the first: one device)")
-    parser.add_argument("--output", type=Path, required=True, help="folder for search_steps.json and .md")
-    parser.add_argument("--batch", type=positive_int, default=300, help="queries searched in one batch")
+    parser.add_argument("--output", type=Path, required=True, help=f"folder for {name}.json and .md")
     parser.add_argument("--passes", type=positive_int, default=3, help="timed passes")
     parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    return parser
+
+
+def write_study(output: Path, name: str, report: dict, table: str) -> None:
+    """``report`` as NAME.json and its markdown ``table`` as NAME.md under ``output`` (created); the table printed."""
+    from eval.bench_scale.report import write_report
+
+    output.mkdir(parents=True, exist_ok=True)
+    write_report(output, name, report, table)
+    print(table)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = study_parser("search_steps", __doc__, "an index of several segments")
+    parser.add_argument("--devices", nargs="+", required=True, help="one device a shard rank (the first: one device)")
+    parser.add_argument("--batch", type=positive_int, default=300, help="queries searched in one batch")
     args = parser.parse_args(argv)
     if len(args.devices) < 2:
         parser.error("--devices: name at least two (one a shard rank)")
@@ -147,15 +164,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.quiet)
-    from eval.bench_scale.report import write_report
-
     texts = batch_texts(args.beir_zip, args.size, args.batch)
     report = {"index": str(args.index), "size": args.size, "queries": len(texts), "passes": args.passes,
               **measure(args.index, texts, list(args.devices), args.passes)}
-    args.output.mkdir(parents=True, exist_ok=True)
-    table = markdown(report)
-    write_report(args.output, "search_steps", report, table)
-    print(table)
+    write_study(args.output, "search_steps", report, markdown(report))
     return 0
 
 
