@@ -17,9 +17,10 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, BinaryIO
 
 _HEADER = struct.Struct("<Q")
+_READ_BUFFER = 1 << 20  # bytes a pipe read asks for
 
 
 class SearchProcessError(RuntimeError):
@@ -33,24 +34,21 @@ def _write(fd: int, message: Any) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    parts, left = [], size
-    while left:
-        part = os.read(fd, min(left, 1 << 20))
-        if not part:
-            return None
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
-def _read(fd: int) -> Any:
-    """The next message on ``fd``; EOFError when the other side closed it."""
-    header = _read_exactly(fd, _HEADER.size)
-    data = None if header is None else _read_exactly(fd, _HEADER.unpack(header)[0])
-    if data is None:
+def _read(reader: BinaryIO) -> Any:
+    """The next message from ``reader`` (buffered: a whole reply usually arrives in one system call, so the reading
+    thread gives the interpreter lock away once); EOFError when the other side closed the pipe."""
+    header = reader.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError
+    size = _HEADER.unpack(header)[0]
+    data = reader.read(size)
+    if len(data) < size:
         raise EOFError
     return pickle.loads(data)
+
+
+def _reader(fd: int) -> BinaryIO:
+    return os.fdopen(fd, "rb", buffering=_READ_BUFFER)
 
 
 def index_info(searcher) -> dict[str, Any]:
@@ -103,10 +101,10 @@ def _serve(read_fd: int, write_fd: int) -> None:
     """Answer the server's requests until it closes the pipe: ("open", path, device, batch_size) first, then
     ("search", queries, k), ("reopen",), ("update", depth, strategy) or ("info",); each reply is ("ok", value) or
     ("error", "value" | "os" | "other", the first line of the exception)."""
-    child = None
+    child, reader = None, _reader(read_fd)
     while True:
         try:
-            operation, *arguments = _read(read_fd)
+            operation, *arguments = _read(reader)
         except EOFError:
             return
         try:
@@ -134,21 +132,25 @@ class SearchProcess:
         self._open = (str(path), device, batch_size)
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
-        self._to_child = self._from_child = -1
+        self._to_child, self._from_child = -1, None
         with self._lock:
             self.info = self._start()
 
     def _start(self) -> dict[str, Any]:
         child_read, to_child = os.pipe()
         from_child, child_write = os.pipe()
+        self._to_child, self._from_child = to_child, _reader(from_child)
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(child_read), str(child_write)], pass_fds=(child_read, child_write),
                 stdin=subprocess.DEVNULL, stdout=2)  # its output goes to the server's log, never to an MCP stdio pipe
+        except OSError:
+            self._process = None
+            self._stop()
+            raise
         finally:
             os.close(child_read)
             os.close(child_write)
-        self._to_child, self._from_child = to_child, from_child
         try:
             return self._ask("open", *self._open)
         except Exception:
@@ -156,10 +158,11 @@ class SearchProcess:
             raise
 
     def _stop(self) -> None:
-        for fd in (self._to_child, self._from_child):
-            if fd >= 0:
-                os.close(fd)
-        self._to_child = self._from_child = -1
+        if self._to_child >= 0:
+            os.close(self._to_child)
+        if self._from_child is not None:
+            self._from_child.close()
+        self._to_child, self._from_child = -1, None
         if self._process is not None:
             try:
                 self._process.wait(timeout=10)
