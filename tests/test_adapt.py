@@ -460,14 +460,18 @@ def untrained_index(tmp_path_factory, scifact_small):
 
 def encoded_documents(monkeypatch) -> dict[int, int]:
     """id(model) -> documents it encodes from now on (AlignerModel.encode with is_query=False), counted around the
-    real method."""
+    real method; every model counted is kept alive, so that a model made after another was freed cannot take its
+    id."""
     from pyserini_aligner.model import AlignerModel
 
     counts: dict[int, int] = {}
+    alive: list = []
     encode = AlignerModel.encode
 
     def counting(self, texts, is_query, *args, **kwargs):
         if not is_query:
+            if id(self) not in counts:
+                alive.append(self)
             counts[id(self)] = counts.get(id(self), 0) + len(texts)
         return encode(self, texts, is_query, *args, **kwargs)
 
