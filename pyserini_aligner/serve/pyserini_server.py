@@ -112,7 +112,7 @@ async def controller_call(method: str, controller, *args: Any, **kwargs: Any) ->
 
 def _search_arguments(query, index_name, k=10, qid="", *rest, **options) -> tuple[Any, Any, str]:
     """(query, k, qid) of a call of ``SearchController.search``."""
-    return query, options.get("k", k), options.get("qid", qid)
+    return query, k, qid
 
 
 def _exec_uniir(inner, module: ModuleType) -> None:
