@@ -82,6 +82,25 @@ def test_code_shard_probe_matches_numpy_loop(two_segment_index):
         assert sorted(rows[p].tolist()) == sorted(r for _, r in found[:k])
 
 
+def test_code_shard_probe_in_parts_equals_one_part(two_segment_index):
+    """Probes split into parts of like entry counts (most entries first, written back in place) give each probe
+    the same scores and rows, to the last bit, as all probes in one padded part."""
+    from pyserini_aligner.search.engine import probe_parts
+
+    shard = CodeShard(StoredIndex(two_segment_index), [0, 1])
+    probes = torch.nn.functional.normalize(torch.randn(23, shard.centroids.shape[1], generator=torch.Generator()
+                                                       .manual_seed(1)), dim=-1)
+    whole = shard.probe(probes, 30, 3)
+    cidx = (probes @ shard.centroids.T).topk(3, dim=1).indices
+    entries = shard.ivf_lengths[cidx].sum(1).numpy()
+    shard.elements = 4 * 3 * int(entries.max())  # parts of at most three probes of the most entries
+    parts = list(probe_parts(entries, shard.elements // 4))
+    assert len(parts) > 3 and sorted(np.concatenate([p for p, _ in parts]).tolist()) == list(range(23))
+    assert all(span == entries[p].max() and len(p) * span <= shard.elements // 4 for p, span in parts)
+    split = shard.probe(probes, 30, 3)
+    assert torch.equal(split[0], whole[0]) and torch.equal(split[1], whole[1])
+
+
 def test_best_entries_equal_a_stable_sort_of_each_row():
     """Each row's K best finite entries, best first, ties in position order: what sorting the whole row stably
     from the largest gives, with many exact ties at the K-th score, rows of fewer finite entries than K and an empty

@@ -142,19 +142,12 @@ class CodeShard:
         cells = [(probes[a:a + step] @ self.centroids.T).topk(nprobe, dim=1) for a in range(0, len(probes), step)]
         cval, cidx = torch.cat([c.values for c in cells]), torch.cat([c.indices for c in cells])
         entries = self.ivf_lengths[cidx].sum(1).cpu().numpy()  # entries per probe
-        budget, start = max(self.elements // 8, int(entries.max())), 0
-        bounds = np.cumsum(entries)
-        while start < len(probes):
-            base = bounds[start - 1] if start else 0
-            stop = max(start + 1, int(np.searchsorted(bounds, base + budget, side="right")))
-            # the part's entries padded to its most entries a probe: at most twice the budget
-            padded = np.arange(1, stop - start + 1) * np.maximum.accumulate(entries[start:stop])
-            stop = start + max(1, int((padded <= 2 * budget).sum()))
-            part = slice(start, stop)
-            scores, docs = self._probe_entries(probes[part], cval[part], cidx[part], int(entries[part].max()))
+        for part, span in probe_parts(entries, max(self.elements // 4, int(entries.max()))):
+            if not isinstance(part, slice):
+                part = torch.from_numpy(part).to(self.device)
+            scores, docs = self._probe_entries(probes[part], cval[part], cidx[part], span)
             out_scores[part], rows = best_entries(scores, docs, width)
             out_rows[part] = torch.where(rows >= 0, rows + self.row_base, rows)
-            start = stop
         return out_scores, out_rows
 
     def _probe_entries(self, probes: Tensor, cval: Tensor, cidx: Tensor, span: int) -> tuple[Tensor, Tensor]:
@@ -363,6 +356,26 @@ class CodeShard:
         return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
 
 
+def probe_parts(entries: np.ndarray, budget: int):
+    """Parts of the probes (a slice of all of them, or index arrays) with their span, the most entries a probe of the
+    part has, so that each part's entries padded to its span are at most ``budget`` elements (at least one probe).
+    Probes with the most entries go first and together: lists vary in length by orders of magnitude, so a part of
+    like probes wastes little on padding and a batch takes few parts. entries [R]: entries of each probe's lists."""
+    if not len(entries):
+        return
+    most = int(entries.max())
+    if len(entries) * most <= budget:
+        yield slice(0, len(entries)), most
+        return
+    order = np.argsort(-entries, kind="stable")
+    start = 0
+    while start < len(order):
+        span = int(entries[order[start]])
+        stop = min(len(order), start + max(1, budget // max(span, 1)))
+        yield order[start:stop], span
+        start = stop
+
+
 def paired_decoding(device: torch.device, token_books: Tensor) -> bool:
     """Whether torch operations decode tokens two sub-quantisers at a time on ``device`` (a GPU without the decoding
     kernel, sub-vectors of at most PAIR_MAX_SUB dimensions, an even count of them). token_books [R, 256, d/R]."""
@@ -385,10 +398,10 @@ def best_entries(scores: Tensor, docs: Tensor, width: int) -> tuple[Tensor, Tens
     entries of each row of ``scores`` [R, W], best first, ties in position order: the first K of a stable sort of
     each row from the largest. docs [R, W]. Only the entries at or above a row's K-th largest score are sorted."""
     r, w = scores.shape
-    out_scores = torch.full((r, width), -torch.inf, device=scores.device)
-    out_docs = torch.full((r, width), -1, dtype=torch.long, device=scores.device)
+    out_scores = torch.full((r, width + 1), -torch.inf, device=scores.device)
+    out_docs = torch.full((r, width + 1), -1, dtype=torch.long, device=scores.device)
     if r == 0 or w == 0 or width == 0:
-        return out_scores, out_docs
+        return out_scores[:, :width], out_docs[:, :width]
     keep = torch.isfinite(scores)
     if w > width:
         keep &= scores >= scores.topk(width, dim=1, sorted=False).values.amin(1, keepdim=True)
@@ -396,12 +409,12 @@ def best_entries(scores: Tensor, docs: Tensor, width: int) -> tuple[Tensor, Tens
     value = scores[owner, at]
     order = torch.sort(owner * (1 << 32) + descending_key(value), stable=True).indices
     owner, at, value = owner[order], at[order], value[order]
-    per_row = torch.bincount(owner, minlength=r)
+    per_row = torch.zeros(r, dtype=torch.long, device=scores.device).index_add_(0, owner, torch.ones_like(owner))
     rank = torch.arange(len(owner), device=scores.device) - (torch.cumsum(per_row, 0) - per_row)[owner]
-    first = rank < width
-    out_scores[owner[first], rank[first]] = value[first]
-    out_docs[owner[first], rank[first]] = docs[owner[first], at[first]].long()
-    return out_scores, out_docs
+    column = torch.where(rank < width, rank, width)  # past the K best: a spare column, dropped (no host round trip)
+    out_scores[owner, column] = value
+    out_docs[owner, column] = docs[owner, at].long()
+    return out_scores[:, :width], out_docs[:, :width]
 
 
 def descending_key(values: Tensor) -> Tensor:
@@ -488,9 +501,9 @@ def rank_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, lim
     """
     device = scores.device
     valid, gain = probe_gains(scores, rows, weights, floor)
-    probe = torch.arange(len(rows), device=device).unsqueeze(1).expand_as(rows)[valid]
-    doc, gain = rows[valid], gain[valid]
-    span = int(rows.max()) + 1 if valid.any() else 1
+    probe, at = valid.nonzero(as_tuple=True)  # by probe, then position
+    doc, gain = rows[probe, at], gain[probe, at]
+    span = int(rows.max()) + 1 if len(doc) else 1
     pair, inverse = torch.unique(probe * span + doc, return_inverse=True)
     best = torch.full((len(pair),), -torch.inf, device=device).scatter_reduce(0, inverse, gain, "amax")
     pair_doc = pair % span
@@ -502,13 +515,13 @@ def rank_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, lim
     query, doc, proxy = query[order], doc[order], proxy[order]
     counts = torch.bincount(query, minlength=batch)
     rank = torch.arange(len(query), device=device) - (torch.cumsum(counts, 0) - counts)[query]
-    keep = rank < limit
     width = max(1, min(limit, int(counts.max()) if len(counts) else 1))
-    out = torch.full((batch, width), -1, dtype=torch.long, device=device)
-    out_proxy = torch.full((batch, width), -torch.inf, dtype=torch.float64, device=device)
-    out[query[keep], rank[keep]] = doc[keep]
-    out_proxy[query[keep], rank[keep]] = proxy[keep]
-    return out_proxy, out
+    column = torch.where(rank < width, rank, width)  # past the width: a spare column, dropped (no host round trip)
+    out = torch.full((batch, width + 1), -1, dtype=torch.long, device=device)
+    out_proxy = torch.full((batch, width + 1), -torch.inf, dtype=torch.float64, device=device)
+    out[query, column] = doc
+    out_proxy[query, column] = proxy
+    return out_proxy[:, :width], out[:, :width]
 
 
 def ascending(rows: Tensor) -> tuple[Tensor, Tensor]:
