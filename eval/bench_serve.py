@@ -2,11 +2,12 @@
 128 concurrent clients, each sending one query at a time.
 
     python -m eval.bench_serve --index INDEX --output DIR [--topics beir/scifact/test] [--device cpu|cuda]
-        [--duration 60] [--clients 1,8,32,128] [--hits 10] [--batch-wait-ms 2] [--max-batch 32] [--url URL]
-        [--client-processes N]
+        [--duration 60] [--clients 1,8,32,128] [--hits 10] [--batch-wait-ms 2] [--max-batch 32] [--workers 1]
+        [--url URL] [--client-processes N]
 
 The server runs as a child process serving ``--index`` (the plugin's batching: concurrent queries gathered for at most
-``--batch-wait-ms`` into batches of at most ``--max-batch``), or ``--url`` names one already running. Each level runs
+``--batch-wait-ms`` into batches of at most ``--max-batch``, in each of ``--workers`` HTTP worker processes), or
+``--url`` names one already running. Each level runs
 for ``--duration`` seconds after a short warm-up, the clients (threads, spread over ``--client-processes`` processes)
 cycling through the topics; it reports queries per second, latency percentiles (p50, p95, p99, each request's round
 trip), errors (a status other than 200 or a failed connection) and whether every answer equalled the offline ranking
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds each level runs before it is measured")
     parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="the server's --batch-wait-ms")
     parser.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
+    parser.add_argument("--workers", type=int, default=1, help="the server's --workers (HTTP worker processes)")
     parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) // 4),
                         help="processes the clients are spread over (default: a quarter of the CPU cores), so that "
                              "the load generator is not one interpreter's threads")
@@ -83,7 +85,7 @@ def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subproc
 
     command = [sys.executable, "-m", "pyserini_aligner.serve", "--rest", "--port", str(port), "--index",
                f"bench={args.index}", "--device", args.device, "--batch-wait-ms", str(args.batch_wait_ms),
-               "--max-batch", str(args.max_batch), "--reload-interval", "0"]
+               "--max-batch", str(args.max_batch), "--workers", str(args.workers), "--reload-interval", "0"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_path.open("w"))
     deadline = time.monotonic() + 600
     while True:
@@ -195,7 +197,8 @@ def run_level(url: str, queries: list[str], reference: list[list], clients: int,
 def report_markdown(report: dict) -> str:
     lines = [f"Serving `{report['index']}` ({report['documents']} documents) on {report['device']}, "
              f"{report['queries']} queries of {report['topics']}, hits {report['hits']}, batches of at most "
-             f"{report['max_batch']} gathered for at most {report['batch_wait_ms']} ms; {report['duration']} s per "
+             f"{report['max_batch']} gathered for at most {report['batch_wait_ms']} ms in each of "
+             f"{report.get('workers', 1)} HTTP worker(s) (mean batch: queries a device batch); {report['duration']} s per "
              f"level; clients spread over {report['client_processes']} process(es); {report['machine']}.", "",
              "| clients | q/s | p50 ms | p95 ms | p99 ms | requests | errors | wrong | near ties | mean batch |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -245,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=60)
     report = {"index": str(args.index), "documents": documents, "url": args.url, "topics": args.topics, "queries": len(queries),
               "device": args.device, "hits": args.hits, "duration": args.duration,
-              "batch_wait_ms": args.batch_wait_ms, "max_batch": args.max_batch, "client_processes": args.client_processes,
+              "batch_wait_ms": args.batch_wait_ms, "max_batch": args.max_batch, "workers": args.workers,
+              "client_processes": args.client_processes,
               "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "levels": levels}
     (args.output / "bench_serve.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.output / "bench_serve.md").write_text(report_markdown(report))

@@ -3,11 +3,17 @@ Pyserini's own REST app or MCP server (its routes and tools) serving the registe
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, device, non_negative, positive_int, run_main
 from pyserini_aligner.serve.config import (DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUERY_CHARS,
-                                           DEFAULT_RELOAD_S, ConfigError, ServeConfig, configure, parse_pair)
+                                           DEFAULT_RELOAD_S, ENV_CONCURRENCY, ConfigError, ServeConfig, configure,
+                                           parse_pair)
 
 DEFAULT_CONCURRENCY = 256  # requests searched at once (worker threads); the rest wait without a thread
 
@@ -40,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longer queries are refused")
     parser.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY,
                         help="requests handled at once (worker threads; more wait their turn)")
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help="with --rest: HTTP worker processes (uvicorn's), sharing one search process per AligneR "
+                             "index, which merges their batches (up to workers x --max-batch queries)")
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                         help="with --mcp: stdio (the client starts the server) or http")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -78,6 +87,39 @@ def serve_rest(host: str, port: int, concurrency: int) -> None:
         runner.run(serve())
 
 
+def serve_rest_workers(config: ServeConfig, host: str, port: int, concurrency: int, workers: int) -> None:
+    """Pyserini's REST app in ``workers`` uvicorn worker processes. The search process of each AligneR index is
+    started here, listening on a Unix socket in a private folder; every worker connects to it (the folder and the
+    processes go when the server stops). Here also each index's manifest is polled for new generations, and a search
+    process that dies is started again."""
+    import uvicorn
+
+    from pyserini_aligner.serve.search_process import SearchProcess
+    from pyserini_aligner.serve.served import watch_generation
+
+    folder = Path(tempfile.mkdtemp(prefix="aligner-serve-"))
+    processes = []
+    try:
+        sockets = {}
+        for number, (name, path) in enumerate(config.indexes.items()):
+            sockets[name] = str(folder / f"{number}.sock")
+            try:
+                process = SearchProcess(path, config.device, config.max_batch * workers, listen=sockets[name])
+            except (ValueError, OSError, RuntimeError) as error:
+                raise type(error)(f"--index {name}={path}: {error}") from None
+            processes.append(process)
+            process.restart_on_exit()
+            if config.reload_s > 0:
+                watch_generation(process, Path(path), name, config.reload_s)
+        os.environ.update(dataclasses.replace(config, sockets=sockets).environment())
+        os.environ[ENV_CONCURRENCY] = str(concurrency)
+        uvicorn.run("pyserini.server.rest.app:app", host=host, port=port, workers=workers, log_level="warning")
+    finally:
+        for process in processes:
+            process.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def event_loop_factory():
     """uvloop's event loop where it is installed (as uvicorn picks it), else asyncio's."""
     try:
@@ -113,12 +155,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.transport != "stdio" and not args.mcp:
         parser.error("--transport goes with --mcp")
+    if args.workers > 1 and not args.rest:
+        parser.error("--workers goes with --rest")
     args.config = parse_config(parser, args)
     return args
 
 
 def serve(args: argparse.Namespace) -> None:
     """Register the indexes with Pyserini's server and serve them until stopped."""
+    if args.rest and args.workers > 1:
+        serve_rest_workers(args.config, args.host, args.port or 8081, args.concurrency, args.workers)
+        return
     configure(args.config)
     if args.rest:
         serve_rest(args.host, args.port or 8081, args.concurrency)

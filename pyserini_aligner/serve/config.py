@@ -15,6 +15,8 @@ ENV_BATCH_WAIT_MS = "PYSERINI_ALIGNER_BATCH_WAIT_MS"
 ENV_MAX_BATCH = "PYSERINI_ALIGNER_MAX_BATCH"
 ENV_RELOAD_S = "PYSERINI_ALIGNER_RELOAD_S"
 ENV_MAX_QUERY_CHARS = "PYSERINI_ALIGNER_MAX_QUERY_CHARS"
+ENV_CONCURRENCY = "PYSERINI_ALIGNER_CONCURRENCY"  # requests an HTTP worker handles in threads at once
+ENV_SOCKETS = "PYSERINI_ALIGNER_SEARCH_SOCKETS"  # NAME=PATH[,...]: the search process of NAME, started by the parent
 BM25_SUFFIX, HYBRID_SUFFIX = ".bm25", ".hybrid"
 DEFAULT_BATCH_WAIT_MS = 2.0
 DEFAULT_MAX_BATCH = 32
@@ -54,6 +56,7 @@ class ServeConfig:
     max_batch: int = DEFAULT_MAX_BATCH
     reload_s: float = DEFAULT_RELOAD_S
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    sockets: dict[str, str] = dataclasses.field(default_factory=dict)  # index name -> its search process's socket
 
     def check(self, source: dict[str, str] | None = None) -> "ServeConfig":
         """Raise ConfigError naming the flag (``source``: field -> its flag or variable) for a bad entry."""
@@ -95,10 +98,22 @@ class ServeConfig:
         config = cls(indexes=parse_pairs(env.get(ENV_INDEXES, ""), ENV_INDEXES),
                      bm25=parse_pairs(env.get(ENV_BM25, ""), ENV_BM25),
                      qrels=parse_pairs(env.get(ENV_QRELS, ""), ENV_QRELS),
-                     device=env.get(ENV_DEVICE, "").strip() or "cpu", **numbers)
+                     device=env.get(ENV_DEVICE, "").strip() or "cpu",
+                     sockets=parse_pairs(env.get(ENV_SOCKETS, ""), ENV_SOCKETS), **numbers)
         return config.check({"indexes": ENV_INDEXES, "bm25": ENV_BM25, "qrels": ENV_QRELS,
                              "batch_wait_ms": ENV_BATCH_WAIT_MS, "max_batch": ENV_MAX_BATCH,
                              "reload_s": ENV_RELOAD_S, "max_query_chars": ENV_MAX_QUERY_CHARS})
+
+
+    def environment(self) -> dict[str, str]:
+        """The ``PYSERINI_ALIGNER_*`` variables that describe this configuration (:meth:`from_env` reads it back)."""
+        def pairs(mapping: dict[str, str]) -> str:
+            return ",".join(f"{name}={path}" for name, path in mapping.items())
+
+        return {ENV_INDEXES: pairs(self.indexes), ENV_BM25: pairs(self.bm25), ENV_QRELS: pairs(self.qrels),
+                ENV_DEVICE: self.device, ENV_BATCH_WAIT_MS: repr(self.batch_wait_ms),
+                ENV_MAX_BATCH: str(self.max_batch), ENV_RELOAD_S: repr(self.reload_s),
+                ENV_MAX_QUERY_CHARS: str(self.max_query_chars), ENV_SOCKETS: pairs(self.sockets)}
 
 
 def check_name(name: str, where: str) -> None:

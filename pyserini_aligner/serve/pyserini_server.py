@@ -19,6 +19,7 @@ import ast
 import contextvars
 import gc
 import logging
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -33,6 +34,7 @@ LISTED: dict[str, dict] = {}  # served name -> description: Pyserini's INDEX_TYP
 POSTED_SETTINGS: contextvars.ContextVar[dict] = contextvars.ContextVar("posted_settings", default={})
 _REGISTRY: list = []
 CONTROLLER_CALL = "_aligner_controller_call"  # the name routes call controller_call by
+_THREADS_LIMITED: list[bool] = []  # whether this process's thread limit was set from the environment
 
 
 def registry():
@@ -107,6 +109,13 @@ async def controller_call(method: str, controller, *args: Any, **kwargs: Any) ->
             return await served.search_async(query, k, qid)
     from starlette.concurrency import run_in_threadpool
 
+    if not _THREADS_LIMITED:
+        _THREADS_LIMITED.append(True)
+        limit = os.environ.get(serve_config.ENV_CONCURRENCY, "").strip()
+        if limit:  # an HTTP worker of --workers: the thread limit of --concurrency
+            import anyio.to_thread
+
+            anyio.to_thread.current_default_thread_limiter().total_tokens = int(limit)
     return await run_in_threadpool(getattr(controller, method), *args, **kwargs)
 
 

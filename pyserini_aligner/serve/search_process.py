@@ -1,42 +1,46 @@
-"""An AligneR index searched in a process of its own, for a server.
+"""An AligneR index searched in a process of its own, for one server or several HTTP worker processes.
 
 In the server's process, the searches would share one interpreter lock with the request handling: every torch call of
-a search gives the lock away, and a busy request thread keeps it for up to the switch interval (5 ms) before the
-search gets it back, so under load a batch waits far longer for the lock than for the device. The server's
-:class:`SearchProcess` starts ``python -m pyserini_aligner.serve.search_process READ_FD WRITE_FD``, which opens the
-index and answers one request at a time over two pipes (pickled frames: an 8-byte length, then the pickle); between two
-requests the index may be reopened or its settings changed, so a batch always runs on one generation and one setting.
-The child exits when the server closes its end (or dies).
+a search gives the lock away, and a busy request thread keeps it for up to the switch interval before the search gets
+it back. :class:`SearchProcess` starts ``python -m pyserini_aligner.serve.search_process FD [LISTEN_FD]``, which
+opens the index and answers requests over Unix sockets (pickled frames: an 8-byte length, then the pickle): the
+owner's socket pair and, with ``listen``, the connections of other processes (:class:`SearchClient`, one per HTTP
+worker of ``--workers``). Each connection has one request in flight. The searches that arrived while the process was
+busy, from every connection, are searched together as one batch per ``k``; other requests (reopen, update, info) run
+first, between batches, so a batch always runs on one generation and one setting. Every reply carries the index's
+current information, so each connection sees settings and generations changed through another. The process exits when
+its owner closes its end (or dies).
 """
 from __future__ import annotations
 
 import gc
 import os
 import pickle
+import selectors
+import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, BinaryIO
 
 _HEADER = struct.Struct("<Q")
-_READ_BUFFER = 1 << 20  # bytes a pipe read asks for
+_READ_BUFFER = 1 << 20  # bytes a socket read asks for
 
 
 class SearchProcessError(RuntimeError):
-    """The search process died or could not be started; the message says how."""
+    """The search process died, could not be started or cannot be reached; the message says how."""
 
 
-def _write(fd: int, message: Any) -> None:
+def _frame(message: Any) -> bytes:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
+    return _HEADER.pack(len(data)) + data
 
 
 def _read(reader: BinaryIO) -> Any:
     """The next message from ``reader`` (buffered: a whole reply usually arrives in one system call, so the reading
-    thread gives the interpreter lock away once); EOFError when the other side closed the pipe."""
+    thread gives the interpreter lock away once); EOFError when the other side closed."""
     header = reader.read(_HEADER.size)
     if len(header) < _HEADER.size:
         raise EOFError
@@ -47,8 +51,17 @@ def _read(reader: BinaryIO) -> Any:
     return pickle.loads(data)
 
 
-def _reader(fd: int) -> BinaryIO:
-    return os.fdopen(fd, "rb", buffering=_READ_BUFFER)
+def split_frames(buffer: bytearray) -> list[Any]:
+    """The complete messages at the front of ``buffer``, removed from it (a partial one stays)."""
+    messages, start = [], 0
+    while len(buffer) - start >= _HEADER.size:
+        size = _HEADER.unpack_from(buffer, start)[0]
+        if len(buffer) - start - _HEADER.size < size:
+            break
+        messages.append(pickle.loads(buffer[start + _HEADER.size:start + _HEADER.size + size]))
+        start += _HEADER.size + size
+    del buffer[:start]
+    return messages
 
 
 def index_info(searcher) -> dict[str, Any]:
@@ -63,7 +76,7 @@ def index_info(searcher) -> dict[str, Any]:
 
 
 class _Child:
-    """The child's side: the searcher and the operations the server asks for."""
+    """The child's side: the searcher, the operations the server asks for, and counts of the batches searched."""
 
     def __init__(self, path: str, device: str, batch_size: int):
         import torch
@@ -74,95 +87,229 @@ class _Child:
         if where.type == "cuda" and where.index is not None:
             torch.cuda.set_device(where)
         self.searcher = AlignerSearcher(path, device=device, batch_size=batch_size)
+        self.batches = self.queries = 0
+        self._info = index_info(self.searcher)
 
     def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
-        ids = [str(i) for i in range(len(queries))]
-        found = self.searcher.batch_search(queries, ids, k=k)
-        return [[(hit.docid, float(hit.score)) for hit in found[i]] for i in ids]
+        found = self.searcher.rank(queries, k=k)
+        self.batches, self.queries = self.batches + 1, self.queries + len(queries)
+        return found
 
-    def reopen(self) -> dict[str, Any]:
+    def reopen(self) -> None:
         self.searcher.reopen()
-        return index_info(self.searcher)
+        self._info = index_info(self.searcher)
 
-    def update(self, depth: int | None, strategy: str | None) -> dict[str, Any]:
+    def update(self, depth: int | None, strategy: str | None) -> None:
         searcher = self.searcher
         if depth is not None:
             searcher.max_candidates = depth
         if strategy is not None and strategy != str(searcher.strategy):
             searcher._strategy_arg = strategy
             searcher._load(searcher.store, None)  # the engines (and a captured GPU plan) on the new strategy
-        return index_info(searcher)
+        self._info = index_info(searcher)
 
     def info(self) -> dict[str, Any]:
-        return index_info(self.searcher)
+        return {**self._info, "batches": self.batches, "batched_queries": self.queries}
 
 
-def _serve(read_fd: int, write_fd: int) -> None:
-    """Answer the server's requests until it closes the pipe: ("open", path, device, batch_size) first, then
-    ("search", queries, k), ("reopen",), ("update", depth, strategy) or ("info",); each reply is ("ok", value) or
-    ("error", "value" | "os" | "other", the first line of the exception)."""
-    child, reader = None, _reader(read_fd)
-    while True:
+def _failure(error: Exception) -> tuple[str, str]:
+    kind = "value" if isinstance(error, ValueError) else "os" if isinstance(error, OSError) else "other"
+    text = str(error).strip()
+    return kind, text.splitlines()[0] if text else type(error).__name__
+
+
+class _Service:
+    """The child's loop: read what every connection sent, answer it, repeat."""
+
+    def __init__(self, owner: socket.socket, listener: socket.socket | None):
+        self.owner, self.listener, self.child = owner, listener, None
+        self.selector = selectors.DefaultSelector()
+        self.buffers: dict[socket.socket, bytearray] = {}
+        self._add(owner)
+        if listener is not None:
+            self.selector.register(listener, selectors.EVENT_READ)
+
+    def _add(self, conn: socket.socket) -> None:
+        self.buffers[conn] = bytearray()
+        self.selector.register(conn, selectors.EVENT_READ)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.selector.unregister(conn)
+        del self.buffers[conn]
+        conn.close()
+
+    def run(self) -> None:
+        """Serve until the owner's connection closes."""
+        while True:
+            pending = []
+            for key, _ in self.selector.select():
+                conn = key.fileobj
+                if conn is self.listener:
+                    if self.child is not None:  # others connect once the index is open
+                        self._add(self.listener.accept()[0])
+                    continue
+                try:
+                    data = conn.recv(_READ_BUFFER)
+                except OSError:
+                    data = b""
+                if not data:
+                    if conn is self.owner:
+                        return
+                    self._drop(conn)
+                    continue
+                self.buffers[conn] += data
+                pending += [(conn, message) for message in split_frames(self.buffers[conn])]
+            self.answer(pending)
+
+    def answer(self, pending: list[tuple[socket.socket, tuple]]) -> None:
+        """Requests other than searches first, in the order received; then the searches, one batch per k."""
+        by_k: dict[int, list[tuple[socket.socket, list[str]]]] = {}
+        for conn, (operation, *arguments) in pending:
+            if operation == "search":
+                queries, k = arguments
+                by_k.setdefault(k, []).append((conn, queries))
+                continue
+            try:
+                if operation == "open":
+                    self.child = _Child(*arguments)
+                    gc.collect()
+                    gc.freeze()  # the model and the index stay out of later collections (no pauses between batches)
+                elif operation in ("reopen", "update"):
+                    getattr(self.child, operation)(*arguments)
+                elif operation != "info":
+                    raise ValueError(f"unknown operation {operation!r}")
+                reply = ("ok", None)
+            except Exception as error:  # noqa: BLE001 - every failure goes back to the caller, which decides
+                reply = ("error", *_failure(error))
+            self.send(conn, reply)
+        for k, asked in by_k.items():
+            texts = [text for _, queries in asked for text in queries]
+            try:
+                found = self.child.search(texts, k)
+            except Exception as error:  # noqa: BLE001 - the batch's error goes to every caller in it
+                for conn, _ in asked:
+                    self.send(conn, ("error", *_failure(error)))
+                continue
+            start = 0
+            for conn, queries in asked:
+                self.send(conn, ("ok", found[start:start + len(queries)]))
+                start += len(queries)
+
+    def send(self, conn: socket.socket, reply: tuple) -> None:
+        """``reply`` with the index's information appended; a connection that went away is dropped."""
+        info = self.child.info() if self.child is not None else None
         try:
-            operation, *arguments = _read(reader)
-        except EOFError:
-            return
-        try:
-            if operation == "open":
-                child = _Child(*arguments)
-                value = child.info()
-                gc.collect()
-                gc.freeze()  # the model and the index stay out of later collections (no pauses between batches)
-            else:
-                value = getattr(child, operation)(*arguments)
-            reply = ("ok", value)
-        except Exception as error:  # noqa: BLE001 - every failure goes back to the server, which decides
-            kind = "value" if isinstance(error, ValueError) else "os" if isinstance(error, OSError) else "other"
-            text = str(error).strip()
-            reply = ("error", kind, text.splitlines()[0] if text else type(error).__name__)
-        _write(write_fd, reply)
+            conn.sendall(_frame((*reply, info)))
+        except OSError:
+            if conn is not self.owner and conn in self.buffers:
+                self._drop(conn)
 
 
-class SearchProcess:
-    """The server's side: one child process searching the index at ``path`` on ``device``; calls from any thread
-    (one at a time). A child that dies fails the call in flight with :class:`SearchProcessError` and is started
-    again for the next one."""
+class _Connection:
+    """A connection to a search process: calls from any thread, one at a time; ``info`` is what the last reply said
+    of the index."""
 
-    def __init__(self, path: str, device: str, batch_size: int):
-        self._open = (str(path), device, batch_size)
+    info: dict[str, Any]
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
-        self._to_child, self._from_child = -1, None
-        with self._lock:
-            self.info = self._start()
+        self._sock: socket.socket | None = None
+        self._reader: BinaryIO | None = None
 
-    def _start(self) -> dict[str, Any]:
-        child_read, to_child = os.pipe()
-        from_child, child_write = os.pipe()
-        self._to_child, self._from_child = to_child, _reader(from_child)
+    def _attach(self, sock: socket.socket) -> None:
+        self._sock, self._reader = sock, sock.makefile("rb", buffering=_READ_BUFFER)
+
+    def _detach(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._reader = None
+
+    def _connect(self) -> None:
+        raise NotImplementedError
+
+    def _lost(self) -> SearchProcessError:
+        raise NotImplementedError
+
+    def _ask(self, *request: Any) -> Any:
+        try:
+            self._sock.sendall(_frame(request))
+            reply = _read(self._reader)
+        except (EOFError, OSError):
+            raise self._lost() from None
+        if reply[-1] is not None:
+            self.info = reply[-1]
+        if reply[0] == "ok":
+            return reply[1]
+        _, kind, message, _ = reply
+        raise {"value": ValueError, "os": OSError}.get(kind, RuntimeError)(message)
+
+    def call(self, operation: str, *arguments: Any) -> Any:
+        """The search process's answer to ``operation`` (``search``, ``reopen``, ``update`` or ``info``; the last
+        three answer None and refresh ``info``); its exception (as ValueError, OSError or RuntimeError, message kept)
+        if it raised one."""
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+            return self._ask(operation, *arguments)
+
+    def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
+        """(docid, score) of the top ``k`` of each query, best first, as ``AlignerSearcher.rank``."""
+        return self.call("search", queries, k)
+
+    def close(self) -> None:
+        with self._lock:
+            self._detach()
+
+
+class SearchProcess(_Connection):
+    """The owner's side: one child process searching the index at ``path`` on ``device`` (batches of at most
+    ``batch_size`` queries on the device); with ``listen``, it also answers :class:`SearchClient` connections at that
+    Unix socket path. A child that dies fails the calls in flight with :class:`SearchProcessError` and is started
+    again for the owner's next call (listening again at the same path)."""
+
+    def __init__(self, path: str, device: str, batch_size: int, listen: str | None = None):
+        super().__init__()
+        self._open = (str(path), device, batch_size)
+        self._process: subprocess.Popen | None = None
+        self._listener, self._closed = None, False
+        if listen is not None:
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listener.bind(listen)
+            self._listener.listen(64)
+        try:
+            with self._lock:
+                self._connect()
+        except BaseException:
+            if self._listener is not None:
+                self._listener.close()
+            raise
+
+    def _connect(self) -> None:
+        if self._closed:
+            raise SearchProcessError(f"the search process of {self._open[0]} was closed")
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        passed = [theirs.fileno()] + ([self._listener.fileno()] if self._listener is not None else [])
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(child_read), str(child_write)], pass_fds=(child_read, child_write),
-                stdin=subprocess.DEVNULL, stdout=2)  # its output goes to the server's log, never to an MCP stdio pipe
+                [sys.executable, "-m", __name__, *map(str, passed)], pass_fds=passed, stdin=subprocess.DEVNULL,
+                stdout=2)  # its output goes to the server's log, never to an MCP stdio pipe
         except OSError:
+            mine.close()
             self._process = None
-            self._stop()
             raise
         finally:
-            os.close(child_read)
-            os.close(child_write)
+            theirs.close()
+        self._attach(mine)
         try:
-            return self._ask("open", *self._open)
+            self._ask("open", *self._open)
         except Exception:
             self._stop()
             raise
 
     def _stop(self) -> None:
-        if self._to_child >= 0:
-            os.close(self._to_child)
-        if self._from_child is not None:
-            self._from_child.close()
-        self._to_child, self._from_child = -1, None
+        self._detach()
         if self._process is not None:
             try:
                 self._process.wait(timeout=10)
@@ -170,39 +317,70 @@ class SearchProcess:
                 self._process.kill()
                 self._process.wait()
 
-    def _ask(self, *request: Any) -> Any:
-        try:
-            _write(self._to_child, request)
-            reply = _read(self._from_child)
-        except (EOFError, OSError):
-            self._stop()
-            code = self._process.returncode if self._process is not None else None
-            raise SearchProcessError(f"the search process of {self._open[0]} exited (code {code})") from None
-        if reply[0] == "ok":
-            return reply[1]
-        _, kind, message = reply
-        raise {"value": ValueError, "os": OSError}.get(kind, RuntimeError)(message)
+    def _lost(self) -> SearchProcessError:
+        self._stop()
+        code = self._process.returncode if self._process is not None else None
+        return SearchProcessError(f"the search process of {self._open[0]} exited (code {code})")
 
-    def call(self, operation: str, *arguments: Any) -> Any:
-        """The child's answer to ``operation`` (``search``, ``reopen``, ``update`` or ``info``); its exception (as
-        ValueError, OSError or RuntimeError, message kept) if it raised one."""
-        with self._lock:
-            if self._to_child < 0:
-                self.info = self._start()
-            value = self._ask(operation, *arguments)
-            if isinstance(value, dict):
-                self.info = value
-            return value
+    def restart_on_exit(self, pause_s: float = 1.0) -> None:
+        """Start the child again whenever it exits, without waiting for the owner's next call (other processes reach
+        it through the listening socket); a start that fails is tried again after ``pause_s`` seconds."""
+        def watch() -> None:
+            while not self._closed:
+                process = self._process
+                if process is None:
+                    time.sleep(pause_s)
+                    continue
+                process.wait()
+                if self._closed:
+                    return
+                try:
+                    self.call("info")
+                except SearchProcessError:  # the dead child's connection, now closed: the next call starts one
+                    pass
+                except Exception:  # noqa: BLE001 - the index did not open: try again
+                    time.sleep(pause_s)
 
-    def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
-        """(docid, score) of the top ``k`` of each query, best first, as ``AlignerSearcher.batch_search``."""
-        return self.call("search", queries, k)
+        threading.Thread(target=watch, name="aligner-search-process", daemon=True).start()
 
     def close(self) -> None:
-        """Close the pipes; the child exits."""
+        """Close the connection (the child exits) and the listening socket."""
+        self._closed = True
         with self._lock:
             self._stop()
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+
+class SearchClient(_Connection):
+    """A connection to the search process of another process's :class:`SearchProcess` listening at ``address``
+    (a Unix socket path); connected again on the next call after the process went away."""
+
+    def __init__(self, address: str):
+        super().__init__()
+        self.address = address
+        self.call("info")
+
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.address)
+        except OSError as error:
+            sock.close()
+            raise SearchProcessError(f"the search process at {self.address} cannot be reached: {error}") from None
+        self._attach(sock)
+
+    def _lost(self) -> SearchProcessError:
+        self._detach()
+        return SearchProcessError(f"the search process at {self.address} went away")
+
+
+def _serve(owner_fd: int, listen_fd: int | None) -> None:
+    owner = socket.socket(fileno=owner_fd)
+    listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
+    _Service(owner, listener).run()
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

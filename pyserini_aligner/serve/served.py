@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from pyserini_aligner.serve.batching import QueryBatcher
 from pyserini_aligner.serve.config import (BM25_SUFFIX, HYBRID_SUFFIX, NotFound, RequestError, ServeConfig,
                                            UnknownIndex)
-from pyserini_aligner.serve.search_process import SearchProcess
+from pyserini_aligner.serve.search_process import SearchClient, SearchProcess
 
 log = logging.getLogger(__name__)
 DEFAULT_FUSION_HITS = 100  # hits taken from each side of a hybrid before fusion (Pyserini's fusion --hits)
@@ -78,6 +78,28 @@ class LuceneDocs:
             if isinstance(parsed, dict) else {"id": docid, "contents": raw}
 
 
+def watch_generation(process: SearchProcess, path: Path, name: str, interval_s: float) -> None:
+    """Reopen the index of ``process`` whenever the manifest at ``path`` names a generation other than the one it
+    serves, checked every ``interval_s`` seconds (a thread); a manifest that cannot be read keeps the generation open
+    and is logged."""
+    from pyserini_aligner.index.store import read_manifest
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            served = process.info["generation"]
+            try:
+                if read_manifest(path).generation != served:
+                    process.call("reopen")
+                    log.info("index %s: serving generation %d (%d documents)", name, process.info["generation"],
+                             process.info["documents"])
+            except Exception as error:  # noqa: BLE001 - keep serving the generation open
+                log.warning("index %s: keeps serving generation %d; reading %s failed: %s", name, served, path,
+                            error)
+
+    threading.Thread(target=watch, name=f"aligner-reload-{name}", daemon=True).start()
+
+
 class ServedIndex:
     """What every served index answers; ``name`` as clients call it, ``aligner`` the AligneR index it rests on."""
 
@@ -133,9 +155,10 @@ class Hit(NamedTuple):
 
 
 class ServedAligner(ServedIndex):
-    """An AligneR index, searched in a process of its own (:class:`.search_process.SearchProcess`) in batches
-    gathered by a :class:`QueryBatcher`; reopened when its manifest's generation changes (polled every
-    ``config.reload_s`` seconds); settings ``strategy`` (alignment) and ``depth`` (documents refined per query)."""
+    """An AligneR index, searched in a process of its own in batches gathered by a :class:`QueryBatcher`: this
+    server's :class:`.search_process.SearchProcess`, reopened when its manifest's generation changes (polled every
+    ``config.reload_s`` seconds), or, in an HTTP worker of ``--workers``, the one its parent started
+    (``config.sockets``). Settings ``strategy`` (alignment) and ``depth`` (documents refined per query)."""
 
     kind = "aligner"
     settings_keys = ("strategy", "depth")
@@ -144,10 +167,13 @@ class ServedAligner(ServedIndex):
                  qrels: str | None = None):
         super().__init__(name, config, docs)
         self.path, self.qrels, self.aligner = Path(path), qrels, self
-        self.process = SearchProcess(path, config.device, config.max_batch)
+        if name in config.sockets:
+            self.process = SearchClient(config.sockets[name])
+        else:
+            self.process = SearchProcess(path, config.device, config.max_batch)
+            if config.reload_s > 0:
+                watch_generation(self.process, self.path, name, config.reload_s)
         self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name)
-        if config.reload_s > 0:
-            threading.Thread(target=self._watch, name=f"aligner-reload-{name}", daemon=True).start()
 
     @property
     def size(self) -> int:
@@ -172,21 +198,6 @@ class ServedAligner(ServedIndex):
 
         return {**answer, "candidates": await run_in_threadpool(candidates, self, found)}
 
-    def _watch(self) -> None:
-        from pyserini_aligner.index.store import read_manifest
-
-        while True:
-            time.sleep(self.config.reload_s)
-            served = self.process.info["generation"]
-            try:
-                if read_manifest(self.path).generation != served:
-                    info = self.process.call("reopen")
-                    log.info("index %s: serving generation %d (%d documents)", self.name, info["generation"],
-                             info["documents"])
-            except Exception as error:  # noqa: BLE001 - keep serving the generation open
-                log.warning("index %s: keeps serving generation %d; reading %s failed: %s", self.name, served,
-                            self.path, error)
-
     def settings(self) -> dict[str, Any]:
         info = self.process.info
         return {"strategy": info["strategy"], "depth": info["depth"]}
@@ -207,12 +218,13 @@ class ServedAligner(ServedIndex):
         self.process.call("update", depth, strategy)  # between batches: a batch runs on one setting
 
     def status(self) -> dict[str, Any]:
+        self.process.call("info")
         info = self.process.info
         return {**super().status(), "size_bytes": str(info["size_bytes"]), "path": str(self.path),
                 "generation": info["generation"], "documents": info["documents"], "segments": info["segments"],
                 "codec": info["codec"], "model": info["model"], "device": info["device"],
                 "batch_wait_ms": self.config.batch_wait_ms, "max_batch": self.config.max_batch,
-                "batches": self.batcher.batches, "batched_queries": self.batcher.queries}
+                "batches": info["batches"], "batched_queries": info["batched_queries"]}
 
     def evaluate(self, metric: str, query_id: str, hits: dict[str, float], cutoff: int, args: list[str]) -> float:
         """Pyserini's trec_eval ``args`` (from its EVAL_METRICS) of ``hits`` against the registered qrels."""
