@@ -16,11 +16,13 @@ def test_events_count_toward_the_step_whose_end_follows_them():
     events = [("cudaLaunchKernel", False, 1.0, 2.0), ("cuLaunchKernel", False, 12.0, 1.0),
               ("cudaStreamSynchronize", False, 13.0, 4.0), ("cudaMemcpyAsync", False, 20.0, 1.0),
               ("kernel_a", True, 14.0, 1500.0), ("kernel_b", True, 21.0, 250.0), ("aten::mm", False, 22.0, 3.0),
+              ("aten::add", False, 23.0, 1.0), ("aten::mm", False, 24.0, 3.0), ("aten::index", False, 25.0, 1.0),
               ("cudaDeviceSynchronize", False, 30.0, 5.0), ("cudaLaunchKernel", False, 36.0, 1.0)]
-    steps = batch_cost.attribute(events, ends)
-    assert steps == {"encode": {"launches": 1, "waits": 0, "copies": 0, "busy_ms": 0.0},
-                     "probe": {"launches": 1, "waits": 1, "copies": 1, "busy_ms": 1.5},
-                     "refine": {"launches": 0, "waits": 0, "copies": 0, "busy_ms": 0.25}}
+    steps = batch_cost.attribute(events, ends, top=2)
+    assert steps == {"encode": {"launches": 1, "waits": 0, "copies": 0, "busy_ms": 0.0, "ops": []},
+                     "probe": {"launches": 1, "waits": 1, "copies": 1, "busy_ms": 1.5, "ops": []},
+                     "refine": {"launches": 0, "waits": 0, "copies": 0, "busy_ms": 0.25,
+                                "ops": [["aten::mm", 2], ["aten::add", 1]]}}
     assert batch_cost.step_of(10.0, ends) == "encode" and batch_cost.step_of(35.5, ends) is None
 
 
@@ -34,7 +36,9 @@ def test_batch_cost_profiles_each_batch_size_on_cpu(two_segment_index, tmp_path)
     for row in report["rows"]:
         assert row["wall_ms"] > 0 and {"encode", "probe", "refine"} <= set(row["profile"])
         assert all(counts["launches"] == 0 and counts["busy_ms"] == 0 for counts in row["profile"].values())
-    assert "| 4 | refine |" in (out / "batch_cost.md").read_text()
+    assert any(name.startswith("aten::") for name, _ in report["rows"][-1]["profile"]["probe"]["ops"])
+    text = (out / "batch_cost.md").read_text()
+    assert "| 4 | refine |" in text and "- probe: " in text
     with pytest.raises(SystemExit) as refused:
         batch_cost.parse_args(["--index", "x", "--beir-zip", "y", "--size", "1k", "--batches", "3,0",
                                "--output", str(out)])

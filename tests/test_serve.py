@@ -206,6 +206,60 @@ def test_rest_serves_an_added_document_without_restart(served, tmp_path):
     assert_same_ranking(rest_search(base, "live", text), offline(served["live"], [text])[0])
 
 
+def test_rest_workers_share_one_search_process(default_index, tmp_path):
+    """--workers 2: Pyserini's app in two HTTP worker processes answering as one server: searches equal offline
+    searches, a setting posted to one worker is what both answer with, an --add on disk is served without a restart,
+    and the search processes go with the server."""
+    live = tmp_path / "live"
+    shutil.copytree(default_index, live)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pyserini_aligner.serve", "--rest", "--port", str(port), "--index", f"live={live}",
+         "--workers", "2", "--reload-interval", "0.2"], env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "rest.log", "w"))
+    base = f"http://127.0.0.1:{port}/v1/indexes"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, (tmp_path / "rest.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "not listening"
+            try:
+                requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.5)
+        queries = scifact_queries(QUERIES)
+        with ThreadPoolExecutor(QUERIES) as pool:
+            got = list(pool.map(lambda q: rest_search(base, "live", q), queries))
+        for answer, expected in zip(got, offline(live, queries)):
+            assert_same_ranking(answer, expected)
+        assert requests.post(f"{base}/live/settings", json={"strategy": "top-k:2", "depth": 64}).status_code == 200
+        seen = [requests.get(f"{base}/live/settings").json() for _ in range(8)]
+        assert {(answer["strategy"], answer["depth"]) for answer in seen} == {("top-k:2", 64)}
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda q: rest_search(base, "live", q), queries[:4]))
+        for answer, expected in zip(got, offline(live, queries[:4], strategy="top-k:2", max_candidates=64)):
+            assert_same_ranking(answer, expected)
+        text = "Zebrafish fins regenerate through dedifferentiation of osteoblasts after amputation."
+        (tmp_path / "new.jsonl").write_text(json.dumps({"id": "new-1", "contents": text}) + "\n")
+        assert run_module("pyserini_aligner.index", "--index", live, "--add", tmp_path / "new.jsonl", "--quiet") == 0
+        deadline = time.monotonic() + 60
+        while requests.get(f"{base}/live/status").json()["documents"] != N_DOCS + 1:
+            assert time.monotonic() < deadline, "the new generation was not picked up"
+            time.sleep(0.2)
+        assert {rest_search(base, "live", text, hits=1)[0][0] for _ in range(4)} == {"new-1"}
+        searching = subprocess.run(["pgrep", "-P", str(server.pid), "-f", "search_process"], capture_output=True,
+                                   text=True).stdout.split()
+        assert len(searching) == 1  # one search process, shared by both workers
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    time.sleep(1)
+    for pid in searching:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+
+
 def mcp_call(url: str, calls: list[tuple[str, dict]]) -> list:
     """The tool names, then each tool call's result (its structured data, else the JSON of its one text block: a
     list that Pyserini's tools return), or the ToolError it raised."""
@@ -356,8 +410,8 @@ def test_search_process_answers_as_the_searcher_and_recovers_from_a_crash(defaul
         got = process.search(queries, 7)
         for i, answer in enumerate(got):
             assert_same_ranking(answer, [(h.docid, h.score) for h in expected[str(i)]])
-        info = process.call("update", 32, "top-k:2")
-        assert (info["depth"], info["strategy"]) == (32, "top-k:2") and process.info is info
+        assert process.call("update", 32, "top-k:2") is None
+        assert (process.info["depth"], process.info["strategy"]) == (32, "top-k:2")
         other = AlignerSearcher(default_index, strategy="top-k:2", max_candidates=32).search(queries[0], k=7)
         assert_same_ranking(process.search(queries[:1], 7)[0], [(h.docid, h.score) for h in other])
         with pytest.raises(ValueError, match="k must be"):
@@ -371,6 +425,51 @@ def test_search_process_answers_as_the_searcher_and_recovers_from_a_crash(defaul
     (tmp_path / "manifest.json").write_text("{}")
     with pytest.raises((ValueError, OSError)):
         SearchProcess(tmp_path, "cpu", 8)
+
+
+def test_search_process_merges_the_batches_of_its_connections(default_index, tmp_path):
+    """Searches that several connections (the HTTP workers of --workers) send together are searched as one device
+    batch, each answered as alone; a setting changed through one connection is what every other sees next; a search
+    process that dies is started again and the connections reach the new one."""
+    import signal
+
+    from pyserini_aligner.serve.search_process import SearchClient, SearchProcess, SearchProcessError
+
+    queries = scifact_queries(6)
+    expected = offline(default_index, queries, k=7)
+    address = str(tmp_path / "search.sock")
+    owner = SearchProcess(default_index, "cpu", 8, listen=address, gather_ms=1500)
+    owner.restart_on_exit(pause_s=0.1)
+    first, second = SearchClient(address), SearchClient(address)
+    try:
+        assert first.info["documents"] == N_DOCS and first.info["batches"] == 0
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda pair: pair[0].search(pair[1], 7),
+                                    [(first, queries[:4]), (second, queries[4:])]))
+        for answer, want in zip(answers[0] + answers[1], expected):
+            assert_same_ranking(answer, want)
+        owner.call("info")
+        assert (owner.info["batches"], owner.info["batched_queries"]) == (1, 6)  # one batch, not two
+        first.call("update", 32, "top-k:2")
+        second.search(queries[:1], 7)
+        assert (second.info["depth"], second.info["strategy"]) == (32, "top-k:2")
+        assert_same_ranking(second.search(queries[:1], 7)[0],
+                            offline(default_index, queries[:1], k=7, strategy="top-k:2", max_candidates=32)[0])
+        os.kill(owner._process.pid, signal.SIGKILL)
+        with pytest.raises(SearchProcessError, match="went away"):
+            first.search(queries[:1], 7)
+        deadline = time.monotonic() + 120
+        while True:  # restarted by the owner's watcher, on the index's own settings
+            try:
+                got = first.search(queries[:1], 7)
+                break
+            except SearchProcessError:
+                assert time.monotonic() < deadline, "the search process was not started again"
+                time.sleep(0.2)
+        assert_same_ranking(got[0], expected[0])
+    finally:
+        for connection in (first, second, owner):
+            connection.close()
 
 
 def test_bench_serve_loads_the_server_and_checks_every_answer(served, tmp_path):

@@ -1,7 +1,7 @@
 """What a batch costs beyond its queries: batches of several sizes searched on one device, and for each the wall time
 of every search step (as search_steps) and, from one profiled pass, what the host did in the step: kernel launches,
-waits for the device (stream and event synchronisations, which copies to the host cause) and copies, and how long
-the device was busy with kernels. A step whose wall grows less than its batch, with many waits and an idle device,
+waits for the device (stream and event synchronisations, which copies to the host cause) and copies, how long
+the device was busy with kernels, and which torch operators the host called most. A step whose wall grows less than its batch, with many waits and an idle device,
 has fixed costs that a bigger batch or fewer host round trips would remove.
 
     python -m eval.experiments.batch_cost --index DIR --beir-zip scifact.zip --size 1m --device cuda
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import sys
+from collections import Counter
 from pathlib import Path
 
 from eval.cli import configure_logging, positive_ints
@@ -26,6 +27,7 @@ from eval.experiments.search_steps import (STEPS, batch_texts, study_parser, syn
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize")  # the clock's own cudaDeviceSynchronize is not counted
 COPIES = ("cudaMemcpyAsync", "cudaMemcpy")
+TOP_OPS = 12  # most frequent host operators listed per step
 COUNTED = {**{name: "launches" for name in LAUNCHES}, **{name: "waits" for name in WAITS},
            **{name: "copies" for name in COPIES}}
 
@@ -37,10 +39,13 @@ def step_of(start_us: float, ends: list[tuple[float, str]]) -> str | None:
     return ends[position][1] if position < len(ends) else None
 
 
-def attribute(events: list[tuple[str, bool, float, float]], ends: list[tuple[float, str]]) -> dict[str, dict]:
-    """Per step: counts of launches, waits and copies and the device's busy ms, from profiler ``events`` given as
-    (name, on the device, start µs, duration µs), the step end markers ``ends`` as in :func:`step_of`."""
+def attribute(events: list[tuple[str, bool, float, float]], ends: list[tuple[float, str]],
+              top: int = TOP_OPS) -> dict[str, dict]:
+    """Per step: counts of launches, waits and copies, the device's busy ms, and the ``top`` most frequent torch
+    operators called on the host (``ops``: [name, calls], nested calls counted too), from profiler ``events`` given
+    as (name, on the device, start µs, duration µs), the step end markers ``ends`` as in :func:`step_of`."""
     steps = {step: {"launches": 0, "waits": 0, "copies": 0, "busy_ms": 0.0} for _, step in ends}
+    calls: dict[str, Counter] = {step: Counter() for _, step in ends}
     for name, on_device, start, duration in events:
         step = step_of(start, ends)
         if step is None:
@@ -49,8 +54,11 @@ def attribute(events: list[tuple[str, bool, float, float]], ends: list[tuple[flo
             steps[step]["busy_ms"] += duration / 1000.0
         elif name in COUNTED:
             steps[step][COUNTED[name]] += 1
-    for row in steps.values():
+        elif name.startswith("aten::"):
+            calls[step][name] += 1
+    for step, row in steps.items():
         row["busy_ms"] = round(row["busy_ms"], 2)
+        row["ops"] = [[name, count] for name, count in calls[step].most_common(top)]
     return steps
 
 
@@ -107,6 +115,14 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {batch} | {step} | {row[step]} | {round(row[step] / batch, 3)} | "
                              f"{counts.get('launches', '')} | {counts.get('waits', '')} | {counts.get('copies', '')} | "
                              f"{counts.get('busy_ms', '')} |")
+    last = report["rows"][-1] if report["rows"] else None
+    if last is not None:
+        lines += ["", f"Most frequent torch operators called on the host in each step (batch {last['batch']}, the "
+                      "profiled pass; nested calls counted too):", ""]
+        for step in STEPS:
+            ops = last["profile"].get(step, {}).get("ops")
+            if ops:
+                lines.append(f"- {step}: " + ", ".join(f"{name[len('aten::'):]} {count}" for name, count in ops))
     return "\n".join(lines) + "\n"
 
 

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="requests handled at once (worker threads; more wait their turn)")
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="with --rest: HTTP worker processes (uvicorn's), sharing one search process per AligneR "
-                             "index, which merges their batches (up to workers x --max-batch queries)")
+                             "index, which merges their batches (waiting up to --batch-wait-ms for those of the "
+                             "others; up to workers x --max-batch queries)")
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                         help="with --mcp: stdio (the client starts the server) or http")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -104,7 +105,8 @@ def serve_rest_workers(config: ServeConfig, host: str, port: int, concurrency: i
         for number, (name, path) in enumerate(config.indexes.items()):
             sockets[name] = str(folder / f"{number}.sock")
             try:
-                process = SearchProcess(path, config.device, config.max_batch * workers, listen=sockets[name])
+                process = SearchProcess(path, config.device, config.max_batch * workers, listen=sockets[name],
+                                        gather_ms=config.batch_wait_ms)
             except (ValueError, OSError, RuntimeError) as error:
                 raise type(error)(f"--index {name}={path}: {error}") from None
             processes.append(process)

@@ -121,8 +121,8 @@ def _failure(error: Exception) -> tuple[str, str]:
 class _Service:
     """The child's loop: read what every connection sent, answer it, repeat."""
 
-    def __init__(self, owner: socket.socket, listener: socket.socket | None):
-        self.owner, self.listener, self.child = owner, listener, None
+    def __init__(self, owner: socket.socket, listener: socket.socket | None, gather_s: float = 0.0):
+        self.owner, self.listener, self.child, self.gather_s = owner, listener, None, gather_s
         self.selector = selectors.DefaultSelector()
         self.buffers: dict[socket.socket, bytearray] = {}
         self._add(owner)
@@ -139,27 +139,47 @@ class _Service:
         conn.close()
 
     def run(self) -> None:
-        """Serve until the owner's connection closes."""
+        """Serve until the owner's connection closes. With ``gather_s`` and other processes connected, a search
+        waits up to that long for the searches of the connections that have none pending yet (each has at most one
+        in flight), so that their queries share a device batch."""
         while True:
-            pending = []
-            for key, _ in self.selector.select():
-                conn = key.fileobj
-                if conn is self.listener:
-                    if self.child is not None:  # others connect once the index is open
-                        self._add(self.listener.accept()[0])
-                    continue
-                try:
-                    data = conn.recv(_READ_BUFFER)
-                except OSError:
-                    data = b""
-                if not data:
-                    if conn is self.owner:
-                        return
-                    self._drop(conn)
-                    continue
-                self.buffers[conn] += data
-                pending += [(conn, message) for message in split_frames(self.buffers[conn])]
+            pending = self.receive(None)
+            if pending is None:
+                return
+            deadline = time.monotonic() + self.gather_s
+            while self.gather_s > 0 and any(message[0] == "search" for _, message in pending):
+                asking = {conn for conn, _ in pending}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or all(conn in asking for conn in self.buffers if conn is not self.owner):
+                    break
+                more = self.receive(remaining)
+                if more is None:
+                    return
+                pending += more
             self.answer(pending)
+
+    def receive(self, timeout: float | None) -> list[tuple[socket.socket, tuple]] | None:
+        """The messages that arrive within ``timeout`` seconds (None: wait for some), with their connections; None
+        when the owner's connection closed."""
+        pending = []
+        for key, _ in self.selector.select(timeout):
+            conn = key.fileobj
+            if conn is self.listener:
+                if self.child is not None:  # others connect once the index is open
+                    self._add(self.listener.accept()[0])
+                continue
+            try:
+                data = conn.recv(_READ_BUFFER)
+            except OSError:
+                data = b""
+            if not data:
+                if conn is self.owner:
+                    return None
+                self._drop(conn)
+                continue
+            self.buffers[conn] += data
+            pending += [(conn, message) for message in split_frames(self.buffers[conn])]
+        return pending
 
     def answer(self, pending: list[tuple[socket.socket, tuple]]) -> None:
         """Requests other than searches first, in the order received; then the searches, one batch per k."""
@@ -266,12 +286,12 @@ class _Connection:
 class SearchProcess(_Connection):
     """The owner's side: one child process searching the index at ``path`` on ``device`` (batches of at most
     ``batch_size`` queries on the device); with ``listen``, it also answers :class:`SearchClient` connections at that
-    Unix socket path. A child that dies fails the calls in flight with :class:`SearchProcessError` and is started
+    Unix socket path, a search waiting up to ``gather_ms`` for theirs. A child that dies fails the calls in flight with :class:`SearchProcessError` and is started
     again for the owner's next call (listening again at the same path)."""
 
-    def __init__(self, path: str, device: str, batch_size: int, listen: str | None = None):
+    def __init__(self, path: str, device: str, batch_size: int, listen: str | None = None, gather_ms: float = 0.0):
         super().__init__()
-        self._open = (str(path), device, batch_size)
+        self._open, self._gather_ms = (str(path), device, batch_size), gather_ms
         self._process: subprocess.Popen | None = None
         self._listener, self._closed = None, False
         if listen is not None:
@@ -291,9 +311,10 @@ class SearchProcess(_Connection):
             raise SearchProcessError(f"the search process of {self._open[0]} was closed")
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         passed = [theirs.fileno()] + ([self._listener.fileno()] if self._listener is not None else [])
+        gather = [str(self._gather_ms)] if self._listener is not None else []
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, *map(str, passed)], pass_fds=passed, stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", __name__, *map(str, passed), *gather], pass_fds=passed, stdin=subprocess.DEVNULL,
                 stdout=2)  # its output goes to the server's log, never to an MCP stdio pipe
         except OSError:
             mine.close()
@@ -376,11 +397,12 @@ class SearchClient(_Connection):
         return SearchProcessError(f"the search process at {self.address} went away")
 
 
-def _serve(owner_fd: int, listen_fd: int | None) -> None:
+def _serve(owner_fd: int, listen_fd: int | None, gather_ms: float) -> None:
     owner = socket.socket(fileno=owner_fd)
     listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
-    _Service(owner, listener).run()
+    _Service(owner, listener, gather_ms / 1000.0).run()
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    _serve(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None,
+           float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)

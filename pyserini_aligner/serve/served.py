@@ -199,6 +199,7 @@ class ServedAligner(ServedIndex):
         return {**answer, "candidates": await run_in_threadpool(candidates, self, found)}
 
     def settings(self) -> dict[str, Any]:
+        self.process.call("info")  # as the search process has them now (another worker may have changed them)
         info = self.process.info
         return {"strategy": info["strategy"], "depth": info["depth"]}
 
@@ -218,9 +219,9 @@ class ServedAligner(ServedIndex):
         self.process.call("update", depth, strategy)  # between batches: a batch runs on one setting
 
     def status(self) -> dict[str, Any]:
-        self.process.call("info")
+        common = super().status()  # its settings() asks the search process for the information read here
         info = self.process.info
-        return {**super().status(), "size_bytes": str(info["size_bytes"]), "path": str(self.path),
+        return {**common, "size_bytes": str(info["size_bytes"]), "path": str(self.path),
                 "generation": info["generation"], "documents": info["documents"], "segments": info["segments"],
                 "codec": info["codec"], "model": info["model"], "device": info["device"],
                 "batch_wait_ms": self.config.batch_wait_ms, "max_batch": self.config.max_batch,
