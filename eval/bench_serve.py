@@ -36,6 +36,7 @@ from eval.cli import configure_logging
 log = logging.getLogger("eval.bench_serve")
 TIE_TOLERANCE = 1e-5  # relative difference of two scores that float32 rounding of a batch can explain
 CLIENT_STRIDE = 7  # a client steps through the topics this many at a time (clients start at different topics)
+CLIENT_SWITCH_S = 0.0005  # a client thread whose answer arrived waits at most this long for the interpreter lock
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -113,26 +114,35 @@ def compare(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> 
 
 def _clients(url: str, queries: list[str], reference: list[list], first: int, clients: int, measure_at: float,
              stop_at: float) -> tuple[list[float], dict]:
-    """``clients`` threads, each a session sending one query at a time until ``stop_at`` (``time.time()``); the
-    requests that finish in [``measure_at``, ``stop_at``) are counted. Returns their latencies (s) and outcomes."""
-    import requests
+    """``clients`` threads, each a kept-alive HTTP connection (the standard library's: little work a request, so
+    the load generator adds little to the latencies it measures) sending one query at a time until ``stop_at``
+    (``time.time()``); the requests that finish in [``measure_at``, ``stop_at``) are counted. Returns their
+    latencies (s) and outcomes."""
+    import http.client
+    from urllib.parse import urlsplit
 
+    sys.setswitchinterval(CLIENT_SWITCH_S)
+    where = urlsplit(url)
     latencies: list[list[float]] = [[] for _ in range(clients)]
     outcomes = {"same": 0, "near_tie": 0, "wrong": 0, "errors": 0}
     lock = threading.Lock()
+    bodies = [json.dumps({"query": query, "hits": len(expected) or 1}).encode() for query, expected in
+              zip(queries, reference)]
 
     def client(number: int) -> None:
-        session = requests.Session()
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=120)
         position = (first + number) % len(queries)
         while time.time() < stop_at:
             started = time.perf_counter()
             try:
-                answer = session.post(url, json={"query": queries[position], "hits": len(reference[position]) or 1},
-                                      timeout=120)
-                ok = answer.status_code == 200
-                got = [(c["docid"], c["score"]) for c in answer.json()["candidates"]] if ok else None
-            except (requests.RequestException, ValueError, KeyError):
+                connection.request("POST", where.path, bodies[position], {"Content-Type": "application/json"})
+                answer = connection.getresponse()
+                data = answer.read()
+                ok = answer.status == 200
+                got = [(c["docid"], c["score"]) for c in json.loads(data)["candidates"]] if ok else None
+            except (OSError, http.client.HTTPException, ValueError, KeyError):
                 ok, got = False, None
+                connection.close()  # connected again by the next request
             elapsed, finished = time.perf_counter() - started, time.time()
             if measure_at <= finished < stop_at:
                 latencies[number].append(elapsed)
@@ -140,6 +150,7 @@ def _clients(url: str, queries: list[str], reference: list[list], first: int, cl
                 with lock:
                     outcomes[outcome] += 1
             position = (position + CLIENT_STRIDE) % len(queries)
+        connection.close()
 
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
     for thread in threads:
