@@ -295,9 +295,12 @@ class CodeShard:
         q, q_mask = q.to(self.device), q_mask.to(self.device)
         local, mine, lengths = self._held(rows.to(self.device), valid.to(self.device))
         out = torch.full(rows.shape, -torch.inf, device=self.device)
-        if not bool(mine.any()):
+        if not mine.numel():
             return out
-        width = max(int(lengths.max()), 1) if width is None else width
+        held, longest = torch.stack([mine.any().long(), lengths.max().long()]).tolist()  # one copy to the host
+        if not held:
+            return out
+        width = max(longest, 1) if width is None else width
         span = torch.arange(width, device=self.device)
         budget = self.elements if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
         padded = torch.full_like(lengths[:, 0], rows.shape[1] * width)  # padded candidate tokens per query
@@ -429,8 +432,10 @@ def query_chunks(real: Tensor, tokens: Tensor, table_width: int, budget: int, ex
     chunk). A query costs n × (tokens + table_width) + extra elements; a chunk holds at most ``budget`` (at least one
     query). real [B]: real query tokens; tokens [B]: candidate tokens per query; extra [B] or None."""
     order = torch.argsort(real, descending=True, stable=True)
-    real_host, tokens_host = real[order].cpu().tolist(), tokens[order].cpu().tolist()
-    extra_host = extra[order].cpu().tolist() if extra is not None else [0] * len(real_host)
+    columns = [real, tokens] + ([extra] if extra is not None else [])
+    host = torch.stack([column[order].long() for column in columns]).cpu().tolist()  # one copy to the host
+    real_host, tokens_host = host[0], host[1]
+    extra_host = host[2] if extra is not None else [0] * len(real_host)
     start = 0
     while start < len(order):
         n = max(int(real_host[start]), 1)
