@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 
 _HEADER = struct.Struct("<Q")
 _READ_BUFFER = 1 << 20  # bytes a socket read asks for
+ACTIVE_S = 2.0  # a connection whose search was answered this recently is waited for by the next batch
 
 
 class SearchProcessError(RuntimeError):
@@ -123,6 +124,7 @@ class _Service:
 
     def __init__(self, owner: socket.socket, listener: socket.socket | None, gather_s: float = 0.0):
         self.owner, self.listener, self.child, self.gather_s = owner, listener, None, gather_s
+        self.searched: dict[socket.socket, float] = {}  # connection -> when its last search was answered
         self.selector = selectors.DefaultSelector()
         self.buffers: dict[socket.socket, bytearray] = {}
         self._add(owner)
@@ -136,12 +138,13 @@ class _Service:
     def _drop(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
         del self.buffers[conn]
+        self.searched.pop(conn, None)
         conn.close()
 
     def run(self) -> None:
-        """Serve until the owner's connection closes. With ``gather_s`` and other processes connected, a search
-        waits up to that long for the searches of the connections that have none pending yet (each has at most one
-        in flight), so that their queries share a device batch."""
+        """Serve until the owner's connection closes. With ``gather_s``, a search waits up to that long for the
+        searches of the connections that searched in the last ACTIVE_S seconds and have none pending yet (each has at
+        most one in flight), so that under load their queries share a device batch; a lone client waits for nobody."""
         while True:
             pending = self.receive(None)
             if pending is None:
@@ -150,7 +153,9 @@ class _Service:
             while self.gather_s > 0 and any(message[0] == "search" for _, message in pending):
                 asking = {conn for conn, _ in pending}
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or all(conn in asking for conn in self.buffers if conn is not self.owner):
+                now = time.monotonic()
+                if remaining <= 0 or all(conn in asking for conn, last in self.searched.items()
+                                         if now - last <= ACTIVE_S):
                     break
                 more = self.receive(remaining)
                 if more is None:
@@ -210,8 +215,9 @@ class _Service:
                 for conn, _ in asked:
                     self.send(conn, ("error", *_failure(error)))
                 continue
-            start = 0
+            start, now = 0, time.monotonic()
             for conn, queries in asked:
+                self.searched[conn] = now
                 self.send(conn, ("ok", found[start:start + len(queries)]))
                 start += len(queries)
 
