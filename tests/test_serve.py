@@ -504,6 +504,8 @@ def test_a_bad_registration_stops_the_server_with_one_line(tmp_path):
     (tmp_path / "idx" / "manifest.json").write_text('{"format": "pyserini-aligner"}')  # never opened: refused first
     unpaired = run("pyserini_aligner.serve", "--mcp", "--index", f"sci={tmp_path / 'idx'}", "--bm25", "other=x")
     assert unpaired.returncode == 2 and "--bm25 other=x: no AligneR index 'other' is registered" in unpaired.stderr
+    workers = run("pyserini_aligner.serve", "--mcp", "--index", f"sci={tmp_path / 'idx'}", "--workers", "2")
+    assert workers.returncode == 2 and "--workers goes with --rest" in workers.stderr
     pyserini = run("pyserini.server.rest", "--port", str(free_port()), PYSERINI_ALIGNER_INDEXES="scifact")
     assert pyserini.returncode == 2 and "Traceback" not in pyserini.stderr
     assert pyserini.stderr.strip().splitlines()[-1] == (
