@@ -104,7 +104,6 @@ class ServeConfig:
                              "batch_wait_ms": ENV_BATCH_WAIT_MS, "max_batch": ENV_MAX_BATCH,
                              "reload_s": ENV_RELOAD_S, "max_query_chars": ENV_MAX_QUERY_CHARS})
 
-
     def environment(self) -> dict[str, str]:
         """The ``PYSERINI_ALIGNER_*`` variables that describe this configuration (:meth:`from_env` reads it back)."""
         def pairs(mapping: dict[str, str]) -> str:
