@@ -401,10 +401,9 @@ def best_entries(scores: Tensor, docs: Tensor, width: int) -> tuple[Tensor, Tens
     entries of each row of ``scores`` [R, W], best first, ties in position order: the first K of a stable sort of
     each row from the largest. docs [R, W]. Only the entries at or above a row's K-th largest score are sorted."""
     r, w = scores.shape
-    out_scores = torch.full((r, width + 1), -torch.inf, device=scores.device)
-    out_docs = torch.full((r, width + 1), -1, dtype=torch.long, device=scores.device)
     if r == 0 or w == 0 or width == 0:
-        return out_scores[:, :width], out_docs[:, :width]
+        return (torch.full((r, width), -torch.inf, device=scores.device),
+                torch.full((r, width), -1, dtype=torch.long, device=scores.device))
     keep = torch.isfinite(scores)
     if w > width:
         keep &= scores >= scores.topk(width, dim=1, sorted=False).values.amin(1, keepdim=True)
@@ -414,10 +413,17 @@ def best_entries(scores: Tensor, docs: Tensor, width: int) -> tuple[Tensor, Tens
     owner, at, value = owner[order], at[order], value[order]
     per_row = torch.zeros(r, dtype=torch.long, device=scores.device).index_add_(0, owner, torch.ones_like(owner))
     rank = torch.arange(len(owner), device=scores.device) - (torch.cumsum(per_row, 0) - per_row)[owner]
-    column = torch.where(rank < width, rank, width)  # past the K best: a spare column, dropped (no host round trip)
-    out_scores[owner, column] = value
-    out_docs[owner, column] = docs[owner, at].long()
-    return out_scores[:, :width], out_docs[:, :width]
+    return (ranked_into(owner, rank, value.float(), r, width, -torch.inf),
+            ranked_into(owner, rank, docs[owner, at].long(), r, width, -1))
+
+
+def ranked_into(rows: Tensor, ranks: Tensor, values: Tensor, count: int, width: int, fill: float) -> Tensor:
+    """[count, width] of ``values`` [N] at (``rows``, ``ranks``) where the rank is below ``width``, ``fill``
+    elsewhere; (row, rank) pairs are distinct. Written without a host round trip: what ranks past the width goes to a
+    spare column, dropped."""
+    out = torch.full((count, width + 1), fill, dtype=values.dtype, device=values.device)
+    out[rows, torch.where(ranks < width, ranks, width)] = values
+    return out[:, :width]
 
 
 def descending_key(values: Tensor) -> Tensor:
@@ -521,12 +527,7 @@ def rank_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, lim
     counts = torch.bincount(query, minlength=batch)
     rank = torch.arange(len(query), device=device) - (torch.cumsum(counts, 0) - counts)[query]
     width = max(1, min(limit, int(counts.max()) if len(counts) else 1))
-    column = torch.where(rank < width, rank, width)  # past the width: a spare column, dropped (no host round trip)
-    out = torch.full((batch, width + 1), -1, dtype=torch.long, device=device)
-    out_proxy = torch.full((batch, width + 1), -torch.inf, dtype=torch.float64, device=device)
-    out[query, column] = doc
-    out_proxy[query, column] = proxy
-    return out_proxy[:, :width], out[:, :width]
+    return ranked_into(query, rank, proxy, batch, width, -torch.inf), ranked_into(query, rank, doc, batch, width, -1)
 
 
 def ascending(rows: Tensor) -> tuple[Tensor, Tensor]:
