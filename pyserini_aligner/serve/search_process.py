@@ -151,9 +151,8 @@ class _Service:
                 return
             deadline = time.monotonic() + self.gather_s
             while self.gather_s > 0 and any(message[0] == "search" for _, message in pending):
-                asking = {conn for conn, _ in pending}
-                remaining = deadline - time.monotonic()
-                now = time.monotonic()
+                asking, now = {conn for conn, _ in pending}, time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0 or all(conn in asking for conn, last in self.searched.items()
                                          if now - last <= ACTIVE_S):
                     break
