@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextvars
+import functools
 import gc
 import logging
 import os
@@ -34,7 +35,6 @@ LISTED: dict[str, dict] = {}  # served name -> description: Pyserini's INDEX_TYP
 POSTED_SETTINGS: contextvars.ContextVar[dict] = contextvars.ContextVar("posted_settings", default={})
 _REGISTRY: list = []
 CONTROLLER_CALL = "_aligner_controller_call"  # the name routes call controller_call by
-_THREADS_LIMITED: list[bool] = []  # whether this process's thread limit was set from the environment
 
 
 def registry():
@@ -109,14 +109,18 @@ async def controller_call(method: str, controller, *args: Any, **kwargs: Any) ->
             return await served.search_async(query, k, qid)
     from starlette.concurrency import run_in_threadpool
 
-    if not _THREADS_LIMITED:
-        _THREADS_LIMITED.append(True)
-        limit = os.environ.get(serve_config.ENV_CONCURRENCY, "").strip()
-        if limit:  # an HTTP worker of --workers: the thread limit of --concurrency
-            import anyio.to_thread
-
-            anyio.to_thread.current_default_thread_limiter().total_tokens = int(limit)
+    _limit_threads()
     return await run_in_threadpool(getattr(controller, method), *args, **kwargs)
+
+
+@functools.cache
+def _limit_threads() -> None:
+    """In an HTTP worker of ``--workers``, the thread limit of ``--concurrency`` (from the environment), set once."""
+    limit = os.environ.get(serve_config.ENV_CONCURRENCY, "").strip()
+    if limit:
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = int(limit)
 
 
 def _search_arguments(query, index_name, k=10, qid="", *rest, **options) -> tuple[Any, Any, str]:

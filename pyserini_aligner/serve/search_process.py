@@ -291,8 +291,9 @@ class _Connection:
 class SearchProcess(_Connection):
     """The owner's side: one child process searching the index at ``path`` on ``device`` (batches of at most
     ``batch_size`` queries on the device); with ``listen``, it also answers :class:`SearchClient` connections at that
-    Unix socket path, a search waiting up to ``gather_ms`` for theirs. A child that dies fails the calls in flight with :class:`SearchProcessError` and is started
-    again for the owner's next call (listening again at the same path)."""
+    Unix socket path, a search waiting up to ``gather_ms`` for theirs. A child that dies fails the calls in flight
+    with :class:`SearchProcessError` and is started again for the owner's next call (listening again at the same
+    path)."""
 
     def __init__(self, path: str, device: str, batch_size: int, listen: str | None = None, gather_ms: float = 0.0):
         super().__init__()
