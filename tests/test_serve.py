@@ -367,6 +367,33 @@ def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_in
     failing.close()
 
 
+def test_batcher_keeps_several_batches_in_flight(default_index):
+    """With in_flight=3 the next batch is gathered and searched while earlier ones are still being searched (each of
+    these three batches waits until all three are searching), and every query gets its own hits."""
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.serve.batching import QueryBatcher
+
+    searcher = AlignerSearcher(default_index)
+    queries = scifact_queries(6)
+    alone = [[(h.docid, h.score) for h in searcher.search(q, k=4)] for q in queries]
+    search_batch, sizes = recording_batch_search(searcher)
+    together = threading.Barrier(3, timeout=60)
+
+    def held(texts, k):
+        together.wait()
+        return search_batch(texts, k)
+
+    batcher = QueryBatcher(held, wait_ms=200, max_batch=2, in_flight=3)
+    futures = [batcher.submit(q, 4) for q in queries]
+    got = [future.result(timeout=120) for future in futures]
+    batcher.close()
+    assert sorted(sizes) == [2, 2, 2] and batcher.batches == 3 and batcher.queries == 6
+    for answer, expected in zip(got, alone):
+        assert_same_ranking([(h.docid, h.score) for h in answer], expected)
+    with pytest.raises(ValueError, match="in_flight"):
+        QueryBatcher(held, wait_ms=0, max_batch=2, in_flight=0)
+
+
 def test_batcher_answers_coroutines_in_batches_as_alone(default_index):
     """Queries submitted by coroutines of one event loop are searched together and each gets its own hits; a
     batch's error reaches every coroutine of it."""
@@ -453,6 +480,15 @@ def test_search_process_merges_the_batches_of_its_connections(default_index, tmp
                 assert_same_ranking(answer, want)
         owner.call("info")
         assert owner.info["batches"] == before + 1  # one batch, not two
+        for _ in range(2):  # one client called from two threads at once: two connections, merged the same way
+            owner.call("info")
+            before = owner.info["batches"]
+            with ThreadPoolExecutor(2) as pool:
+                answers = list(pool.map(lambda part: first.search(part, 7), [queries[:3], queries[3:]]))
+            for answer, want in zip(answers[0] + answers[1], expected):
+                assert_same_ranking(answer, want)
+        owner.call("info")
+        assert owner.info["batches"] == before + 1
         first.call("update", 32, "top-k:2")
         second.search(queries[:1], 7)
         assert (second.info["depth"], second.info["strategy"]) == (32, "top-k:2")

@@ -6,6 +6,10 @@ first query waiting, gathers those that arrive within ``wait_ms`` (at most ``max
 hit count and hands every caller its own hits: the asyncio futures of one loop are all settled by one callback on that
 loop, so a batch wakes the loop once rather than once per query (each wake-up makes the batcher's thread wait for the
 interpreter lock while the loop works). The event loop only ever awaits.
+
+With ``in_flight`` above one, each batch is searched on a thread of its own (at most ``in_flight`` at once) and the
+next is gathered at once, so a searcher that merges the batches it receives (a search process serving several
+connections) sees every query waiting, not only those whose batch's turn came.
 """
 from __future__ import annotations
 
@@ -41,16 +45,21 @@ def _settle(settled: list[tuple[asyncio.Future, list | None, BaseException | Non
 class QueryBatcher:
     """Run ``search_batch`` over batches of the queries submitted concurrently.
 
-    A batch holds the queries waiting when the worker becomes free plus those arriving within ``wait_ms`` of the
-    first one, up to ``max_batch``; queries asking for different numbers of hits are searched as separate batches
-    (the depth of a search depends on it, so each answer is the one a search of that query alone gives).
+    A batch holds the queries waiting when one of ``in_flight`` batches may start plus those arriving within
+    ``wait_ms`` of the first one, up to ``max_batch``; queries asking for different numbers of hits are searched as
+    separate batches (the depth of a search depends on it, so each answer is the one a search of that query alone
+    gives). ``search_batch`` is called from up to ``in_flight`` threads at once.
     """
 
-    def __init__(self, search_batch: SearchBatch, wait_ms: float, max_batch: int, name: str = "batcher"):
-        if wait_ms < 0 or max_batch < 1:
-            raise ValueError(f"wait_ms must be >= 0 and max_batch >= 1, got {wait_ms} and {max_batch}")
+    def __init__(self, search_batch: SearchBatch, wait_ms: float, max_batch: int, name: str = "batcher",
+                 in_flight: int = 1):
+        if wait_ms < 0 or max_batch < 1 or in_flight < 1:
+            raise ValueError(f"wait_ms must be >= 0, max_batch and in_flight >= 1, got {wait_ms}, {max_batch} and "
+                             f"{in_flight}")
         self.search_batch, self.wait_s, self.max_batch = search_batch, wait_ms / 1000.0, max_batch
         self.batches = self.queries = 0
+        self._counted = threading.Lock()
+        self.name, self.in_flight, self._slots = name, in_flight, threading.Semaphore(in_flight)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"aligner-{name}", daemon=True)
         self._thread.start()
@@ -76,6 +85,8 @@ class QueryBatcher:
         """Stop after the queries already submitted."""
         self._queue.put(None)
         self._thread.join()
+        for _ in range(self.in_flight):  # the batches in flight are answered
+            self._slots.acquire()
 
     def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
         batch, deadline = [first], time.monotonic() + self.wait_s
@@ -98,10 +109,21 @@ class QueryBatcher:
     def _run(self) -> None:
         stop = False
         while not stop:
+            self._slots.acquire()  # a batch may start: gather what waits
             first = self._queue.get()
             if first is None:
+                self._slots.release()
                 return
             batch, stop = self._gather(first)
+            if self.in_flight == 1:
+                self._search(batch)
+            else:
+                threading.Thread(target=self._search, args=(batch,), name=f"aligner-{self.name}-batch",
+                                 daemon=True).start()
+
+    def _search(self, batch: list[_Pending]) -> None:
+        """Search ``batch``, one search per hit count, and answer its callers; frees the batch's slot."""
+        try:
             by_k: dict[int, list[_Pending]] = {}
             for item in batch:
                 if item.loop is not None or item.future.set_running_or_notify_cancel():
@@ -112,8 +134,11 @@ class QueryBatcher:
                 except BaseException as error:  # noqa: BLE001 - handed to every caller of the batch
                     self._answer(items, [None] * len(items), error)
                     continue
-                self.batches, self.queries = self.batches + 1, self.queries + len(items)
+                with self._counted:
+                    self.batches, self.queries = self.batches + 1, self.queries + len(items)
                 self._answer(items, list(found), None)
+        finally:
+            self._slots.release()
 
     @staticmethod
     def _answer(items: list[_Pending], found: list, error: BaseException | None) -> None:

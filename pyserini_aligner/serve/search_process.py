@@ -4,9 +4,9 @@ In the server's process, the searches would share one interpreter lock with the 
 a search gives the lock away, and a busy request thread keeps it for up to the switch interval before the search gets
 it back. :class:`SearchProcess` starts ``python -m pyserini_aligner.serve.search_process FD [LISTEN_FD]``, which
 opens the index and answers requests over Unix sockets (pickled frames: an 8-byte length, then the pickle): the
-owner's socket pair and, with ``listen``, the connections of other processes (:class:`SearchClient`, one per HTTP
-worker of ``--workers``). Each connection has one request in flight. The searches that arrived while the process was
-busy, from every connection, are searched together as one batch per ``k``; other requests (reopen, update, info) run
+owner's socket pair and, with ``listen``, the connections of other processes (:class:`SearchClient`: HTTP workers of
+``--workers``, a few connections each). Each connection has one request in flight. The searches that arrived while
+the process was busy, from every connection, are searched together as one batch per ``k``; other requests (reopen, update, info) run
 first, between batches, so a batch always runs on one generation and one setting. Every reply carries the index's
 current information, so each connection sees settings and generations changed through another. The process exits when
 its owner closes its end (or dies).
@@ -142,10 +142,17 @@ class _Service:
         conn.close()
 
     def run(self) -> None:
-        """Serve until the owner's connection closes. With ``gather_s``, a search waits up to that long for the
-        searches of the connections that searched in the last ACTIVE_S seconds and have none pending yet (each has at
-        most one in flight), so that under load their queries share a device batch; a lone client waits for nobody."""
+        """Serve until the owner's connection closes. What arrived while a batch ran is answered as soon as it ends.
+        With ``gather_s``, a search that finds the process idle waits up to that long for the searches of the
+        connections that searched in the last ACTIVE_S seconds and have none pending yet, so that at a moderate load
+        their queries share a device batch; a lone client waits for nobody."""
         while True:
+            pending = self.receive(0)
+            if pending is None:
+                return
+            if pending:
+                self.answer(pending)
+                continue
             pending = self.receive(None)
             if pending is None:
                 return
@@ -380,14 +387,13 @@ class SearchProcess(_Connection):
                 self._listener = None
 
 
-class SearchClient(_Connection):
-    """A connection to the search process of another process's :class:`SearchProcess` listening at ``address``
-    (a Unix socket path); connected again on the next call after the process went away."""
+class _ClientConnection(_Connection):
+    """One connection to the search process listening at ``address``; connected again on the next call after the
+    process went away."""
 
     def __init__(self, address: str):
         super().__init__()
         self.address = address
-        self.call("info")
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -401,6 +407,42 @@ class SearchClient(_Connection):
     def _lost(self) -> SearchProcessError:
         self._detach()
         return SearchProcessError(f"the search process at {self.address} went away")
+
+
+class SearchClient:
+    """Calls to the search process of another process's :class:`SearchProcess` listening at ``address`` (a Unix
+    socket path), from any number of threads at once: each call takes an idle connection or opens one, so calls
+    overlap and the search process merges them. ``info`` is what the last reply said of the index."""
+
+    info: dict[str, Any]
+
+    def __init__(self, address: str):
+        self.address = address
+        self._lock = threading.Lock()
+        self._idle: list[_ClientConnection] = []
+        self.call("info")
+
+    def call(self, operation: str, *arguments: Any) -> Any:
+        """As :meth:`_Connection.call`, on a connection no other call uses meanwhile."""
+        with self._lock:
+            connection = self._idle.pop() if self._idle else _ClientConnection(self.address)
+        try:
+            result = connection.call(operation, *arguments)
+            self.info = connection.info
+            return result
+        finally:
+            with self._lock:
+                self._idle.append(connection)  # the most recent first: a lone caller keeps using one connection
+
+    def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
+        """(docid, score) of the top ``k`` of each query, best first, as ``AlignerSearcher.rank``."""
+        return self.call("search", queries, k)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
 
 
 def _serve(owner_fd: int, listen_fd: int | None, gather_ms: float) -> None:

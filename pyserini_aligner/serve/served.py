@@ -18,6 +18,9 @@ from pyserini_aligner.serve.search_process import SearchClient, SearchProcess
 
 log = logging.getLogger(__name__)
 DEFAULT_FUSION_HITS = 100  # hits taken from each side of a hybrid before fusion (Pyserini's fusion --hits)
+# batches an HTTP worker of --workers has at its search process at once: the process merges what all workers sent
+# while it searched, so a query waits for the batch running and its own, not for its worker's earlier batches
+WORKER_BATCHES_IN_FLIGHT = 16
 
 
 def query_text(query: Any, max_chars: int) -> str:
@@ -167,13 +170,14 @@ class ServedAligner(ServedIndex):
                  qrels: str | None = None):
         super().__init__(name, config, docs)
         self.path, self.qrels, self.aligner = Path(path), qrels, self
+        in_flight = 1
         if name in config.sockets:
-            self.process = SearchClient(config.sockets[name])
+            self.process, in_flight = SearchClient(config.sockets[name]), WORKER_BATCHES_IN_FLIGHT
         else:
             self.process = SearchProcess(path, config.device, config.max_batch)
             if config.reload_s > 0:
                 watch_generation(self.process, self.path, name, config.reload_s)
-        self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name)
+        self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name, in_flight)
 
     @property
     def size(self) -> int:
