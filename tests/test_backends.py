@@ -100,12 +100,12 @@ def test_backend_searched_to_exhaustion_ranks_as_the_reference(request, model, c
         assert GONE not in {d for d, _ in got}
 
 
-@pytest.mark.parametrize("placement", ["replicate", "shard", "auto"])
-@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("count, placement", [(2, "replicate"), (3, "replicate"), (2, "shard"), (3, "auto")])
 def test_several_devices_rank_exactly_as_one(codes_index, model, placement, count):
     """At the default depth (interaction stage on), two or three CPU devices in either placement return the
     one-device ranking, scores to the last bit; one query at a time and batches (of two queries, split one and one
-    across replicas: three devices leave one without queries) alike. On CPU devices "auto" shards."""
+    across replicas: three devices leave one without queries) alike. On CPU devices "auto" shards (three shards
+    here)."""
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
                  batch_size=2)
     one = AlignerSearcher(codes_index, **knobs)
