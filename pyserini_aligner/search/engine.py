@@ -331,12 +331,15 @@ class CodeShard:
         centroid_rows = rows[:b * self.nlist].view(b, self.nlist, n)
         torch.matmul(self.centroids, q.transpose(1, 2), out=centroid_rows)  # q·c
         rows[b * self.nlist:] = torch.einsum("bnms,mks->bmkn", q.view(b, n, m, -1), self.token_books).reshape(-1, n)
-        owner = torch.arange(b, device=self.device).view(b, 1, 1, 1)
-        books = torch.arange(m, device=self.device) * 256
-        index = torch.cat([owner * self.nlist + (self.token_ids[positions].long() & 0xFFFF).unsqueeze(-1),
-                           b * self.nlist + owner * (m * 256) + books + self.token_codes[positions].long()], -1)
-        # one row per token: its centroid's row plus its R look-up-table rows, summed in that order
-        sim = torch.nn.functional.embedding_bag(index.reshape(-1, 1 + m), rows, mode="sum")
+        owner = torch.arange(b, dtype=torch.int32, device=self.device).view(b, 1, 1)
+        # one row per token: its centroid's row plus its R look-up-table rows, summed in that order (int32 indices:
+        # half the bytes of int64 to write and read)
+        index = torch.empty(*positions.shape, 1 + m, dtype=torch.int32, device=self.device)
+        index[..., 0] = (self.token_ids[positions].int() & 0xFFFF) + owner * self.nlist
+        index[..., 1:] = self.token_codes[positions]
+        index[..., 1:] += (b * self.nlist + owner * (m * 256)).unsqueeze(-1) + \
+            torch.arange(m, dtype=torch.int32, device=self.device) * 256
+        sim = torch.nn.functional.embedding_bag(index.view(-1, 1 + m), rows, mode="sum")
         sim = sim.view(*positions.shape, n)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
