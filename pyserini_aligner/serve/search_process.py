@@ -6,10 +6,10 @@ it back. :class:`SearchProcess` starts ``python -m pyserini_aligner.serve.search
 opens the index and answers requests over Unix sockets (pickled frames: an 8-byte length, then the pickle): the
 owner's socket pair and, with ``listen``, the connections of other processes (:class:`SearchClient`: HTTP workers of
 ``--workers``, a few connections each). Each connection has one request in flight. The searches that arrived while
-the process was busy, from every connection, are searched together as one batch per ``k``; other requests (reopen, update, info) run
-first, between batches, so a batch always runs on one generation and one setting. Every reply carries the index's
-current information, so each connection sees settings and generations changed through another. The process exits when
-its owner closes its end (or dies).
+the process was busy, from every connection, are searched together as one batch per ``k``; other requests (reopen,
+update, info) run first, between batches, so a batch always runs on one generation and one setting. Every reply
+carries the index's current information, so each connection sees settings and generations changed through another.
+The process exits when its owner closes its end (or dies).
 """
 from __future__ import annotations
 
