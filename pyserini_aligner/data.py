@@ -12,6 +12,7 @@ nothing is downloaded. Without it, ir_datasets' own download path is used unchan
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -119,6 +120,22 @@ def _field(record: dict, name: str, path: Path, number: int) -> str:
     return str(record[name])
 
 
+def build_docstore(dataset) -> None:
+    """Build the document store of ir_datasets ``dataset`` (if it has one that is built on first use) under a lock
+    that every process of this package takes: ir_datasets counts a store as built as soon as its first documents are
+    written, so a process reading while another builds the same store reads a half-written file."""
+    store = dataset.docs_store() if hasattr(dataset, "docs_store") else None
+    if not hasattr(store, "build"):
+        return
+    import ir_datasets
+
+    lock = Path(ir_datasets.util.home_path()) / ".aligner-docstore.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        store.build()
+
+
 class Dataset:
     """One test collection: ``docs()``, ``queries()`` and ``qrels()``, from ir_datasets or a BEIR folder.
 
@@ -148,6 +165,7 @@ class Dataset:
         else:
             if not self._ir.has_docs():
                 raise DataError(f"{self.spec!r} has no documents")
+            build_docstore(self._ir)
             for doc in self._ir.docs_iter():
                 count += 1
                 yield Doc(doc.doc_id, getattr(doc, "title", "") or "", doc.text)

@@ -1,5 +1,8 @@
 """Data loading through ir_datasets and local BEIR folders, with clear errors."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -62,3 +65,17 @@ def test_empty_corpus(tmp_path):
 def test_missing_qrels_file(scifact_small):
     with pytest.raises(DataError, match=r"data file missing: .*qrels/dev\.tsv"):
         Dataset(str(scifact_small), split="dev").qrels()
+
+
+def test_processes_reading_a_corpus_ir_datasets_has_not_stored_yet_all_read_it_whole(tmp_path):
+    """Several processes opening the same ir_datasets corpus in a fresh cache (pytest workers, torchrun ranks): one
+    builds the document store while the others wait for it, so none reads a half-written store."""
+    script = ("from pyserini_aligner.data import Dataset; "
+              "print(sum(1 for _ in Dataset('beir/scifact/test').docs()))")
+    env = {**os.environ, "IR_DATASETS_HOME": str(tmp_path / "home")}
+    children = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+        assert out.split() == ["5183"]

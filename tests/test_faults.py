@@ -262,6 +262,18 @@ def test_ctrl_c_while_indexing(beir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_as_the_build_folder_is_made_leaves_nothing(beir, tmp_path):
+    """A Ctrl-C that arrives between the creation of the build's temporary folder and the code that removes it on
+    failure (a fault point there sends SIGINT) still leaves nothing behind."""
+    child = subprocess.run([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(beir / "corpus.jsonl"),
+                            "--index", str(tmp_path / "idx"), "--quiet"], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYSERINI_ALIGNER_FAULT": "work-folder-made:1:SIGINT"},
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), timeout=300)
+    assert child.returncode == 130
+    assert child.stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in child.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # 5. clear errors for missing and mis-encoded inputs; beta names its flag
 
 

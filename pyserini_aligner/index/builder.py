@@ -13,7 +13,9 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -290,26 +292,59 @@ def write_index(target: Path, overwrite: bool, corpus_path, write: Callable[[Pat
         return manifest
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_work(target)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
-    lock = open(work / store.LOCK, "a")
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    held = _hold_signals()
     try:
-        manifest = write(work, 1)
-        manifest.generation = 1
-        store.write_manifest(work, manifest)
-        work.chmod(0o755)
-        faults.point("before-rename")
-        check_target(target, False, corpus_path)
-        if target.exists():
-            target.rmdir()  # an empty folder the user made for the index
-        os.replace(work, target)
-        store.fsync_dir(target.parent)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+        faults.point("work-folder-made")
+    except BaseException:
+        _release_signals(held)
+        raise
+    try:
+        _release_signals(held)  # Ctrl-C while the folder was made is raised here, where the folder is removed
+        lock = open(work / store.LOCK, "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            manifest = write(work, 1)
+            manifest.generation = 1
+            store.write_manifest(work, manifest)
+            work.chmod(0o755)
+            faults.point("before-rename")
+            check_target(target, False, corpus_path)
+            if target.exists():
+                target.rmdir()  # an empty folder the user made for the index
+            os.replace(work, target)
+            store.fsync_dir(target.parent)
+        finally:
+            lock.close()
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    finally:
-        lock.close()
     return manifest
+
+
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _hold_signals() -> tuple[dict, list]:
+    """Hold SIGINT and SIGTERM (those with Python-level handlers; only the main thread can) until
+    :func:`_release_signals`: ({signal: its handler}, the signals that arrived meanwhile)."""
+    handlers: dict = {}
+    came: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        for number in _HELD_SIGNALS:
+            if signal.getsignal(number) is not None:
+                handlers[number] = signal.signal(number, lambda caught, _frame: came.append(caught))
+    return handlers, came
+
+
+def _release_signals(held: tuple[dict, list]) -> None:
+    """Put the handlers of :func:`_hold_signals` back and raise each signal that arrived meanwhile again, so its
+    handler runs now (Ctrl-C: KeyboardInterrupt)."""
+    handlers, came = held
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
+    for number in dict.fromkeys(came):
+        signal.raise_signal(number)
 
 
 def _current_generation(target: Path) -> int:
