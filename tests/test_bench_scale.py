@@ -162,18 +162,25 @@ def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
 
 
 def test_multi_gpu_harness_on_cpu_processes(tmp_path, capsys):
-    """eval.bench_scale.multi with two CPU processes: the corpus written in parts, one index of two segments built
-    by torchrun, searched on one "device" and on two in both placements, with identical rankings."""
+    """eval.bench_scale.multi with two CPU processes, in two phases: the corpus written in parts and one index of two
+    segments built by torchrun; then that index searched on one "device" and on two in both placements, with
+    identical rankings."""
     from eval.bench_scale import multi
 
     archive, out, work = _tiny_zip(tmp_path / "scifact.zip"), tmp_path / "out", tmp_path / "work"
-    assert multi.main(["--beir-zip", str(archive), "--size", "60", "--gpus", "2", "--device", "cpu",
-                       "--max-queries", "5", "--search-batch", "4", "--batch-size", "16", "--output", str(out),
-                       "--work", str(work), "--quiet"]) == 0
+    common = ["--beir-zip", str(archive), "--size", "60", "--gpus", "2", "--device", "cpu", "--work", str(work)]
+    assert multi.main([*common, "--phase", "search", "--output", str(out)]) == 1
+    assert "no build.json" in capsys.readouterr().err
+    assert multi.main([*common, "--phase", "build", "--batch-size", "16", "--output", str(out), "--quiet"]) == 0
+    assert not out.exists() and (work / "build.json").is_file()
+    assert multi.main([*common, "--phase", "search", "--max-queries", "5", "--search-batch", "4", "--output",
+                       str(out), "--quiet"]) == 0
     report = json.loads((out / "multi.json").read_text())
     assert report["segments"] == 2 and report["auto_placement"] == "shard" and report["build"]["seconds"] > 0
+    assert report["bytes_per_passage"] > 0 and report["codec"].startswith("IVF")
     search = report["search"]
     assert search["queries"] == 5 and search["one_gpu"]["placement"] == "one"
+    assert search["one_gpu"]["qps_b2"] > 0  # the part of a batch each of the two replicas searches
     for placement in ("replicate", "shard"):
         row = search[placement]
         assert row["placement"] == placement and row["identical"] == row["same_docids"] == 5

@@ -4,11 +4,15 @@ Search on several GPUs over one real index. The first ``--size`` synthetic passa
 JsonCollection (parts written at once by several processes) and built by ``torchrun`` on G GPUs into one index of G
 segments (timed). That index is then searched at k=10 on one GPU and on all G with the codes replicated and with them
 sharded: p50/p95 one query at a time (query encoding included), q/s for batches of ``--search-batch`` queries (median
-of 3 passes after an untimed one), how many G-GPU rankings equal the one-GPU ranking (same docids in order; same
-docids and scores), and the ratios against the targets: replicated q/s >= 0.8·G·one GPU and p50 <= 1.2 × one GPU,
+of 3 passes after an untimed one; one GPU also at batches of ``--search-batch``/G, the part each of G replicas
+searches), how many G-GPU rankings equal the one-GPU ranking (same docids in order; same docids and scores), and the
+ratios against the targets: replicated q/s >= 0.8·G·one GPU and p50 <= 1.2 × one GPU,
 sharded q/s >= 0.6·G·one GPU. ``--compare-build`` also builds size/G passages on one GPU (build throughput against the
 G-GPU build). Writes multi.json and multi.md under ``--output``; ``--device cpu`` runs the same steps with CPU
 processes (a quick check of the harness, not a measurement).
+
+``--phase build`` only writes the corpus and builds the index in ``--work`` (its figures saved there in build.json);
+``--phase search`` then measures that index (a build and a search that do not fit in one command's time limit).
 """
 from __future__ import annotations
 
@@ -71,13 +75,16 @@ def timed_build(corpus: Path, index: Path, device: str, batch_size: int, gpus: i
     return time.perf_counter() - start
 
 
-def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list[str], batch: int) -> tuple[dict, list]:
-    """Time one placement of the index on ``devices`` (:func:`.run.time_search`), then profile one batch pass
-    (seconds of query encoding against the whole pass); (figures, ranking of the last batch pass)."""
+def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list[str],
+                batches: Sequence[int]) -> tuple[dict, list]:
+    """Time one placement of the index on ``devices`` (:func:`.run.time_search` at each of ``batches``), then
+    profile one pass at the last batch size (seconds of query encoding against the whole pass); (figures, ranking of
+    the last batch pass)."""
     from eval.bench_scale.run import release_memory, time_search
     from pyserini_aligner.search import AlignerSearcher
 
     held = {}
+    batch = batches[-1]
 
     def open_ranker():
         searcher = AlignerSearcher(index, devices=list(devices), backend="torch", placement=placement,
@@ -90,7 +97,7 @@ def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list
 
         return rank
 
-    row, ranked = time_search(open_ranker, texts, devices[0], batches=(batch,))
+    row, ranked = time_search(open_ranker, texts, devices[0], batches=batches)
     searcher = held.pop("searcher")
     row["placement"] = searcher.engine.placement
     searcher.timings = {}
@@ -114,8 +121,9 @@ def markdown(report: dict) -> str:
     lines = [f"### {g} × {report['gpu']}, {size_label(report['size'])} synthetic passages (one index of "
              f"{report['segments']} segments built by torchrun)", "",
              f"Build with {g} torchrun ranks: {build['seconds']} s, {build['passages_per_s']} passages/s (corpus "
-             f"written in {report['corpus_s']} s); index {report['index_gib']} GiB of codes resident a copy; "
-             f"placement auto chooses {report['auto_placement']}.", "",
+             f"written in {report['corpus_s']} s); codec {report['codec']}, {report['bytes_per_passage']} bytes a "
+             f"passage on disk, {report['index_gib']} GiB of codes resident a copy; placement auto chooses "
+             f"{report['auto_placement']}.", "",
              f"| | p50 ms | p95 ms | q/s b{batch} | q/s ÷ ({g} × one GPU) | p50 ÷ one GPU | same docids | "
              "identical |",
              "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -125,6 +133,9 @@ def markdown(report: dict) -> str:
         lines.append(f"| {g} GPUs, {name} | {row['p50_ms']} | {row['p95_ms']} | {row[f'qps_b{batch}']} | "
                      f"{row['qps_scaling']} | {row['p50_ratio']} | {row['same_docids']}/{s['queries']} | "
                      f"{row['identical']}/{s['queries']} |")
+    part = max(1, batch // g)
+    lines += ["", f"One GPU at batch {part}, the part of a batch each replica searches: {one[f'qps_b{part}']} q/s "
+                  f"({round(one[f'qps_b{part}'] / one[f'qps_b{batch}'], 3)} × its q/s at batch {batch})."]
     checks = ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in report["targets_met"].items())
     lines += ["", f"Targets (replicated q/s >= {TARGETS['replicate_qps']}·G·one GPU, p50 <= "
                   f"{TARGETS['replicate_p50']}× one GPU; sharded q/s >= {TARGETS['shard_qps']}·G·one GPU): "
@@ -152,6 +163,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cuda, or cpu for a quick check of the harness with CPU processes")
     parser.add_argument("--compare-build", action="store_true",
                         help="also build size/G passages on one GPU (build throughput against the G-GPU build)")
+    parser.add_argument("--phase", choices=["all", "build", "search"], default="all",
+                        help="build: only write the corpus and build the index in --work; search: only measure the "
+                             "index a build phase left in --work; all (default): both")
     parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
     return parser.parse_args(argv)
 
@@ -159,20 +173,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.quiet)
-    if args.work is not None and args.work.exists() and any(args.work.iterdir()):
+    if args.phase == "search" and args.work is None:
+        print("error: --phase search needs --work, the folder of a --phase build run", file=sys.stderr)
+        return 1
+    if args.phase != "search" and args.work is not None and args.work.exists() and any(args.work.iterdir()):
         print(f"error: --work {args.work} already exists and is not empty; pass a new folder", file=sys.stderr)
         return 1
     if not args.beir_zip.is_file():
         print(f"error: --beir-zip {args.beir_zip}: no such file", file=sys.stderr)
         return 1
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_multi-"))
-    work.mkdir(parents=True, exist_ok=True)
+    built = work / "build.json"
+    if args.phase == "search":
+        if not built.is_file():
+            print(f"error: --work {work}: no build.json; run --phase build there first", file=sys.stderr)
+            return 1
+        corpus_s, build_s = (json.loads(built.read_text())[key] for key in ("corpus_s", "build_s"))
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        corpus_s = write_corpus(args.beir_zip, args.size, work / "corpus")
+        build_s = timed_build(work / "corpus", work / "index", args.device, args.batch_size, args.gpus)
+        built.write_text(json.dumps({"corpus_s": corpus_s, "build_s": build_s}))
+        if args.phase == "build":
+            print(f"built {args.size} passages in {build_s:.1f} s (corpus written in {corpus_s:.1f} s): {work}")
+            return 0
     args.output.mkdir(parents=True, exist_ok=True)
-    corpus_s = write_corpus(args.beir_zip, args.size, work / "corpus")
-    build_s = timed_build(work / "corpus", work / "index", args.device, args.batch_size, args.gpus)
 
     import torch
 
+    from eval.bench_scale.measure import folder_bytes
     from eval.bench_scale.report import write_report
     from eval.bench_scale.run import judged_queries
     from pyserini_aligner.index.store import StoredIndex
@@ -186,17 +215,20 @@ def main(argv: list[str] | None = None) -> int:
               "build": {"seconds": round(build_s, 1), "passages_per_s": round(args.size / build_s, 1)},
               "index_gib": round(resident_bytes(store, range(len(store.segments)), "all",
                                                 torch.device(devices[0])) / 2 ** 30, 2),
+              "codec": str(store.codec_spec) if store.codec is not None else None,
+              "bytes_per_passage": round(folder_bytes(work / "index") / args.size, 1),
               "auto_placement": choose_placement(store, [torch.device(d) for d in devices], "all")}
     del store
     unfinished = "(unfinished: the figures so far are in multi.json)\n"
     write_report(args.output, "multi", report, unfinished)  # a run cut short keeps what it measured
     texts = list(judged_queries(SyntheticCorpus(read_beir_zip(args.beir_zip)), args.size, args.max_queries).values())
-    one, reference = search_mode(work / "index", devices[:1], "auto", texts, args.search_batch)
+    part = max(1, args.search_batch // args.gpus)
+    one, reference = search_mode(work / "index", devices[:1], "auto", texts, sorted({part, args.search_batch}))
     search = report["search"] = {"queries": len(texts), "one_gpu": one}
     write_report(args.output, "multi", report, unfinished)
     qps = f"qps_b{args.search_batch}"
     for placement in ("replicate", "shard"):
-        row, ranked = search_mode(work / "index", devices, placement, texts, args.search_batch)
+        row, ranked = search_mode(work / "index", devices, placement, texts, (args.search_batch,))
         row.update(agreement(ranked, reference))
         row["qps_scaling"] = round(row[qps] / (args.gpus * one[qps]), 3)
         row["p50_ratio"] = round(row["p50_ms"] / one["p50_ms"], 3)
