@@ -387,6 +387,9 @@ def test_batcher_keeps_several_batches_in_flight(default_index):
     futures = [batcher.submit(q, 4) for q in queries]
     got = [future.result(timeout=120) for future in futures]
     batcher.close()
+    batcher.close()  # again: returns at once
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit(queries[0], 4)
     assert sorted(sizes) == [2, 2, 2] and batcher.batches == 3 and batcher.queries == 6
     for answer, expected in zip(got, alone):
         assert_same_ranking([(h.docid, h.score) for h in answer], expected)

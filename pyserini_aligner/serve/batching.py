@@ -60,18 +60,21 @@ class QueryBatcher:
         self.batches = self.queries = 0
         self._counted = threading.Lock()
         self.name, self.in_flight, self._slots = name, in_flight, threading.Semaphore(in_flight)
+        self._closing, self._closed = threading.Lock(), False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"aligner-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, query: str, k: int) -> Future:
         """A future of the hits of ``query`` (top ``k``)."""
+        self._check_open()
         future: Future = Future()
         self._queue.put(_Pending(query, k, future))
         return future
 
     def submit_async(self, query: str, k: int) -> asyncio.Future:
         """An asyncio future (of the running event loop) of the hits of ``query`` (top ``k``)."""
+        self._check_open()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put(_Pending(query, k, future, loop))
@@ -82,11 +85,19 @@ class QueryBatcher:
         return self.submit(query, k).result()
 
     def close(self) -> None:
-        """Stop after the queries already submitted."""
-        self._queue.put(None)
-        self._thread.join()
-        for _ in range(self.in_flight):  # the batches in flight are answered
-            self._slots.acquire()
+        """Stop after the queries already submitted; later calls return at once."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True  # refuse new queries from now on
+            self._queue.put(None)
+            self._thread.join()
+            for _ in range(self.in_flight):  # the batches in flight are answered
+                self._slots.acquire()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the {self.name} is closed")
 
     def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
         batch, deadline = [first], time.monotonic() + self.wait_s
