@@ -103,9 +103,10 @@ def test_backend_searched_to_exhaustion_ranks_as_the_reference(request, model, c
 @pytest.mark.parametrize("count, placement", [(2, "replicate"), (3, "replicate"), (2, "shard"), (3, "auto")])
 def test_several_devices_rank_exactly_as_one(codes_index, model, placement, count):
     """At the default depth (interaction stage on), two or three CPU devices in either placement return the
-    one-device ranking, scores to the last bit; one query at a time and batches (of two queries, split one and one
-    across replicas: three devices leave one without queries) alike. On CPU devices "auto" shards (three shards
-    here)."""
+    one-device ranking; one query at a time and batches (of two queries, split one and one across replicas: three
+    devices leave one without queries) alike. Shards score to the last bit (the first process encodes the batch);
+    a replica encodes its part of a batch alone, and a CPU's vectors of a text can differ in the last bit with the
+    batch around it, so its scores agree to float32 rounding. On CPU devices "auto" shards (three shards here)."""
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
                  batch_size=2)
     one = AlignerSearcher(codes_index, **knobs)
@@ -115,9 +116,13 @@ def test_several_devices_rank_exactly_as_one(codes_index, model, placement, coun
         assert two.engine.rows_held == ([12, 13] if count == 2 else [12, 6, 7])
     else:
         assert two.engine.rows_held == [25] * count
-    for k in (3, 10):
-        assert two.rank(QUERIES, k=k) == one.rank(QUERIES, k=k)
-    assert two.rank(QUERIES[:1], k=5) == one.rank(QUERIES[:1], k=5)
+    for texts, k in ((QUERIES, 3), (QUERIES, 10), (QUERIES[:1], 5)):
+        got, want = two.rank(texts, k=k), one.rank(texts, k=k)
+        if placement != "replicate":
+            assert got == want
+        for a, b in zip(got, want):
+            assert [d for d, _ in a] == [d for d, _ in b]
+            assert np.allclose([s for _, s in a], [s for _, s in b], rtol=0, atol=1e-6)
 
 
 def test_staged_backends_probe_alike(codes_index, model):
@@ -289,7 +294,9 @@ def _split_rank(rank: int, world: int, index: str, knobs: dict, group_file: str,
 def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, world):
     """Ranks that fetch their queries' candidates from the shards holding them and score them themselves (the GPU
     path, forced here over Gloo) return the one-device ranking on every rank: batches of three queries over two or
-    three ranks, one query (the other ranks score nothing), the interaction stage on."""
+    three ranks, one query (the other ranks score nothing), the interaction stage on. A rank computes its queries'
+    tables over its part of the batch, and a CPU's products can differ in the last bit with the rows around them,
+    so scores agree to float32 rounding."""
     import torch.multiprocessing as mp
 
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
@@ -308,4 +315,7 @@ def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, 
     for rank, ranked, holders in got:
         assert not isinstance(ranked, str), ranked
         assert len(holders) == world  # every rank holds segments: the queries were split
-        assert ranked == want
+        for got_run, want_run in zip(ranked, want):
+            for a, b in zip(got_run, want_run, strict=True):
+                assert [d for d, _ in a] == [d for d, _ in b]
+                assert np.allclose([s for _, s in a], [s for _, s in b], rtol=0, atol=1e-6)
