@@ -4,12 +4,13 @@ Search on several GPUs over one real index. The first ``--size`` synthetic passa
 JsonCollection (parts written at once by several processes) and built by ``torchrun`` on G GPUs into one index of G
 segments (timed). That index is then searched at k=10 on one GPU and on all G with the codes replicated and with them
 sharded: p50/p95 one query at a time (query encoding included), q/s for batches of ``--search-batch`` queries (median
-of 3 passes after an untimed one; one GPU also at batches of ``--search-batch``/G, the part each of G replicas
-searches), how many G-GPU rankings equal the one-GPU ranking (same docids in order; same docids and scores), and the
-ratios against the targets: replicated q/s >= 0.8·G·one GPU and p50 <= 1.2 × one GPU,
-sharded q/s >= 0.6·G·one GPU. ``--compare-build`` also builds size/G passages on one GPU (build throughput against the
-G-GPU build). Writes multi.json and multi.md under ``--output``; ``--device cpu`` runs the same steps with CPU
-processes (a quick check of the harness, not a measurement).
+of ``--passes`` passes after an untimed one; one GPU also at batches of ``--search-batch``/G, the part each of G
+replicas searches), on G GPUs the median ms of a batch in the searcher, in its slowest worker and in a worker on
+average (what the hand-over between processes and an uneven split cost), how many G-GPU rankings equal the one-GPU
+ranking (same docids in order; same docids and scores), and the ratios against the targets: replicated q/s >=
+0.8·G·one GPU and p50 <= 1.2 × one GPU, sharded q/s >= 0.6·G·one GPU. ``--compare-build`` also builds size/G passages
+on one GPU (build throughput against the G-GPU build). Writes multi.json and multi.md under ``--output``; ``--device
+cpu`` runs the same steps with CPU processes (a quick check of the harness, not a measurement).
 
 ``--phase build`` only writes the corpus and builds the index in ``--work`` (its figures saved there in build.json);
 ``--phase search`` then measures that index (a build and a search that do not fit in one command's time limit).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,11 +77,12 @@ def timed_build(corpus: Path, index: Path, device: str, batch_size: int, gpus: i
     return time.perf_counter() - start
 
 
-def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list[str],
-                batches: Sequence[int]) -> tuple[dict, list]:
-    """Time one placement of the index on ``devices`` (:func:`.run.time_search` at each of ``batches``), then
-    profile one pass at the last batch size (seconds of query encoding against the whole pass); (figures, ranking of
-    the last batch pass)."""
+def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list[str], batches: Sequence[int],
+                passes: int) -> tuple[dict, list]:
+    """Time one placement of the index on ``devices`` (:func:`.run.time_search` at each of ``batches``, q/s the
+    median of ``passes``), then profile one pass at the last batch size (seconds of query encoding against the whole
+    pass) and, on several devices, time ``passes`` more: the median of the batch's wall time in the searcher, of its
+    slowest worker's search and of its workers' mean (ms); (figures, ranking of the last batch pass)."""
     from eval.bench_scale.run import release_memory, time_search
     from pyserini_aligner.search import AlignerSearcher
 
@@ -97,9 +100,20 @@ def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list
 
         return rank
 
-    row, ranked = time_search(open_ranker, texts, devices[0], batches=batches)
+    row, ranked = time_search(open_ranker, texts, devices[0], batches=batches, repeats=passes)
     searcher = held.pop("searcher")
     row["placement"] = searcher.engine.placement
+    workers = getattr(searcher.engine, "last_seconds", None) is not None
+    if workers:
+        walls, slowest, mean = [], [], []
+        for _ in range(passes):
+            searcher.rank(texts[:batch], k=10)
+            seconds = [t for t in searcher.engine.last_seconds if t is not None]
+            walls.append(searcher.engine.last_wall)
+            slowest.append(max(seconds))
+            mean.append(sum(seconds) / len(seconds))
+        row[f"workers_ms_b{batch}"] = {name: round(1000 * statistics.median(values), 2)
+                                       for name, values in (("wall", walls), ("slowest", slowest), ("mean", mean))}
     searcher.timings = {}
     start = time.perf_counter()
     searcher.rank(texts[:batch], k=10)
@@ -136,6 +150,11 @@ def markdown(report: dict) -> str:
     part = max(1, batch // g)
     lines += ["", f"One GPU at batch {part}, the part of a batch each replica searches: {one[f'qps_b{part}']} q/s "
                   f"({round(one[f'qps_b{part}'] / one[f'qps_b{batch}'], 3)} × its q/s at batch {batch})."]
+    for name in ("replicate", "shard"):
+        spent = s[name].get(f"workers_ms_b{batch}")
+        if spent:
+            lines.append(f"{name.capitalize()}, a batch of {batch} (median ms): {spent['wall']} in the searcher, "
+                         f"{spent['slowest']} in its slowest worker, {spent['mean']} in a worker on average.")
     checks = ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in report["targets_met"].items())
     lines += ["", f"Targets (replicated q/s >= {TARGETS['replicate_qps']}·G·one GPU, p50 <= "
                   f"{TARGETS['replicate_p50']}× one GPU; sharded q/s >= {TARGETS['shard_qps']}·G·one GPU): "
@@ -159,6 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=positive_int, default=256, help="passages encoded together (build)")
     parser.add_argument("--search-batch", type=positive_int, default=300, help="queries searched together")
     parser.add_argument("--max-queries", type=positive_int, default=None, help="at most this many judged queries")
+    parser.add_argument("--passes", type=positive_int, default=15,
+                        help="timed passes over the queries a batch size (q/s is their median)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cuda, or cpu for a quick check of the harness with CPU processes")
     parser.add_argument("--compare-build", action="store_true",
@@ -223,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     write_report(args.output, "multi", report, unfinished)  # a run cut short keeps what it measured
     texts = list(judged_queries(SyntheticCorpus(read_beir_zip(args.beir_zip)), args.size, args.max_queries).values())
     part = max(1, args.search_batch // args.gpus)
-    one, reference = search_mode(work / "index", devices[:1], "auto", texts, sorted({part, args.search_batch}))
+    one, reference = search_mode(work / "index", devices[:1], "auto", texts, sorted({part, args.search_batch}),
+                                 args.passes)
     search = report["search"] = {"queries": len(texts), "one_gpu": one}
     write_report(args.output, "multi", report, unfinished)
     qps = f"qps_b{args.search_batch}"
     for placement in ("replicate", "shard"):
-        row, ranked = search_mode(work / "index", devices, placement, texts, (args.search_batch,))
+        row, ranked = search_mode(work / "index", devices, placement, texts, (args.search_batch,), args.passes)
         row.update(agreement(ranked, reference))
         row["qps_scaling"] = round(row[qps] / (args.gpus * one[qps]), 3)
         row["p50_ratio"] = round(row["p50_ms"] / one["p50_ms"], 3)

@@ -96,9 +96,9 @@ Ranker = Callable[[list[str], int], Ranking]  # (query texts, batch size) -> top
 
 
 def time_search(open_ranker: Callable[[], Ranker], texts: Sequence[str], device: str,
-                batches: Sequence[int] = BATCHES) -> tuple[dict, Ranking]:
+                batches: Sequence[int] = BATCHES, repeats: int = QPS_REPEATS) -> tuple[dict, Ranking]:
     """Load a search engine (``open_ranker``, timed) and time it at k=10: p50/p95 one query at a time (query
-    encoding included) after WARMUP queries, q/s over ``texts`` per batch size (median of QPS_REPEATS passes after
+    encoding included) after WARMUP queries, q/s over ``texts`` per batch size (median of ``repeats`` passes after
     QPS_WARMUP untimed ones), peak GPU memory (torch's allocator) from the load on, after the one-query pass and over
     all, and host RSS; (figures, ranking of the last pass)."""
     texts = list(texts)
@@ -113,7 +113,7 @@ def time_search(open_ranker: Callable[[], Ranker], texts: Sequence[str], device:
             times = []
             for _ in range(QPS_WARMUP):
                 rank(texts, batch)
-            for _ in range(QPS_REPEATS):
+            for _ in range(repeats):
                 start = time.perf_counter()
                 ranked = rank(texts, batch)
                 times.append(time.perf_counter() - start)

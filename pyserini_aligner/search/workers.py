@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,8 +48,9 @@ def gpu_worker_threads(workers: int) -> int:
 def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: str, searcher_class: type,
            options: dict, group_file: str | None) -> None:
     """A worker's life: open the index on ``device`` (in the process group for "shard"), report ("ready",
-    generation, rows held), then answer ("search", texts, k, threads, vectors) with ("ok", vectors or None, hits)
-    until ("stop",) or the parent goes away. Errors are reported as ("error", one line)."""
+    generation, rows held), then answer ("search", texts, k, threads, vectors) with ("ok", vectors or None, hits,
+    seconds the search took here) until ("stop",) or the parent goes away. Errors are reported as ("error", one
+    line)."""
     try:
         import torch
         import torch.distributed as dist
@@ -83,8 +85,10 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
             return
         try:
             _, texts, k, threads, want_vectors = message
+            start = time.perf_counter()
             vectors, hits = searcher._search_texts(texts, k, threads, want_vectors)
-            conn.send(("ok", vectors if want_vectors else None, hits if rank == 0 or placement != "shard" else None))
+            conn.send(("ok", vectors if want_vectors else None, hits if rank == 0 or placement != "shard" else None,
+                       time.perf_counter() - start))
         except BaseException as err:  # noqa: BLE001
             conn.send(("error", _one_line(err)))
 
@@ -163,6 +167,10 @@ class Workers:
             raise RuntimeError(f"index {index_dir} changed while its search workers opened it (generation "
                                f"{generation}, workers found {sorted(found)}); open the searcher again")
         self.rows_held = [reply[2] for reply in ready]  # documents (rows) each worker holds
+        # seconds each worker searched in the last batch (None for a worker it did not reach), and the batch's wall
+        # seconds here: how much of a batch the hand-over and the slowest part cost
+        self.last_seconds: list[float | None] = [None] * len(self.devices)
+        self.last_wall = 0.0
 
     def close(self) -> None:
         """Stop the workers (also done when the backend is collected)."""
@@ -183,7 +191,6 @@ class Workers:
         """The next message of each worker in ``ranks``, taken as each arrives; RuntimeError naming the device if
         one reports an error or exits (the workers are then stopped: a lockstep group cannot go on without one of
         its members)."""
-        import time
         from multiprocessing.connection import wait
 
         pending = {self.conns[rank]: rank for rank in ranks}
@@ -215,15 +222,22 @@ class Workers:
         ``threads``: the workers' search threads (None: their default)."""
         if not self._finalizer.alive:
             raise RuntimeError("the search workers were stopped (after an error); open the searcher again")
+        start = time.perf_counter()
         if self.placement == "shard":
-            for rank in range(len(self.conns)):
+            busy = list(range(len(self.conns)))
+            for rank in busy:
                 self._send(rank, ("search", texts, k, threads, vectors))
-            first = self._replies(range(len(self.conns)))[0]
-            return first[1], first[2]
-        parts = text_parts(texts, len(self.conns)) if len(texts) > 1 else [slice(0, len(texts))]
-        busy = [(rank, part) for rank, part in enumerate(parts) if part.stop > part.start]
-        for rank, part in busy:
-            self._send(rank, ("search", texts[part], k, threads, vectors))
-        replies = self._replies([rank for rank, _ in busy])
+        else:
+            parts = text_parts(texts, len(self.conns)) if len(texts) > 1 else [slice(0, len(texts))]
+            busy = [rank for rank, part in enumerate(parts) if part.stop > part.start]
+            for rank in busy:
+                self._send(rank, ("search", texts[parts[rank]], k, threads, vectors))
+        replies = self._replies(busy)
+        self.last_wall = time.perf_counter() - start
+        self.last_seconds = [None] * len(self.devices)
+        for rank, reply in zip(busy, replies):
+            self.last_seconds[rank] = reply[3]
+        if self.placement == "shard":
+            return replies[0][1], replies[0][2]
         hits = [h for reply in replies for h in reply[2]]
         return ([v for reply in replies for v in reply[1]] if vectors else None), hits
