@@ -84,7 +84,9 @@ def test_code_shard_probe_matches_numpy_loop(two_segment_index):
 
 def test_code_shard_probe_in_parts_equals_one_part(two_segment_index):
     """Probes split into parts of like entry counts (most entries first, written back in place) give each probe
-    the same scores and rows, to the last bit, as all probes in one padded part."""
+    the same rows as all probes in one padded part, and the same scores to float32 rounding (a part's look-up tables
+    are one matrix product over its probes, and a CPU's products can differ in the last bit with the rows around
+    them)."""
     from pyserini_aligner.search.engine import probe_parts
 
     shard = CodeShard(StoredIndex(two_segment_index), [0, 1])
@@ -98,7 +100,8 @@ def test_code_shard_probe_in_parts_equals_one_part(two_segment_index):
     assert len(parts) > 3 and sorted(np.concatenate([p for p, _ in parts]).tolist()) == list(range(23))
     assert all(span == entries[p].max() and len(p) * span <= shard.elements // 4 for p, span in parts)
     split = shard.probe(probes, 30, 3)
-    assert torch.equal(split[0], whole[0]) and torch.equal(split[1], whole[1])
+    assert torch.equal(split[1], whole[1]) and torch.equal(torch.isfinite(split[0]), torch.isfinite(whole[0]))
+    assert torch.allclose(split[0], whole[0], rtol=0, atol=1e-6)
 
 
 def test_best_entries_equal_a_stable_sort_of_each_row():
