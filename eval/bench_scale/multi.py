@@ -103,8 +103,7 @@ def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list
     row, ranked = time_search(open_ranker, texts, devices[0], batches=batches, repeats=passes)
     searcher = held.pop("searcher")
     row["placement"] = searcher.engine.placement
-    workers = getattr(searcher.engine, "last_seconds", None) is not None
-    if workers:
+    if getattr(searcher.engine, "last_seconds", None) is not None:  # worker processes: where a batch's time goes
         walls, slowest, mean = [], [], []
         for _ in range(passes):
             searcher.rank(texts[:batch], k=10)
