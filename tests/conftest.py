@@ -226,6 +226,16 @@ def killed_at(point: str, folder: Path, snapshot: Path, write) -> None:
             write()
 
 
+def assert_same_ranking(got: list[tuple[str, float]], want: list[tuple[str, float]], atol: float = 1e-6,
+                        rtol: float = 0.0) -> None:
+    """Same docids in the same order; scores equal within ``atol`` + ``rtol``·|score| (float32 rounding: a CPU's
+    products can differ in the last bit with the rows around them)."""
+    import numpy as np  # here: numpy's BLAS reads the thread settings when it is first imported
+
+    assert [docid for docid, _ in got] == [docid for docid, _ in want]
+    assert np.allclose([s for _, s in got], [s for _, s in want], rtol=rtol, atol=atol)
+
+
 def cli_error(main, *args) -> str:
     """The one line that a command line's ``main`` (run in this process on ``args``) prints when it fails with exit
     status 1, the run-time error convention; asserts that it does."""

@@ -21,6 +21,7 @@ from pyserini_aligner.search.engine import merge_probes
 from pyserini_aligner.search.workers import BALANCE_WORDS, TEXT_WORDS, Workers, gpu_worker_threads, text_parts
 
 import reference
+from conftest import assert_same_ranking
 from test_index import short_records
 
 N_DOCS = 24
@@ -121,8 +122,7 @@ def test_several_devices_rank_exactly_as_one(codes_index, model, placement, coun
         if placement != "replicate":
             assert got == want
         for a, b in zip(got, want):
-            assert [d for d, _ in a] == [d for d, _ in b]
-            assert np.allclose([s for _, s in a], [s for _, s in b], rtol=0, atol=1e-6)
+            assert_same_ranking(a, b)
 
 
 def test_staged_backends_probe_alike(codes_index, model):
@@ -317,5 +317,4 @@ def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, 
         assert len(holders) == world  # every rank holds segments: the queries were split
         for got_run, want_run in zip(ranked, want):
             for a, b in zip(got_run, want_run, strict=True):
-                assert [d for d, _ in a] == [d for d, _ in b]
-                assert np.allclose([s for _, s in a], [s for _, s in b], rtol=0, atol=1e-6)
+                assert_same_ranking(a, b)

@@ -5,6 +5,7 @@ import os
 import shutil
 import zipfile
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, Exhausti
 from pyserini_aligner.search.searcher import pad_encoded
 
 from conftest import DOC_WORDS, N_DOCS, scifact_docs
+from conftest import assert_same_ranking as same_ranking
 
 N_QUERIES = 12
 
@@ -71,9 +73,7 @@ def as_pairs(hits) -> list[tuple[str, float]]:
     return [(h.docid, h.score) for h in hits]
 
 
-def assert_same_ranking(got, want):
-    assert [d for d, _ in got] == [d for d, _ in want]
-    assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
+assert_same_ranking = partial(same_ranking, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["faiss", "torch"])

@@ -14,12 +14,14 @@ import threading
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import requests
 import pytest
 
 from conftest import N_DOCS, run_module
+from conftest import assert_same_ranking as same_ranking
 
 QUERIES = 8
 HITS = 10
@@ -44,10 +46,7 @@ def offline(index, queries: list[str], k: int = HITS, **kwargs) -> list[list[tup
     return [[(hit.docid, hit.score) for hit in searcher.search(query, k=k)] for query in queries]
 
 
-def assert_same_ranking(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> None:
-    """Same docids in the same order; scores equal to float32 rounding (a batch rounds its products its own way)."""
-    assert [docid for docid, _ in got] == [docid for docid, _ in expected]
-    assert [score for _, score in got] == pytest.approx([score for _, score in expected], rel=1e-5, abs=1e-6)
+assert_same_ranking = partial(same_ranking, atol=1e-6, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
