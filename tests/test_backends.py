@@ -165,8 +165,8 @@ def test_a_lost_worker_is_reported_and_the_searcher_opens_again(codes_index, mod
     searcher = AlignerSearcher(codes_index, encoder=model, backend="torch", devices=["cpu", "cpu"],
                                placement="replicate")
     want = searcher.rank(QUERIES, k=5)
-    searcher.engine.processes[1].kill()
-    searcher.engine.processes[1].join()
+    searcher.engine.processes[0].kill()
+    searcher.engine.processes[0].join()
     with pytest.raises(RuntimeError, match=r"search worker on cpu: exited with code -9"):
         searcher.rank(QUERIES, k=5)
     assert not any(process.is_alive() for process in searcher.engine.processes)

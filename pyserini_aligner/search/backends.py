@@ -16,8 +16,9 @@ the full alignment score (``refine``), top k. The backends:
 - :class:`Exchanged` and :class:`ExchangedReplica`: one process's share of a search across the processes of a
   torchrun job (:mod:`.distributed`): consecutive segments, probes and scores combined through collectives; or a
   whole copy searching its part of every batch.
-- :class:`.workers.Workers`: several devices of one machine, a worker process each (a one-device searcher, or a
-  rank of a process group searching its segments as :class:`Exchanged` does); it encodes the texts itself.
+- :class:`.workers.Workers`: several devices of one machine: whole copies (a one-device searcher in this process
+  for the first, in a worker process for each other), or a worker process each, a rank of a process group searching
+  its segments as :class:`Exchanged` does; it encodes the texts itself.
 
 Every backend returns the ranking one device computes over the whole index.
 """
@@ -659,8 +660,9 @@ def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scori
                  exchange=None, placement: str = "auto", encoder=None, searcher_class: type | None = None,
                  options: dict | None = None) -> SearchBackend:
     """The backend that searches ``store`` (one index generation) by ``backend`` ("faiss" or "torch") on
-    ``devices``. Several devices (compressed index, torch) get a worker process each (:class:`.workers.Workers`:
-    each opens a one-device ``searcher_class`` with the keyword arguments ``options``): "replicate" puts a whole
+    ``devices``. Several devices (compressed index, torch) are searched by :class:`.workers.Workers` (each device
+    gets a one-device ``searcher_class`` with the keyword arguments ``options``, in a worker process of its own but
+    the first replica): "replicate" puts a whole
     copy of the codes on each, "shard" consecutive segments on each, "auto" replicates when a copy and room to
     search fit in every device's free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per
     process of a process group) the same choice is made across the processes, replicating only when it fits on

@@ -7,8 +7,9 @@ k. A drop-in for Pyserini's ``FaissSearcher``: ``search``/``batch_search`` retur
 
 The searcher encodes the queries; a backend (:mod:`.backends`), opened with each index generation, searches them:
 "faiss" (CPU: FAISS finds the entries, refinement decodes the memory-mapped codes) or "torch" (codes resident on one
-or more devices, every step as tensor operations; see :mod:`.engine`). On several GPUs a worker process each holds a
-copy of the codes (a batch split across the copies) or a share of the segments (each step on all devices at once).
+or more devices, every step as tensor operations; see :mod:`.engine`). On several GPUs each device holds a copy of
+the codes (a batch split across the copies: the first searched in this process, the others by worker processes) or a
+worker process holds a share of the segments on each (each step on all devices at once).
 A searcher is safe to share across threads (one search runs at a time) and keeps serving the index generation it
 opened until :meth:`AlignerSearcher.reopen`.
 """
@@ -115,10 +116,10 @@ class AlignerSearcher:
     k_per_token entries); ef_search: HNSW search depth (fp16 indexes). device: where queries are encoded and, with
     the torch backend, searched. backend: "faiss" (default on the CPU) or "torch" (default on CUDA).
 
-    devices (torch backend, compressed index): several devices (e.g. ["cuda:0", "cuda:1"]), a worker process each
-    (:mod:`.workers`), placed by ``placement``: "replicate" holds a whole copy of the codes on each device and splits
-    every batch of query texts across the copies, each encoding and searching its part (one query goes to the first,
-    through its CUDA-graph plan), "shard" spreads consecutive segments over the devices and runs each search step on
+    devices (torch backend, compressed index): several devices (e.g. ["cuda:0", "cuda:1"]) (:mod:`.workers`),
+    placed by ``placement``: "replicate" holds a whole copy of the codes on each device and splits every batch of
+    query texts across the copies, each encoding and searching its part (the first copy in this process, the others
+    in a worker process each; one query is searched by the first, through its CUDA-graph plan), "shard" spreads consecutive segments over the devices and runs each search step on
     all of them at once, "auto" (default) replicates when a copy and room to search fit in every device's free memory
     (GPUs) and shards otherwise; the choice is made again at :meth:`reopen`. Every placement ranks as one device (a
     replica's scores may differ in the last bit: it encodes its part of a batch alone).

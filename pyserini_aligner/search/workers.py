@@ -1,15 +1,17 @@
-"""Search on several devices of one machine: one worker process a device, so that the devices work at once.
+"""Search on several devices of one machine, so that the devices work at once.
 
-Each worker is a one-device :class:`~pyserini_aligner.search.searcher.AlignerSearcher` in a process of its own
-(started with "spawn"), with its own Python interpreter: no worker waits on another's kernel launches or host work.
-Placement "replicate": every worker holds a whole copy of the codes, a batch of texts is split into consecutive
-parts (balanced by load, :func:`text_parts`) and every worker encodes and searches its part; one query goes to the
-first worker (its CUDA-graph plan). A GPU worker's torch threads are its share of the cores. Placement "shard": the
-workers form a process group (NCCL on GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search
-every batch in lockstep as the ranks of a torchrun job do (:mod:`.distributed`, :class:`.backends.Exchanged`):
-each ranks the candidates it holds, the best of all are kept and scored, and the first worker returns the ranking.
-Either way the ranking is the one a single device computes over the whole index. The workers open the index
-generation the parent opened and are stopped with the backend.
+Placement "replicate": every device holds a whole copy of the codes. The first device is searched in this process
+by a one-device :class:`~pyserini_aligner.search.searcher.AlignerSearcher`; every other device gets a worker
+process (started with "spawn") holding such a searcher, with its own Python interpreter, so that no device waits on
+another's kernel launches or host work. A batch of texts is split into consecutive parts (balanced by load,
+:func:`text_parts`): the workers' parts are sent first, this process searches the first part meanwhile, and one
+query is searched here alone (through the CUDA-graph plan), with no hand-over. A GPU worker's torch threads are its
+share of the cores. Placement "shard": every device gets a worker process; the workers form a process group (NCCL
+on GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the ranks
+of a torchrun job do (:mod:`.distributed`, :class:`.backends.Exchanged`): each ranks the candidates it holds, the
+best of all are kept and scored, and the first worker returns the ranking. Either way the ranking is the one a
+single device computes over the whole index. The workers open the index generation the parent opened and are
+stopped with the backend.
 """
 from __future__ import annotations
 
@@ -118,9 +120,10 @@ def _stop(processes: list, conns: list, group_file: str | None) -> None:
 
 class Workers:
     """The backend of several devices (see the module's text). index_dir: the index; generation: the one the parent
-    opened (a worker that finds another refuses, so that rows mean the same documents); devices: one a worker;
-    placement: "replicate" or "shard"; searcher_class: the searcher a worker opens (AlignerSearcher), with the
-    keyword arguments ``options`` (encoder, strategy, depth knobs, batch_size, query_max_length, ...)."""
+    opened (a worker that finds another refuses, so that rows mean the same documents); devices: the devices, the
+    first one this process's with placement "replicate"; placement: "replicate" or "shard"; searcher_class: the
+    searcher each device gets (AlignerSearcher), with the keyword arguments ``options`` (encoder, strategy, depth
+    knobs, batch_size, query_max_length, ...)."""
 
     has_interaction = True
 
@@ -133,6 +136,8 @@ class Workers:
             raise ValueError(f"placement must be 'replicate' or 'shard' here, got {placement!r}")
         self.devices, self.placement = [str(d) for d in devices], placement
         self.device = torch.device(self.devices[0])
+        # the devices of worker processes: every one for "shard", all but the first (searched here) for "replicate"
+        self.worker_devices = self.devices if placement == "shard" else self.devices[1:]
         context = mp.get_context("spawn")
         group_file = None
         if placement == "shard":
@@ -141,14 +146,14 @@ class Workers:
             os.unlink(group_file)  # the process group's rendezvous file: created by its first member
         cpu_threads = torch.get_num_threads()  # the parent's: a CPU's vectors depend on its thread count
         self.processes, self.conns = [], []
-        for rank, device in enumerate(self.devices):
+        for rank, device in enumerate(self.worker_devices):
             parent, child = context.Pipe()
             mine = dict(options)
             # a GPU worker's host work (tokens, launches, small tensors) gets its share of the cores, so that the
             # workers' thread pools do not contend for them
             mine["threads"] = cpu_threads if not device.startswith("cuda") else gpu_worker_threads(len(self.devices))
             process = context.Process(target=_serve, name=f"aligner-search-{device}", daemon=True,
-                                      args=(child, rank, len(self.devices), device, placement, str(index_dir),
+                                      args=(child, rank, len(self.worker_devices), device, placement, str(index_dir),
                                             searcher_class, mine, group_file))
             process.start()
             child.close()
@@ -156,25 +161,31 @@ class Workers:
             self.conns.append(parent)
         # the group's rendezvous file serves for as long as the group: NCCL connects at the first collective
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns, group_file)
+        self.local = None  # the first replica, searched in this process
         try:
-            ready = self._replies(range(len(self.devices)), START_TIMEOUT_S)
+            if placement == "replicate":  # opened while the workers load theirs
+                self.local = searcher_class(index_dir, device=self.devices[0], backend="torch", **options)
+            ready = self._replies(range(len(self.worker_devices)), START_TIMEOUT_S)
         except BaseException:
             self.close()
             raise
-        found = {reply[1] for reply in ready}
+        found = {reply[1] for reply in ready} | ({self.local.manifest.generation} if self.local is not None else set())
         if found != {generation}:
             self.close()
             raise RuntimeError(f"index {index_dir} changed while its search workers opened it (generation "
                                f"{generation}, workers found {sorted(found)}); open the searcher again")
-        self.rows_held = [reply[2] for reply in ready]  # documents (rows) each worker holds
-        # seconds each worker searched in the last batch (None for a worker it did not reach), and the batch's wall
+        # documents (rows) each device holds
+        self.rows_held = ([self.local.engine.shard.num_rows] if self.local is not None else []) + \
+            [reply[2] for reply in ready]
+        # seconds each device searched in the last batch (None for one it did not reach), and the batch's wall
         # seconds here: how much of a batch the hand-over and the slowest part cost
         self.last_seconds: list[float | None] = [None] * len(self.devices)
         self.last_wall = 0.0
 
     def close(self) -> None:
-        """Stop the workers (also done when the backend is collected)."""
+        """Stop the workers (also done when the backend is collected) and let go of this process's replica."""
         self._finalizer()
+        self.local = None
 
     def _send(self, rank: int, message: tuple) -> None:
         """Send ``message`` to worker ``rank``; RuntimeError naming the device if it has gone (the workers are then
@@ -185,7 +196,7 @@ class Workers:
             self.processes[rank].join(timeout=1)
             code = self.processes[rank].exitcode
             self.close()
-            raise RuntimeError(f"search worker on {self.devices[rank]}: exited with code {code}") from None
+            raise RuntimeError(f"search worker on {self.worker_devices[rank]}: exited with code {code}") from None
 
     def _replies(self, ranks: Sequence[int], timeout_s: float | None = None) -> list:
         """The next message of each worker in ``ranks``, taken as each arrives; RuntimeError naming the device if
@@ -206,11 +217,11 @@ class Workers:
                     out[rank] = ("error", f"exited with code {self.processes[rank].exitcode}")
                 if out[rank][0] == "error":
                     self.close()
-                    raise RuntimeError(f"search worker on {self.devices[rank]}: {out[rank][1]}")
+                    raise RuntimeError(f"search worker on {self.worker_devices[rank]}: {out[rank][1]}")
             for conn, rank in list(pending.items()):
                 if not self.processes[rank].is_alive() and not conn.poll():
                     self.close()
-                    raise RuntimeError(f"search worker on {self.devices[rank]}: exited with code "
+                    raise RuntimeError(f"search worker on {self.worker_devices[rank]}: exited with code "
                                        f"{self.processes[rank].exitcode}")
             if deadline is not None and time.monotonic() > deadline:
                 self.close()
@@ -219,25 +230,31 @@ class Workers:
 
     def search_texts(self, texts: list[str], k: int, threads: int | None, vectors: bool) -> tuple[list | None, list]:
         """(query vectors per text, or None unless ``vectors``; [(doc row, score)] per text) of non-blank texts;
-        ``threads``: the workers' search threads (None: their default)."""
+        ``threads``: the search threads (None: each device's default)."""
         if not self._finalizer.alive:
             raise RuntimeError("the search workers were stopped (after an error); open the searcher again")
         start = time.perf_counter()
+        self.last_seconds = [None] * len(self.devices)
         if self.placement == "shard":
-            busy = list(range(len(self.conns)))
-            for rank in busy:
+            for rank in range(len(self.conns)):
                 self._send(rank, ("search", texts, k, threads, vectors))
-        else:
-            parts = text_parts(texts, len(self.conns)) if len(texts) > 1 else [slice(0, len(texts))]
-            busy = [rank for rank, part in enumerate(parts) if part.stop > part.start]
-            for rank in busy:
-                self._send(rank, ("search", texts[parts[rank]], k, threads, vectors))
+            replies = self._replies(range(len(self.conns)))
+            self.last_wall = time.perf_counter() - start
+            self.last_seconds = [reply[3] for reply in replies]
+            return replies[0][1], replies[0][2]
+        parts = text_parts(texts, len(self.devices)) if len(texts) > 1 else [slice(0, len(texts))]
+        busy = [rank for rank, part in enumerate(parts[1:]) if part.stop > part.start]
+        for rank in busy:  # the workers' parts first, so that they search while this process searches its own
+            self._send(rank, ("search", texts[parts[rank + 1]], k, threads, vectors))
+        try:
+            local_vectors, local_hits = self.local._search_texts(texts[parts[0]], k, threads, vectors)
+        except BaseException:
+            self._replies(busy)  # the workers' answers to this batch, so that the next batch reads its own
+            raise
+        self.last_seconds[0] = time.perf_counter() - start
         replies = self._replies(busy)
         self.last_wall = time.perf_counter() - start
-        self.last_seconds = [None] * len(self.devices)
         for rank, reply in zip(busy, replies):
-            self.last_seconds[rank] = reply[3]
-        if self.placement == "shard":
-            return replies[0][1], replies[0][2]
-        hits = [h for reply in replies for h in reply[2]]
-        return ([v for reply in replies for v in reply[1]] if vectors else None), hits
+            self.last_seconds[rank + 1] = reply[3]
+        hits = local_hits + [h for reply in replies for h in reply[2]]
+        return (local_vectors + [v for reply in replies for v in reply[1]] if vectors else None), hits
