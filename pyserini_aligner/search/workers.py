@@ -51,8 +51,8 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
            options: dict, group_file: str | None) -> None:
     """A worker's life: open the index on ``device`` (in the process group for "shard"), report ("ready",
     generation, rows held), then answer ("search", texts, k, threads, vectors) with ("ok", vectors or None, hits,
-    seconds the search took here) until ("stop",) or the parent goes away. Errors are reported as ("error", one
-    line)."""
+    seconds the search took here) until ("stop",) or the parent goes away, then leave the process group. Errors are
+    reported as ("error", one line)."""
     try:
         import torch
         import torch.distributed as dist
@@ -82,9 +82,9 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
         try:
             message = conn.recv()
         except (EOFError, OSError):  # the parent is gone
-            return
+            break
         if message[0] == "stop":
-            return
+            break
         try:
             _, texts, k, threads, want_vectors = message
             start = time.perf_counter()
@@ -93,6 +93,8 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
                        time.perf_counter() - start))
         except BaseException as err:  # noqa: BLE001
             conn.send(("error", _one_line(err)))
+    if dist.is_initialized():  # a shard's process group, released before the interpreter exits
+        dist.destroy_process_group()
 
 
 def _one_line(err: BaseException) -> str:
