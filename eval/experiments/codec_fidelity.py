@@ -30,21 +30,23 @@ TRAIN_SIZE = 100_000  # residuals the PQ codebooks train on (the build's default
 STEP = 1 << 20  # tokens coded at once
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.experiments.codec_fidelity",
-                                     description=__doc__.split("\n\n")[0])
+def corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the corpus, model and queries that the codec studies share."""
     parser.add_argument("--beir-zip", required=True)
     parser.add_argument("--size", type=parse_size, required=True, help="passages, e.g. 100k or 1m")
-    parser.add_argument("--codecs", nargs="+", required=True, help="codec strings, 'auto' included")
     parser.add_argument("--encoder", default="aligner")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--max-queries", type=int, default=300)
     parser.add_argument("--output", required=True)
     parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    torch.backends.cuda.matmul.allow_tf32 = False
 
+
+def exact_reference(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       list, dict]:
+    """(tokens [T, d] float16, lengths [N], queries [B, n, d] float32, their mask [B, n], the exact top 10 a query
+    as [(row, score)], the report's first fields) of the synthetic passages and judged queries ``args`` name."""
+    torch.backends.cuda.matmul.allow_tf32 = False
     corpus = SyntheticCorpus(read_beir_zip(args.beir_zip))
     texts = [text for _, text in corpus.passages(args.size)]
     model = load_model(args.encoder, device=args.device)
@@ -54,11 +56,24 @@ def main(argv: list[str] | None = None) -> None:
     queries = list(corpus.source.queries.values())[:args.max_queries]
     out = model.encode_padded(queries, is_query=True, batch_size=64)
     q, q_mask = out.vectors.float(), out.mask
-    ref_scores, ref_rows = exhaustive_top(q, q_mask, tokens, lengths, 10)
-    exact = [[(int(r), float(s)) for r, s in zip(rows, scores)]
-             for rows, scores in zip(ref_rows.tolist(), ref_scores.tolist())]
-    report = {"passages": len(lengths), "tokens": len(tokens), "queries": len(queries), "encode_s": round(encode_s, 1),
-              "codecs": []}
+    exact = ranking(*exhaustive_top(q, q_mask, tokens, lengths, 10))
+    report = {"passages": len(lengths), "tokens": len(tokens), "queries": len(queries), "encode_s": round(encode_s, 1)}
+    return tokens, lengths, q, q_mask, exact, report
+
+
+def ranking(scores: torch.Tensor, rows: torch.Tensor) -> list[list[tuple[int, float]]]:
+    """[(row, score)] a query, best first, of exhaustive scores [B, k] and rows [B, k]."""
+    return [[(int(r), float(s)) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.codec_fidelity",
+                                     description=__doc__.split("\n\n")[0])
+    corpus_arguments(parser)
+    parser.add_argument("--codecs", nargs="+", required=True, help="codec strings, 'auto' included")
+    args = parser.parse_args(argv)
+    tokens, lengths, q, q_mask, exact, report = exact_reference(args)
+    report["codecs"] = []
     gen = torch.Generator().manual_seed(0)
     for name in args.codecs:
         spec = resolve_codec(name, tokens.shape[1], len(tokens))
@@ -79,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                                         tokens[a:a + STEP].float()) ** 2).sum(1).mean())
                                for a in range(0, len(tokens), STEP)]))
         scores, rows = exhaustive_top(q, q_mask, codes, lengths, 10, decode)
-        ranked = [[(int(r), float(s)) for r, s in zip(rr, ss)] for rr, ss in zip(rows.tolist(), scores.tolist())]
+        ranked = ranking(scores, rows)
         row = {"codec": str(spec), "asked": name, "bytes_per_token": spec.bytes_per_token,
                "train_encode_s": round(code_s, 1),
                "squared_error": round(error, 5), "overlap@10": round(overlap_at_k(ranked, exact, 10), 4)}
