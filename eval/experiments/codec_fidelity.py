@@ -100,8 +100,13 @@ def main(argv: list[str] | None = None) -> None:
                "squared_error": round(error, 5), "overlap@10": round(overlap_at_k(ranked, exact, 10), 4)}
         report["codecs"].append(row)
         print(json.dumps(row), flush=True)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=1))
+    write_report(report, args.output)
+
+
+def write_report(report: dict, output: str) -> None:
+    """``report`` as JSON in the file ``output`` (its folder made)."""
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

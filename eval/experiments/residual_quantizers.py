@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import faiss
 import numpy as np
@@ -24,7 +23,7 @@ import torch
 
 from eval.bench_scale.exact import exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
-from eval.experiments.codec_fidelity import corpus_arguments, exact_reference, ranking
+from eval.experiments.codec_fidelity import corpus_arguments, exact_reference, ranking, write_report
 from pyserini_aligner.index.codec import ResidualCodec, resolve_codec
 
 CENTROID_BYTES = 2  # a token's centroid id (uint16)
@@ -80,8 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                "train_code_s": round(code_s, 1)}
         report["quantizers"].append(row)
         print(json.dumps(row), flush=True)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=1))
+    write_report(report, args.output)
 
 
 if __name__ == "__main__":
