@@ -662,9 +662,9 @@ def open_backend(store: StoredIndex, backend: str, devices: Sequence[str], scori
     """The backend that searches ``store`` (one index generation) by ``backend`` ("faiss" or "torch") on
     ``devices``. Several devices (compressed index, torch) are searched by :class:`.workers.Workers` (each device
     gets a one-device ``searcher_class`` with the keyword arguments ``options``, in a worker process of its own but
-    the first replica): "replicate" puts a whole
-    copy of the codes on each, "shard" consecutive segments on each, "auto" replicates when a copy and room to
-    search fit in every device's free memory (GPUs only) and shards otherwise. With ``exchange`` (one device per
+    the first replica): "replicate" puts a whole copy of the codes on each, "shard" consecutive segments on each,
+    "auto" replicates when a copy and room to search fit in every device's free memory (GPUs only) and shards
+    otherwise. With ``exchange`` (one device per
     process of a process group) the same choice is made across the processes, replicating only when it fits on
     every rank; ``segments`` (this process's consecutive segments) shards explicitly. ``encoder``: the graphed
     query encoder, for the one-query plan of the codes on its device. ValueError for knobs the index or backend does not take."""

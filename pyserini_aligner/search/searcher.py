@@ -119,10 +119,11 @@ class AlignerSearcher:
     devices (torch backend, compressed index): several devices (e.g. ["cuda:0", "cuda:1"]) (:mod:`.workers`),
     placed by ``placement``: "replicate" holds a whole copy of the codes on each device and splits every batch of
     query texts across the copies, each encoding and searching its part (the first copy in this process, the others
-    in a worker process each; one query is searched by the first, through its CUDA-graph plan), "shard" spreads consecutive segments over the devices and runs each search step on
-    all of them at once, "auto" (default) replicates when a copy and room to search fit in every device's free memory
-    (GPUs) and shards otherwise; the choice is made again at :meth:`reopen`. Every placement ranks as one device (a
-    replica's scores may differ in the last bit: it encodes its part of a batch alone).
+    in a worker process each; one query is searched by the first, through its CUDA-graph plan), "shard" spreads
+    consecutive segments over the devices and runs each search step on all of them at once, "auto" (default)
+    replicates when a copy and room to search fit in every device's free memory (GPUs) and shards otherwise; the
+    choice is made again at :meth:`reopen`. Every placement ranks as one device (a replica's scores may differ in the
+    last bit: it encodes its part of a batch alone).
 
     segments and exchange (torch backend, compressed index; one process of a torchrun job, see :mod:`.distributed`):
     ``exchange`` (a :class:`pyserini_aligner.dist.Collectives`) connects the processes, which encode their parts of
