@@ -285,7 +285,9 @@ def _decode_kernel():
         residual = tl.load(books + (book[None, :] * 256 + code) * sub + (lanes - book * sub)[None, :], mask=lane_ok,
                            other=0.0)
         centroid = tl.load(centroids + cid[:, None].to(tl.int64) * dim + lanes[None, :], mask=lane_ok, other=0.0)
-        tl.store(out + t[:, None].to(tl.int64) * dim + lanes[None, :], tl.where(lane_ok, centroid + residual, 0.0),
+        vector = tl.where(lane_ok, centroid + residual, 0.0)
+        scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(vector * vector, axis=1)), 1e-12)  # unit length, as the model's
+        tl.store(out + t[:, None].to(tl.int64) * dim + lanes[None, :], vector * scale[:, None],
                  mask=inside[:, None] & (lanes[None, :] < dim))
 
     return kernel
@@ -294,7 +296,7 @@ def _decode_kernel():
 def decode_tokens(positions: Tensor, keep: Tensor, token_ids: Tensor, token_codes: Tensor, centroids: Tensor,
                   books: Tensor, block: int = 32) -> Tensor:
     """Token vectors [T, d] float32 at ``positions`` [T] (int64) where ``keep`` [T] (bool), zeros elsewhere: the
-    token's centroid plus its residual codewords side by side, c + r element by element. token_ids [N] int16
+    token's centroid plus its residual codewords side by side, c + r element by element, scaled to unit length. token_ids [N] int16
     (centroid ids stored as uint16), token_codes [N, R] uint8, centroids [nlist, d] float32, books [R, 256, d/R]
     float32."""
     count, dim = len(positions), centroids.shape[1]
@@ -317,5 +319,6 @@ def decode_tokens_reference(positions: Tensor, keep: Tensor, token_ids: Tensor, 
     for t, pos in enumerate(positions.tolist()):
         if bool(keep[t]):
             residual = torch.cat([books[m, int(code)] for m, code in enumerate(token_codes[pos])])
-            out[t] = centroids[int(token_ids[pos]) & 0xFFFF] + residual
+            vector = centroids[int(token_ids[pos]) & 0xFFFF] + residual
+            out[t] = vector / vector.norm().clamp_min(1e-12)
     return out

@@ -161,6 +161,23 @@ def test_end_to_end_tiny_run_fills_every_column(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and StoredIndex(work / "40" / "index").num_docs == 40
 
 
+def test_sweep_reports_each_setting_against_the_codes_and_the_exact_tokens(tmp_path, capsys):
+    """eval.bench_scale.sweep on the CPU: every setting's overlap@10 with exhaustive scoring of the index's codes and,
+    with --exact, of the exact tokens; the deepest setting keeps at least what the shallowest does."""
+    from eval.bench_scale import sweep
+
+    archive = _tiny_zip(tmp_path / "scifact.zip")
+    sweep.main(["--beir-zip", str(archive), "--size", "40", "--device", "cpu", "--batch-size", "16", "--exact",
+                "--settings", "2:1:2,100:16:40", "--output", str(tmp_path / "out"), "--quiet"])
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    shallow, deep = report["rows"]
+    assert deep["overlap@10"] == 1.0 and shallow["overlap@10"] <= deep["overlap@10"]
+    assert 0.5 <= deep["overlap@10_exact"] <= 1.0 and shallow["overlap@10_exact"] <= deep["overlap@10_exact"]
+    assert deep["overlap@10_exact"] == report["overlap@10_exhaustive_exact"]  # every document refined: exhaustive
+    table = (tmp_path / "out" / "sweep.md").read_text()
+    assert f"| {deep['overlap@10']} / {deep['overlap@10_exact']} |" in table and capsys.readouterr().out.endswith(table)
+
+
 def test_multi_gpu_harness_on_cpu_processes(tmp_path, capsys):
     """eval.bench_scale.multi with two CPU processes, in two phases: the corpus written in parts and one index of two
     segments built by torchrun; then that index searched on one "device" and on two in both placements, with

@@ -1,4 +1,6 @@
 """The residual codec: parsing, k-means and PQ against slow loop references, and FAISS IndexIVFPQ compatibility."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -99,11 +101,13 @@ def test_refinement_tier_against_a_slow_reference():
     decoded = codec.decode(ids, fine)
     loop = torch.stack([codec.centroids[int(ids[i])] + torch.cat([codec.refine_books[m, int(fine[i, m])]
                                                                   for m in range(16)]) for i in range(12)])
-    assert torch.allclose(decoded, loop)
+    norms = [math.sqrt(sum(float(v) ** 2 for v in row)) for row in loop]
+    assert torch.allclose(decoded, loop / torch.tensor(norms).unsqueeze(1))  # centroid + residual, unit length
+    assert torch.allclose(decoded.norm(dim=1), torch.ones(12))
     q = unit_vectors(3, 32, 5)
     lut = torch.einsum("nms,mks->nmk", q.view(3, 16, 2), codec.refine_books)  # [n, R, 256]
-    table = [[float(q[j] @ codec.centroids[int(ids[i])]) + sum(float(lut[j, m, int(fine[i, m])]) for m in range(16))
-              for i in range(12)] for j in range(3)]
+    table = [[(float(q[j] @ codec.centroids[int(ids[i])]) + sum(float(lut[j, m, int(fine[i, m])]) for m in range(16)))
+              / norms[i] for i in range(12)] for j in range(3)]
     np.testing.assert_allclose(np.array(table), (q @ decoded.T).numpy(), atol=1e-5)
     error = lambda d: float(((d - x[:12]) ** 2).sum(1).mean())  # noqa: E731
     plain = ResidualCodec(codec.centroids, codec.codebooks)
@@ -158,8 +162,8 @@ def test_residual_codes_are_nearest_codewords(codec_and_data):
             assert dists[codes[i, m]] == pytest.approx(min(dists), abs=1e-6)
     decoded = codec.decode(ids, codes)
     assert decoded.shape == (20, 32)
-    assert torch.allclose(decoded[3], codec.centroids[int(ids[3])] + torch.cat(
-        [codec.codebooks[m, int(codes[3, m])] for m in range(8)]))
+    raw = codec.centroids[int(ids[3])] + torch.cat([codec.codebooks[m, int(codes[3, m])] for m in range(8)])
+    assert torch.allclose(decoded[3], raw / raw.norm())
     assert torch.allclose(codec.decode(ids), codec.centroids[torch.from_numpy(ids.astype(np.int64))])
 
 
@@ -172,7 +176,8 @@ def test_codec_reduces_error(codec_and_data):
 
 
 def test_faiss_ivfpq_reads_the_same_codes(codec_and_data):
-    """FAISS decodes our codes to our vectors, and its IVF-PQ search over them equals brute force on the decoded ones."""
+    """FAISS decodes our codes to our vectors before they are scaled to unit length (centroid + residual), and its
+    IVF-PQ search over them equals brute force on those."""
     import faiss
 
     codec, x = codec_and_data
@@ -188,7 +193,7 @@ def test_faiss_ivfpq_reads_the_same_codes(codec_and_data):
                       codes[keep[sub]]))
     index = codec.faiss_index(parts)
     assert index.ntotal == len(x) and [index.invlists.list_size(c) for c in range(16)] == np.diff(offsets).tolist()
-    decoded = codec.decode(ids, codes).numpy()
+    decoded = (codec.decode(ids) + codec.residual_vectors(codes)).numpy()
     for c in (0, 5, 15):
         for j in range(min(3, index.invlists.list_size(c))):
             label = index.invlists.get_single_id(c, j)

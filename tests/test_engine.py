@@ -138,7 +138,8 @@ def test_descending_key_orders_floats_from_largest():
 
 def test_decoding_by_pairs_and_under_a_mask_equals_the_codebooks(default_index):
     """Refinement's decoding: one table per two sub-quantisers (the GPU's) and decoding only the unmasked tokens give
-    the vectors of the codebooks themselves (centroid + each sub-quantiser's codeword, read from the store)."""
+    the vectors of the codebooks themselves (centroid + each sub-quantiser's codeword, read from the store, at unit
+    length); the CPU's look-up tables score them as their inner products."""
     store = StoredIndex(default_index)
     shard = CodeShard(store, [0], "cpu")
     assert shard.token_m == 32 and shard.m == 4  # auto's two tiers at this size
@@ -147,7 +148,12 @@ def test_decoding_by_pairs_and_under_a_mask_equals_the_codebooks(default_index):
     books = store.codec.refine_books
     want = torch.stack([store.codec.centroids[int(c)] + torch.cat([books[m, int(code[m])] for m in range(32)])
                         for c, code in zip(ids, codes)]).view(3, 50, -1)
+    want = want / want.norm(dim=-1, keepdim=True)
     assert torch.allclose(shard.decode(positions), want, atol=1e-6)
+    q = torch.nn.functional.normalize(torch.randn(3, 5, want.shape[-1], generator=torch.Generator().manual_seed(1)),
+                                      dim=-1)
+    table = shard.similarity(q, positions.view(3, 1, 50))  # [3, 1, 5, 50]
+    assert torch.allclose(table[:, 0], q @ want.transpose(1, 2), atol=1e-5)
     shard.pair_tables(True)
     assert torch.allclose(shard.decode(positions), want, atol=1e-6)
     mask = torch.rand(3, 50, generator=torch.Generator().manual_seed(0)) < 0.6
@@ -171,7 +177,9 @@ def test_a_shard_of_fetched_documents_scores_them_as_their_own_shard(two_segment
     fetched = shard.documents(need, residuals=True)
     assert fetched[0].tolist() == shard.lengths[need - shard.row_base].tolist()
     assert (fetched[3] is None) == (refine_with == "all")
-    other = CodeShard(store, [0], refine_with=refine_with).holding(*fetched)
+    holder = CodeShard(store, [0], refine_with=refine_with)
+    assert len(holder.inverse_norms()) == len(holder.token_ids)  # the holder's own tokens' norms are not reused
+    other = holder.holding(*fetched)
     local = torch.where(valid, torch.searchsorted(need, rows), torch.zeros_like(rows))
     q = torch.nn.functional.normalize(torch.randn(3, 5, store.manifest.dim, generator=generator), dim=-1)
     q_mask = torch.ones(3, 5, dtype=torch.bool)

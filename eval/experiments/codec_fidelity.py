@@ -16,12 +16,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip
-from eval.bench_scale.exact import encode_corpus, exhaustive_top
+from eval.bench_scale.exact import encode_tokens, exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
 from pyserini_aligner.index.codec import ResidualCodec, resolve_codec
 from pyserini_aligner.resolve import load_model
@@ -42,23 +43,35 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true")
 
 
-def exact_reference(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                       list, dict]:
-    """(tokens [T, d] float16, lengths [N], queries [B, n, d] float32, their mask [B, n], the exact top 10 a query
-    as [(row, score)], the report's first fields) of the synthetic passages and judged queries ``args`` name."""
+class Reference(NamedTuple):
+    """The exact side of a codec study: every passage's stored tokens [T, d] float16 with their salience [T] and
+    lengths [N], the judged queries [B, n, d] float32 with their mask [B, n], each query's exact top 10 as
+    [(row, score)] and the report's first fields."""
+
+    tokens: torch.Tensor
+    salience: torch.Tensor
+    lengths: torch.Tensor
+    q: torch.Tensor
+    q_mask: torch.Tensor
+    exact: list
+    report: dict
+
+
+def exact_reference(args: argparse.Namespace) -> Reference:
+    """The :class:`Reference` of the synthetic passages and judged queries ``args`` name."""
     torch.backends.cuda.matmul.allow_tf32 = False
     corpus = SyntheticCorpus(read_beir_zip(args.beir_zip))
     texts = [text for _, text in corpus.passages(args.size)]
     model = load_model(args.encoder, device=args.device)
     start = time.perf_counter()
-    tokens, lengths = encode_corpus(model, texts, args.batch_size, not args.quiet)
+    tokens, salience, lengths = encode_tokens(model, texts, args.batch_size, not args.quiet)
     encode_s = time.perf_counter() - start
     queries = list(corpus.source.queries.values())[:args.max_queries]
     out = model.encode_padded(queries, is_query=True, batch_size=64)
     q, q_mask = out.vectors.float(), out.mask
     exact = ranking(*exhaustive_top(q, q_mask, tokens, lengths, 10))
     report = {"passages": len(lengths), "tokens": len(tokens), "queries": len(queries), "encode_s": round(encode_s, 1)}
-    return tokens, lengths, q, q_mask, exact, report
+    return Reference(tokens, salience, lengths, q, q_mask, exact, report)
 
 
 def ranking(scores: torch.Tensor, rows: torch.Tensor) -> list[list[tuple[int, float]]]:
@@ -72,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     corpus_arguments(parser)
     parser.add_argument("--codecs", nargs="+", required=True, help="codec strings, 'auto' included")
     args = parser.parse_args(argv)
-    tokens, lengths, q, q_mask, exact, report = exact_reference(args)
+    tokens, _, lengths, q, q_mask, exact, report = exact_reference(args)
     report["codecs"] = []
     gen = torch.Generator().manual_seed(0)
     for name in args.codecs:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nlist", type=int, default=None, help="centroids (default: what --codec auto picks)")
     parser.add_argument("--train-size", type=int, default=100_000, help="residuals each quantiser trains on")
     args = parser.parse_args(argv)
-    tokens, lengths, q, q_mask, exact, report = exact_reference(args)
+    tokens, _, lengths, q, q_mask, exact, report = exact_reference(args)
 
     spec = resolve_codec("auto" if args.nlist is None else f"IVF{args.nlist},PQ4", tokens.shape[1], len(tokens))
     gen = torch.Generator().manual_seed(0)

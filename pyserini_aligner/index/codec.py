@@ -4,9 +4,10 @@
 - ``IVF<nlist>,PQ<M>``: a residual codec in the style of PLAID. Every token stores the id of its nearest of
   ``nlist`` spherical k-means centroids (uint16; centroids stored as int8 with a per-centroid scale) and an M-byte
   product-quantised residual (M sub-vectors of d/M dims, 256 centroids each): 2 + M bytes per token. A token
-  decodes to centroid + residual. These (centroid id, residual) pairs are exactly FAISS ``IndexIVFPQ`` codes, so
-  the searcher builds its FAISS index from the codes of the kept tokens (the β^d most salient of each document) at
-  load time: candidate generation and refinement read one store.
+  decodes to centroid + residual, scaled to unit length as the model's tokens are (:func:`unit_rows`). These
+  (centroid id, residual) pairs are exactly FAISS ``IndexIVFPQ`` codes, so the searcher builds its FAISS index from
+  the codes of the kept tokens (the β^d most salient of each document) at load
+  time: candidate generation and refinement read one store.
 - ``IVF<nlist>,PQ<M>,Refine(PQ<R>)``: two tiers, as FAISS's ``IndexRefine``. The inverted lists of the kept tokens
   carry M-byte codes of a coarse product quantiser (what candidate generation reads, cheap to scan); every token
   stores an R-byte code of a finer one (what refinement decodes): 2 + R bytes a token plus 4 + M bytes a list
@@ -384,6 +385,19 @@ def pq_encode(residuals: Tensor, books: Tensor) -> np.ndarray:
     return codes.T.contiguous().cpu().numpy()
 
 
+def row_norms(x: Tensor) -> Tensor:
+    """float32 [...]: the length of every row of x [..., d], summed in float64 so that a row's length does not
+    depend on the rows decoded with it (vectorised float32 sums order their terms by position)."""
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64).float()
+
+
+def unit_rows(x: Tensor) -> Tensor:
+    """x [..., d] float32 with every row scaled to unit length (zero rows stay zero). A token's decoded vector,
+    centroid plus residual, is scaled so: the model's tokens are unit vectors, and the scaling removes the part of
+    the coding error along the token's own direction, the part that moves its best-match scores most."""
+    return x / row_norms(x).clamp_min(1e-12).unsqueeze(-1)
+
+
 def quantize_centroids(centroids: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(int8 [k, d], float32 scales [k]): centroid i ≈ int8[i] · scales[i], scale = max |component| / 127."""
     scales = centroids.abs().amax(-1).clamp_min(1e-12) / 127.0
@@ -487,13 +501,13 @@ class ResidualCodec:
 
     def decode(self, centroid_ids: np.ndarray, residual_codes: np.ndarray | None = None,
                device: str | torch.device = "cpu") -> Tensor:
-        """float32 [n, d] vectors: centroid, plus the residual when the token codes ``residual_codes`` [n, R] are
-        given."""
+        """float32 [n, d] vectors: the centroid alone, or, given the token codes ``residual_codes`` [n, R], the
+        token: centroid plus residual scaled to unit length (:func:`unit_rows`)."""
         ids = torch.from_numpy(np.asarray(centroid_ids, dtype=np.int64)).to(device)
         out = self.centroids.to(device)[ids]
-        if residual_codes is not None:
-            out += self.residual_vectors(residual_codes, device)
-        return out
+        if residual_codes is None:
+            return out
+        return unit_rows(out + self.residual_vectors(residual_codes, device))
 
     def residual_vectors(self, residual_codes: np.ndarray, device: str | torch.device = "cpu") -> Tensor:
         """float32 [n, d] decoded residuals of token codes [n, R]."""

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, scores_from_similarity
+from pyserini_aligner.index.codec import row_norms, unit_rows
 from pyserini_aligner.index.store import StoredIndex
 from pyserini_aligner import kernels
 
@@ -59,6 +60,7 @@ class CodeShard:
         self.token_books = codec.token_books.float()  # [R, 256, d/R]: every token's residual code
         self.token_m = self.token_books.shape[0]
         self.pair_tables(paired_decoding(self.device, self.token_books))
+        self._inverse_norms: Tensor | None = None
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -210,6 +212,7 @@ class CodeShard:
         shard.token_ids = token_ids.to(self.device)
         shard.token_codes = self.token_codes[:0] if token_codes is None else token_codes.to(self.device)
         shard.kept = None if kept is None else kept.to(self.device)
+        shard._inverse_norms = None  # its own tokens'
         return shard
 
     def _held(self, rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -323,7 +326,7 @@ class CodeShard:
         """q·d [B, C, n, L] (float32) of queries q [B, n, d] with the tokens at shard ``positions`` [B, C, L], read
         from their codes without decoding: q·c from a query-centroid table plus Σ_m q_m·r_m from per-sub-quantiser
         look-up tables (asymmetric distance computation; the CPU's refinement, a few times cheaper than decoding
-        and multiplying)."""
+        and multiplying), times the token's :meth:`inverse_norms`: q·d of the unit-length decoded token."""
         b, n = q.shape[:2]
         q = q.float()
         m = self.token_m
@@ -340,7 +343,7 @@ class CodeShard:
         index[..., 1:] += (b * self.nlist + owner * (m * 256)).unsqueeze(-1) + \
             torch.arange(m, dtype=torch.int32, device=self.device) * 256
         sim = torch.nn.functional.embedding_bag(index.view(-1, 1 + m), rows, mode="sum")
-        sim = sim.view(*positions.shape, n)  # [b, C, L, n]
+        sim = sim.view(*positions.shape, n) * self.inverse_norms()[positions].unsqueeze(-1)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
     def decode(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -359,7 +362,22 @@ class CodeShard:
         if self._paired:
             codes = codes[..., 0::2] * 256 + codes[..., 1::2]
         residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
-        return (torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
+        return unit_rows(torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
+
+    def inverse_norms(self) -> Tensor:
+        """float32 [tokens]: 1 / |centroid + residual| of every token of the shard, computed once (decoding scales
+        a token to unit length; the look-up tables of :meth:`similarity` score the unscaled sum)."""
+        if self._inverse_norms is None:
+            out = torch.empty(len(self.token_ids), device=self.device)
+            step = max(1, (1 << 22) // self.centroids.shape[1])
+            for a in range(0, len(out), step):
+                positions = torch.arange(a, min(a + step, len(out)), device=self.device)
+                ids = self.token_ids[positions].int() & 0xFFFF
+                codes = self.token_codes[positions].long() + torch.arange(self.token_m, device=self.device) * 256
+                raw = self.centroids[ids] + self.token_books.reshape(self.token_m * 256, -1)[codes].flatten(-2)
+                out[a:a + len(positions)] = 1.0 / row_norms(raw).clamp_min(1e-12)
+            self._inverse_norms = out
+        return self._inverse_norms
 
 
 def probe_parts(entries: np.ndarray, budget: int):
