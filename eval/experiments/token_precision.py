@@ -16,9 +16,10 @@ plan is ``[keep<share>:](fp16 | PQ<M> | PQ<F>/PQ<C>:<share>:<rank>)``:
 - ``keep<share>:``: each passage keeps only the ceil(share · length) most salient of its tokens (the others are not
   stored and never aligned).
 
-Every coded plan is scored twice: decoded as centroid + residual, and that sum scaled to unit length (the model's
-tokens are unit vectors). Reports bytes a token (the 2-byte centroid id and the codes, of the kept tokens, a token
-of the passage), squared error a token and overlap@10 with the exact ranking, for each.
+Every coded plan is scored twice: decoded as centroid + residual, and that sum scaled to unit length as the index
+decodes it (:func:`pyserini_aligner.index.codec.unit_rows`; the model's tokens are unit vectors). Reports bytes a
+token (the 2-byte centroid id and the codes, of the kept tokens, a token of the passage), squared error a token and
+overlap@10 with the exact ranking, for each.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import torch
 from eval.bench_scale.exact import exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
 from eval.experiments.codec_fidelity import TRAIN_SIZE, corpus_arguments, exact_reference, ranking, write_report
-from pyserini_aligner.index.codec import ResidualCodec, pq_encode, resolve_codec, train_pq
+from pyserini_aligner.index.codec import ResidualCodec, pq_encode, resolve_codec, train_pq, unit_rows
 
 LEVELS = (0, 4, 8, 16, 32)  # residual bytes of the product quantisers every plan draws on (0: the centroid alone)
 CENTROID_BYTES = 2
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
                     where = mask[t]
                     r[where] = decode_residual(codes[fine][t][where], books[fine], tokens.shape[1])
                 v = centroids[ids[t]] + r
-                return torch.nn.functional.normalize(v, dim=-1) if unit else v
+                return unit_rows(v) if unit else v
 
             def decode(a: int, b: int) -> torch.Tensor:
                 return vectors(stand_ins[keep][a:b])

@@ -357,12 +357,16 @@ class CodeShard:
             out = torch.zeros(*positions.shape, self.centroids.shape[1], dtype=self.dtype, device=self.device)
             out[mask] = self.decode(positions[mask])
             return out
+        return unit_rows(self._sums(positions)).to(self.dtype)
+
+    def _sums(self, positions: Tensor) -> Tensor:
+        """Centroid + residual [..., d] (float32, before scaling to unit length) of the tokens at ``positions``."""
         ids = self.token_ids[positions].int() & 0xFFFF
         codes = self.token_codes[positions].int()
         if self._paired:
             codes = codes[..., 0::2] * 256 + codes[..., 1::2]
         residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
-        return unit_rows(torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)).to(self.dtype)
+        return torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)
 
     def inverse_norms(self) -> Tensor:
         """float32 [tokens]: 1 / |centroid + residual| of every token of the shard, computed once (decoding scales
@@ -371,11 +375,8 @@ class CodeShard:
             out = torch.empty(len(self.token_ids), device=self.device)
             step = max(1, (1 << 22) // self.centroids.shape[1])
             for a in range(0, len(out), step):
-                positions = torch.arange(a, min(a + step, len(out)), device=self.device)
-                ids = self.token_ids[positions].int() & 0xFFFF
-                codes = self.token_codes[positions].long() + torch.arange(self.token_m, device=self.device) * 256
-                raw = self.centroids[ids] + self.token_books.reshape(self.token_m * 256, -1)[codes].flatten(-2)
-                out[a:a + len(positions)] = 1.0 / row_norms(raw).clamp_min(1e-12)
+                sums = self._sums(torch.arange(a, min(a + step, len(out)), device=self.device))
+                out[a:a + len(sums)] = 1.0 / row_norms(sums).clamp_min(1e-12)
             self._inverse_norms = out
         return self._inverse_norms
 
