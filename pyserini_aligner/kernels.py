@@ -296,9 +296,9 @@ def _decode_kernel():
 def decode_tokens(positions: Tensor, keep: Tensor, token_ids: Tensor, token_codes: Tensor, centroids: Tensor,
                   books: Tensor, block: int = 32) -> Tensor:
     """Token vectors [T, d] float32 at ``positions`` [T] (int64) where ``keep`` [T] (bool), zeros elsewhere: the
-    token's centroid plus its residual codewords side by side, c + r element by element, scaled to unit length. token_ids [N] int16
-    (centroid ids stored as uint16), token_codes [N, R] uint8, centroids [nlist, d] float32, books [R, 256, d/R]
-    float32."""
+    token's centroid plus its residual codewords side by side, c + r element by element, scaled to unit length.
+    token_ids [N] int16 (centroid ids stored as uint16), token_codes [N, R] uint8, centroids [nlist, d] float32, books
+    [R, 256, d/R] float32."""
     count, dim = len(positions), centroids.shape[1]
     out = torch.empty(count, dim, dtype=torch.float32, device=centroids.device)
     if count == 0:

@@ -6,8 +6,8 @@
   product-quantised residual (M sub-vectors of d/M dims, 256 centroids each): 2 + M bytes per token. A token
   decodes to centroid + residual, scaled to unit length as the model's tokens are (:func:`unit_rows`). These
   (centroid id, residual) pairs are exactly FAISS ``IndexIVFPQ`` codes, so the searcher builds its FAISS index from
-  the codes of the kept tokens (the β^d most salient of each document) at load
-  time: candidate generation and refinement read one store.
+  the codes of the kept tokens (the β^d most salient of each document) at load time: candidate generation and
+  refinement read one store.
 - ``IVF<nlist>,PQ<M>,Refine(PQ<R>)``: two tiers, as FAISS's ``IndexRefine``. The inverted lists of the kept tokens
   carry M-byte codes of a coarse product quantiser (what candidate generation reads, cheap to scan); every token
   stores an R-byte code of a finer one (what refinement decodes): 2 + R bytes a token plus 4 + M bytes a list
