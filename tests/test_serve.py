@@ -472,25 +472,27 @@ def test_search_process_merges_the_batches_of_its_connections(default_index, tmp
     first, second = SearchClient(address), SearchClient(address)
     try:
         assert first.info["documents"] == N_DOCS and first.info["batches"] == 0
-        for _ in range(2):  # the second time both searched a moment ago: the first to ask waits for the other
+
+        def batches_of(calls) -> int:
+            """Device batches that the two ``calls`` (run at once) took; their answers are the offline ones."""
             owner.call("info")
             before = owner.info["batches"]
             with ThreadPoolExecutor(2) as pool:
-                answers = list(pool.map(lambda pair: pair[0].search(pair[1], 7),
-                                        [(first, queries[:4]), (second, queries[4:])]))
+                answers = list(pool.map(lambda call: call(), calls))
             for answer, want in zip(answers[0] + answers[1], expected):
                 assert_same_ranking(answer, want)
-        owner.call("info")
-        assert owner.info["batches"] == before + 1  # one batch, not two
-        for _ in range(2):  # one client called from two threads at once: two connections, merged the same way
             owner.call("info")
-            before = owner.info["batches"]
-            with ThreadPoolExecutor(2) as pool:
-                answers = list(pool.map(lambda part: first.search(part, 7), [queries[:3], queries[3:]]))
-            for answer, want in zip(answers[0] + answers[1], expected):
-                assert_same_ranking(answer, want)
-        owner.call("info")
-        assert owner.info["batches"] == before + 1
+            return owner.info["batches"] - before
+
+        # once both connections searched a moment ago, the first to ask waits for the other: one batch, not two (a
+        # few tries: on a loaded machine a thread can stall past the moment)
+        two_clients = [lambda: first.search(queries[:4], 7), lambda: second.search(queries[4:], 7)]
+        assert batches_of(two_clients) in (1, 2)
+        assert any(batches_of(two_clients) == 1 for _ in range(3))
+        # one client called from two threads at once: two connections, merged the same way
+        one_client = [lambda: first.search(queries[:3], 7), lambda: first.search(queries[3:], 7)]
+        assert batches_of(one_client) in (1, 2)
+        assert any(batches_of(one_client) == 1 for _ in range(3))
         first.call("update", 32, "top-k:2")
         second.search(queries[:1], 7)
         assert (second.info["depth"], second.info["strategy"]) == (32, "top-k:2")
