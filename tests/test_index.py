@@ -570,6 +570,28 @@ def test_auto_codec_is_sized_from_the_whole_corpus_not_a_slice():
     assert unknown == whole
 
 
+def test_auto_codec_is_sized_from_the_whole_sample_not_the_first_chunk():
+    """A corpus that opens with long documents (a collection's full texts before its passages): "auto" is sized from
+    the mean length of every buffered document, as the corpus is, not from the first chunk's."""
+    from pyserini_aligner.index.builder import EncodedChunk, sample_for_codec
+    from pyserini_aligner.index.codec import resolve_codec
+
+    def chunks(docs: int):
+        for start in range(0, docs, 4):
+            tokens = 300 if start == 0 else 20
+            mask = torch.ones(min(4, docs - start), tokens, dtype=torch.bool)
+            yield EncodedChunk([f"d{i}" for i in range(start, start + len(mask))], torch.zeros(*mask.shape, 8),
+                               mask, mask.float(), 0, 0.0)
+
+    total = 4000
+    buffered, spec = sample_for_codec(chunks(total), "auto", 8, total, 2_000)
+    docs, tokens = sum(len(c.docids) for c in buffered), sum(c.num_tokens for c in buffered)
+    assert len(buffered) > 1 and tokens < 20 * total
+    assert spec == resolve_codec("auto", 8, round(tokens / docs * total))
+    first_chunk = resolve_codec("auto", 8, 300 * total)
+    assert spec.nlist == choose_nlist(round(tokens / docs * total)) < first_chunk.nlist
+
+
 def test_max_bytes_per_token_is_refused_where_it_does_nothing(tmp_path, capsys):
     from pyserini_aligner.index.__main__ import option_flags, parse_args
 

@@ -473,23 +473,28 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCode
                      train_size: int, max_bytes_per_token: int | None = None
                      ) -> tuple[list[EncodedChunk], CodecSpec]:
     """Buffer the first chunks of ``stream`` until they hold the codec's training sample; returns them with the
-    codec spec ("auto" resolved from the tokens of the whole corpus of ``total`` documents, estimated from the
-    buffered documents' mean length; the buffered tokens themselves when ``total`` is unknown and the stream ends).
-    The stream may be one slice of the corpus (a torchrun rank's): the choice depends on the corpus, not on the
-    number of slices. ValueError for an empty stream."""
+    codec spec ("auto" resolved from the tokens of the whole corpus of ``total`` documents, estimated from the mean
+    length of all the buffered documents, not of the first chunk alone, so that a corpus opening with long documents
+    is not sized as if every document were as long; the buffered tokens themselves when ``total`` is unknown and the
+    stream ends). The stream may be one slice of the corpus (a torchrun rank's): the choice depends on the corpus,
+    not on the number of slices. ValueError for an empty stream."""
     first = next(stream, None)
     if first is None:
         raise ValueError("empty corpus: no documents to index")
-    chunks = [first]
-    per_doc = first.num_tokens / max(len(first.docids), 1)
-    estimate = int(per_doc * total) if total else None
-    spec = resolve_codec(codec, dim, estimate or 4 * first.num_tokens, max_bytes_per_token)
-    need = min(max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), estimate or 1 << 62)
-    while sum(c.num_tokens for c in chunks) < need and (chunk := next(stream, None)) is not None:
+    chunks, docs, buffered = [first], len(first.docids), first.num_tokens
+
+    def size() -> tuple[CodecSpec, int]:
+        """The spec from the buffered mean length and the tokens its training sample needs."""
+        estimate = int(round(buffered / max(docs, 1) * total)) if total else None
+        spec = resolve_codec(codec, dim, estimate or 4 * first.num_tokens, max_bytes_per_token)
+        return spec, min(max(train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), estimate or 1 << 62)
+
+    spec, need = size()
+    while buffered < need and (chunk := next(stream, None)) is not None:
         chunks.append(chunk)
-    buffered = sum(c.num_tokens for c in chunks)
+        docs, buffered = docs + len(chunk.docids), buffered + chunk.num_tokens
+        spec, need = size()
     if buffered < need:  # the stream ended inside the sample: size the codec from what it holds
-        docs = sum(len(c.docids) for c in chunks)
         tokens = int(round(buffered / max(docs, 1) * max(total, docs))) if total else buffered
         spec = resolve_codec(codec, dim, tokens, max_bytes_per_token)
         if isinstance(codec, AutoCodec) and tokens < SMALL_CORPUS_TOKENS:

@@ -91,6 +91,10 @@ RECIPES: dict[str, dict[str, Any]] = {
     "wide-anchor": {**_WIDE, **_ANCHOR, "anchor_weight": 0.3},
     "wide-anchor-pseudo": {**_WIDE, **_ANCHOR, "anchor_weight": 0.3, "label_free": ["pseudo", "titles"],
                            "max_pseudo_queries": 512},
+    "wide-mix": {**_WIDE, "strategy_mix": MIX},
+    # less drift from the start: half the epochs, or the projection moved ten times more slowly
+    "wide-e4": {**_WIDE, "epochs": 4},
+    "wide-slow-projection": {**_WIDE, "lr_heads": 1.0e-4},
 }
 DEFAULT_RECIPES = ("default", "default-pseudo", "anchor-pseudo")
 REFINED_DESCRIPTION = ("AligneR over all-MiniLM-L6-v2 trained under a mix of alignments: the shipped aligner "
