@@ -97,7 +97,7 @@ def measure_config(index_dir: Path, corpus, queries: dict[str, str], index_args:
         times.append(time.perf_counter() - begin)
     row["k10"] = percentiles_ms(times)
     for batch in BATCHES:
-        searcher.batch_size = batch
+        searcher.configure(batch_size=batch)
         runs = []
         for _ in range(3):
             begin = time.perf_counter()
@@ -106,7 +106,7 @@ def measure_config(index_dir: Path, corpus, queries: dict[str, str], index_args:
         row[f"qps_batch{batch}"] = round(len(texts) / statistics.median(runs), 1)
     if searcher.graphed_queries:  # one query went through the CUDA graph, batches through the eager model
         row["graph_check"] = {**agreement(single, ranked), "eager_encode_1q": eager_encode_ms(searcher.model, texts)}
-    searcher.batch_size = max(BATCHES)
+    searcher.configure(batch_size=max(BATCHES))
     ranked = searcher.rank(texts, k=100)
     write_run({qid: hits for qid, hits in zip(qids, ranked)}, run_path, tag="AligneR-gpu")
     if device.startswith("cuda"):

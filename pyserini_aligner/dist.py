@@ -3,7 +3,8 @@
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR for every process it starts; :func:`dist_context` reads
 them. :class:`Collectives` broadcasts (from rank 0) and gathers picklable objects over torch.distributed's default
 process group; both the distributed build (:mod:`pyserini_aligner.index.distributed`) and the distributed search
-(:mod:`pyserini_aligner.search.distributed`) exchange their small CPU objects through it.
+(:mod:`pyserini_aligner.search.backends.exchanged`) exchange their small CPU objects through it, in the process
+group :func:`join_group` joins.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import datetime
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,13 +116,23 @@ class Collectives:
         return send.to(tensor.device)
 
 
-def join_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[DistContext, bool]:
-    """(this rank's context, whether the Gloo process group was created here) under torchrun; RuntimeError outside
-    it. An existing default process group is used as it is."""
-    ctx = dist_context()
+def join_group(ctx: DistContext | None = None, *, device: str = "cpu", cuda_backend: str = "gloo",
+               rendezvous: str | os.PathLike | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[DistContext, bool]:
+    """(this rank's context, whether the default process group was created here). ``ctx``: the rank (default:
+    torchrun's environment; RuntimeError outside one). The group's backend is Gloo for a CPU ``device`` and
+    ``cuda_backend`` ("gloo", "nccl" or "cpu:gloo,cuda:nccl") for a CUDA one, which becomes this process's current
+    device. ``rendezvous``: a file the ranks meet at (processes of one machine, ``ctx`` given), else torchrun's
+    address (MASTER_ADDR, MASTER_PORT). An existing default process group is used as it is."""
+    ctx = ctx or dist_context()
     if ctx is None:
         raise RuntimeError("--distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
     if dist.is_initialized():
         return ctx, False
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    cuda = str(device).startswith("cuda")
+    if cuda:  # kernels (Triton's too) and NCCL's streams run on the current device
+        torch.cuda.set_device(torch.device(device))
+    where = {} if rendezvous is None else dict(init_method=Path(rendezvous).as_uri(), rank=ctx.rank,
+                                               world_size=ctx.world_size)
+    dist.init_process_group(cuda_backend if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s), **where)
     return ctx, True

@@ -365,9 +365,13 @@ class AlignerModel(nn.Module):
         check_collection(texts, "texts")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return self.encode_token_ids(self.tokenize_reported(texts, is_query, maxlen), is_query, batch_size)
+
+    def tokenize_reported(self, texts: list[str], is_query: bool, maxlen: int | None = None) -> list[list[int]]:
+        """:meth:`tokenize`'s token ids, with the warning every encoding gives of the texts cut to ``maxlen``."""
         ids, truncated = self.tokenize(list(texts), is_query, maxlen)
         self._report_truncation("query" if is_query else "doc", sum(truncated), len(ids), maxlen)
-        return self.encode_token_ids(ids, is_query, batch_size)
+        return ids
 
     def encode_token_ids(self, ids: list[list[int]], is_query: bool, batch_size: int = 32,
                          dtype: torch.dtype = torch.float32) -> TokenOutput:

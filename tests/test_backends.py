@@ -14,11 +14,14 @@ from pyserini_aligner.alignment import parse_strategy
 from pyserini_aligner.index import StoredIndex, build_index
 from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.search import AlignerSearcher
-from pyserini_aligner.search import backends
-from pyserini_aligner.search.backends import (QUERY_PROBES, FaissFlat, FaissIVF, Queries, TorchCodes, TorchTokens,
-                                              batch_parts, codes_on)
-from pyserini_aligner.search.engine import merge_probes
-from pyserini_aligner.search.workers import BALANCE_WORDS, TEXT_WORDS, Workers, gpu_worker_threads, text_parts
+from pyserini_aligner.search.backends import choose
+from pyserini_aligner.search.backends.base import QUERY_PROBES, Queries, batch_parts
+from pyserini_aligner.search.backends.faiss_cpu import FaissFlat, FaissIVF
+from pyserini_aligner.search.backends.tokens import TorchTokens
+from pyserini_aligner.search.backends.torch_codes import TorchCodes, codes_on
+from pyserini_aligner.search.backends.workers import Workers, gpu_worker_threads
+from pyserini_aligner.search.candidates import merge_probes
+from pyserini_aligner.search.encoding import BALANCE_WORDS, TEXT_WORDS, text_parts
 
 import reference
 from conftest import assert_same_ranking
@@ -261,25 +264,22 @@ def test_resident_bytes_counts_the_codes(codes_index):
     """The estimate behind placement "auto" counts every token, list entry and document of the index."""
     store = StoredIndex(codes_index)
     spec = store.codec_spec
-    got = backends.resident_bytes(store, range(len(store.segments)), "all", torch.device("cpu"))
+    got = choose.resident_bytes(store, range(len(store.segments)), "all", torch.device("cpu"))
     tokens, docs, entries = store.manifest.num_tokens, store.num_docs, store.manifest.num_kept
     assert got >= tokens * (2 + spec.residual_m) + entries * (4 + spec.pq_m) + docs * 16
-    assert backends.resident_bytes(store, [0], "all", torch.device("cpu")) < got
-    assert not backends.fits_whole(store, torch.device("cpu"), "all")  # only GPUs take a replica by choice
+    assert choose.resident_bytes(store, [0], "all", torch.device("cpu")) < got
+    assert not choose.fits_whole(store, torch.device("cpu"), "all")  # only GPUs take a replica by choice
 
 
 def _split_rank(rank: int, world: int, index: str, knobs: dict, group_file: str, results) -> None:
     """One rank of a Gloo shard group whose ranks split the queries after choosing candidates (as on GPUs): its
     rankings, or its error, put on ``results``."""
     try:
-        import datetime
-
         import torch.distributed as dist
 
-        from pyserini_aligner.dist import Collectives, DistContext
+        from pyserini_aligner.dist import Collectives, DistContext, join_group
 
-        dist.init_process_group("gloo", init_method=Path(group_file).as_uri(), rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=300))
+        join_group(DistContext(rank, world, rank), rendezvous=group_file, timeout_s=300)
         searcher = AlignerSearcher(index, placement="shard", exchange=Collectives(DistContext(rank, world, rank)),
                                    **knobs)
         searcher.engine.split = True

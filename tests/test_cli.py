@@ -179,7 +179,7 @@ def test_write_run_refuses_other_formats(tmp_path):
 def test_query_max_length(index_dir):
     args = search_cli.build_parser().parse_args(["--index", "i", "--topics", "t", "--output", "o",
                                                  "--query-max-length", "8"])
-    assert search_cli.searcher_knobs(args)["query_max_length"] == 8
+    assert search_cli.search_options(args).query_max_length == 8
     query = " ".join(QUERIES.values()) * 3
     short = AlignerSearcher(index_dir, query_max_length=6)
     full = AlignerSearcher(index_dir)
@@ -295,7 +295,7 @@ def test_distributed_search_flags_that_cant_work_are_usage_errors(topics, tmp_pa
 def test_flags_reach_the_library_typed():
     args = search_cli.build_parser().parse_args(["--index", "i", "--topics", "t", "--output", "o", "--strategy",
                                                  "top-p:0.02"])
-    assert search_cli.searcher_knobs(args)["strategy"] == Strategy("top-p", p=0.02)
+    assert search_cli.search_options(args).strategy == Strategy("top-p", p=0.02)
     args = index_cli.parse_args(["--corpus", "c", "--index", "i", "--codec", "IVF64,PQ8", "--prune-redundancy", "off"])
     fields = index_cli.option_flags(args)
     assert fields["codec"] == CodecSpec(64, 8) and fields["prune_redundancy"] is None

@@ -209,16 +209,14 @@ def _exchange_rows(rank: int, world: int, group_file: str, results) -> None:
     """One Gloo rank of the all-to-all test: rank r sends rank j (r + j) rows of each kind, valued from r and j;
     what it received, or its error, goes on ``results``."""
     try:
-        import datetime
-
         import torch
         import torch.distributed as dist
 
-        from pyserini_aligner.dist import Collectives, DistContext
+        from pyserini_aligner.dist import Collectives, DistContext, join_group
 
-        dist.init_process_group("gloo", init_method=Path(group_file).as_uri(), rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120))
-        exchange = Collectives(DistContext(rank, world, rank))
+        ctx, created = join_group(DistContext(rank, world, rank), rendezvous=group_file, timeout_s=120)
+        assert created and dist.get_backend() == "gloo"
+        exchange = Collectives(ctx)
         kinds = {"int16": lambda n, v: torch.full((n,), -v, dtype=torch.int16),
                  "bool": lambda n, v: torch.arange(n) % 2 == v % 2,
                  "uint8": lambda n, v: torch.full((n, 3), v, dtype=torch.uint8),

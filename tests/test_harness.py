@@ -254,16 +254,17 @@ def test_adapted_system_switches_checkpoint(harness, scifact_small):
 
 
 def test_cached_runs_are_keyed_on_every_module_that_scores():
-    """A change to any module that encodes, decodes or scores (every search module but the command line, the
-    defaults and the process plumbing) changes the cache key, so the harness never reuses a stale run."""
+    """A change to any module that encodes, decodes or scores (every search module, the backends' included, but the
+    command line and the defaults) changes the cache key, so the harness never reuses a stale run."""
     from pathlib import Path
 
     from eval.beir.cache import SCORING_MODULES
     import pyserini_aligner.search as search
 
-    plumbing = {"__init__", "__main__", "defaults", "distributed", "workers"}
-    scoring = {f"pyserini_aligner.search.{path.stem}" for path in Path(search.__file__).parent.glob("*.py")
-               if path.stem not in plumbing}
+    root, plumbing = Path(search.__file__).parent, {"__init__", "__main__", "defaults"}
+    scoring = {".".join(["pyserini_aligner.search", *path.relative_to(root).with_suffix("").parts])
+               for path in root.rglob("*.py") if path.stem not in plumbing}  # backends/ too
+    assert "pyserini_aligner.search.backends.choose" in scoring
     scoring |= {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.kernels",
                 "pyserini_aligner.index.codec", "pyserini_aligner.index.store"}
     assert scoring <= set(SCORING_MODULES), scoring - set(SCORING_MODULES)

@@ -12,6 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pyserini_aligner", "eval")
+# what the search backends are made of: the options, query encoding, the candidate rule, the codes and the graphs
+SEARCH_CORE = {f"pyserini_aligner.search.{name}" for name in ("options", "encoding", "candidates", "codes", "graphs")}
 
 
 def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -89,14 +91,21 @@ def main_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def layering_violations(graph: dict[str, set[str]], core: set[str]) -> list[str]:
     """``importer -> imported (rule)`` for every import across a layer: ``pyserini_aligner.index`` imports
-    ``pyserini_aligner.search``; a ``core`` module imports either; a ``pyserini_aligner`` module imports ``eval``."""
+    ``pyserini_aligner.search``; a ``core`` module imports either; a ``pyserini_aligner`` module imports ``eval``;
+    a search backend imports the searcher or the command line; a module of SEARCH_CORE imports a backend or the
+    searcher."""
     def under(module: str, package: str) -> bool:
         return module == package or module.startswith(package + ".")
 
     rules = [(lambda m: under(m, "pyserini_aligner.index"), ("pyserini_aligner.search",), "index never imports search"),
              (lambda m: m in core, ("pyserini_aligner.index", "pyserini_aligner.search"),
               "the core imports neither index nor search"),
-             (lambda m: under(m, "pyserini_aligner"), ("eval",), "the package never imports eval")]
+             (lambda m: under(m, "pyserini_aligner"), ("eval",), "the package never imports eval"),
+             (lambda m: under(m, "pyserini_aligner.search.backends"),
+              ("pyserini_aligner.search.searcher", "pyserini_aligner.search.__main__"),
+              "backends never import the searcher or the command line"),
+             (lambda m: m in SEARCH_CORE, ("pyserini_aligner.search.backends", "pyserini_aligner.search.searcher"),
+              "search's options, encoding and steps import no backend and no searcher")]
     return sorted(f"{m} -> {t} ({reason})" for m, targets in graph.items() for t in targets
                   for applies, banned, reason in rules if applies(m) and any(under(t, b) for b in banned))
 
@@ -129,6 +138,34 @@ def test_an_import_across_a_layer_is_found(tmp_path):
         "pyserini_aligner.resolve -> pyserini_aligner.index.builder (the core imports neither index nor search)",
         "pyserini_aligner.search.bench -> eval (the package never imports eval)",
         "pyserini_aligner.search.bench -> eval.tools (the package never imports eval)"]
+
+
+@pytest.mark.parametrize("files, found", [
+    ({"pyserini_aligner/search/backends/choose.py": "def f():\n    from pyserini_aligner.search import searcher\n"},
+     ["pyserini_aligner.search.backends.choose -> pyserini_aligner.search.searcher (backends never import the "
+      "searcher or the command line)"]),
+    ({"pyserini_aligner/search/backends/workers.py": "from pyserini_aligner.search.__main__ import main\n"},
+     ["pyserini_aligner.search.backends.workers -> pyserini_aligner.search.__main__ (backends never import the "
+      "searcher or the command line)"]),
+    ({"pyserini_aligner/search/options.py": "from .backends.choose import open_backend\n"},
+     ["pyserini_aligner.search.options -> pyserini_aligner.search.backends (search's options, encoding and steps "
+      "import no backend and no searcher)",
+      "pyserini_aligner.search.options -> pyserini_aligner.search.backends.choose (search's options, encoding and "
+      "steps import no backend and no searcher)"]),
+    ({"pyserini_aligner/search/candidates.py": "import pyserini_aligner.search.searcher\n"},
+     ["pyserini_aligner.search.candidates -> pyserini_aligner.search.searcher (search's options, encoding and steps "
+      "import no backend and no searcher)"]),
+])
+def test_a_search_layer_crossed_is_found(tmp_path, files, found):
+    base = {"pyserini_aligner/__init__.py": "", "pyserini_aligner/search/__init__.py": "",
+            "pyserini_aligner/search/__main__.py": "def main():\n    pass\n",
+            "pyserini_aligner/search/searcher.py": "from pyserini_aligner.search.backends.choose import open_backend\n",
+            "pyserini_aligner/search/options.py": "", "pyserini_aligner/search/candidates.py": "",
+            "pyserini_aligner/search/backends/__init__.py": "",
+            "pyserini_aligner/search/backends/choose.py": "from pyserini_aligner.search.options import x\n",
+            "pyserini_aligner/search/backends/workers.py": "", "eval/__init__.py": ""}
+    _write(tmp_path, {**base, **files})
+    assert layering_violations(import_graph(tmp_path, PACKAGES), core_modules(tmp_path)) == found
 
 
 def test_project_has_no_import_cycle():

@@ -116,7 +116,7 @@ def test_code_shard_decodes_alike_with_and_without_the_kernel(default_index, int
     """CodeShard.decode through the kernel equals its torch operations (to rounding: the two sum a vector's squares
     in different orders to scale it to unit length), with and without a mask."""
     from pyserini_aligner.index.store import StoredIndex
-    from pyserini_aligner.search.engine import CodeShard
+    from pyserini_aligner.search.codes import CodeShard
 
     shard = CodeShard(StoredIndex(default_index), [0], "cpu")
     positions = torch.randint(0, len(shard.token_ids), (4, 30), generator=torch.Generator().manual_seed(0))
@@ -175,7 +175,7 @@ def test_a_shard_scores_its_share_of_the_candidates_as_the_whole_list(interprete
     """A shard holding a share of the candidates gathers them to the front before the interaction kernel: every
     score equals the kernel's over the uncompacted list, to the last bit."""
     from pyserini_aligner.index import StoredIndex
-    from pyserini_aligner.search.engine import CodeShard
+    from pyserini_aligner.search.codes import CodeShard
 
     store = StoredIndex(two_segment_index)
     shard = CodeShard(store, [0])

@@ -15,7 +15,7 @@ import torch
 from pyserini_aligner.alignment import alignment_scores
 from pyserini_aligner.index import IndexFormatError, derive_index, store
 from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
-from pyserini_aligner.search.searcher import pad_encoded
+from pyserini_aligner.search.encoding import pad_encoded
 
 from conftest import DOC_WORDS, N_DOCS, scifact_docs
 from conftest import assert_same_ranking as same_ranking

@@ -20,11 +20,15 @@ log = logging.getLogger(__name__)
 Hits = dict[str, list[tuple[str, float]]]
 SCORING_MODULES = ("pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.salience",
                    "pyserini_aligner.kernels", "pyserini_aligner.index.codec", "pyserini_aligner.index.store",
-                   "pyserini_aligner.search.searcher", "pyserini_aligner.search.backends",
-                   "pyserini_aligner.search.engine", "pyserini_aligner.search.static",
+                   "pyserini_aligner.search.searcher", "pyserini_aligner.search.options",
+                   "pyserini_aligner.search.encoding", "pyserini_aligner.search.candidates",
+                   "pyserini_aligner.search.codes", "pyserini_aligner.search.graphs",
                    "pyserini_aligner.search.exhaustive", "pyserini_aligner.search.flat",
-                   "pyserini_aligner.search.rerank", "pyserini_aligner.search.torch_backend",
-                   "pyserini_aligner.adapt.select")
+                   "pyserini_aligner.search.rerank", "pyserini_aligner.search.backends.base",
+                   "pyserini_aligner.search.backends.choose", "pyserini_aligner.search.backends.fronts",
+                   "pyserini_aligner.search.backends.faiss_cpu", "pyserini_aligner.search.backends.torch_codes",
+                   "pyserini_aligner.search.backends.tokens", "pyserini_aligner.search.backends.exchanged",
+                   "pyserini_aligner.search.backends.workers", "pyserini_aligner.adapt.select")
 
 
 @lru_cache(maxsize=None)

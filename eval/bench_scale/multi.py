@@ -95,7 +95,7 @@ def search_mode(index: Path, devices: Sequence[str], placement: str, texts: list
         held["searcher"] = searcher
 
         def rank(queries: list[str], size: int):
-            searcher.batch_size = size
+            searcher.configure(batch_size=size)
             return searcher.rank(queries, k=10)
 
         return rank
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.bench_scale.report import write_report
     from eval.bench_scale.run import judged_queries
     from pyserini_aligner.index.store import StoredIndex
-    from pyserini_aligner.search.backends import choose_placement, resident_bytes
+    from pyserini_aligner.search.backends.choose import choose_placement, resident_bytes
 
     cuda = args.device == "cuda"
     devices = [f"cuda:{i}" for i in range(args.gpus)] if cuda else ["cpu"] * args.gpus

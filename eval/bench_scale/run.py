@@ -164,7 +164,7 @@ def aligner_ranker(index_dir: Path, device: str) -> Ranker:
     searcher = AlignerSearcher(index_dir, device=device, batch_size=max(BATCHES))
 
     def rank(texts: list[str], batch: int) -> Ranking:
-        searcher.batch_size = batch
+        searcher.configure(batch_size=batch)
         return searcher.rank(texts, k=10)
 
     return rank

@@ -67,14 +67,14 @@ def profiled_pass(searcher, texts: list[str], device: str) -> dict[str, dict]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from pyserini_aligner.search.searcher import STEP_END
+    from pyserini_aligner.search.backends.base import STEP_END
 
     cuda = device.startswith("cuda")
     synchronize = synchronizer(device)
     searcher.timings = {}
     synchronize()
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as profiler:
-        searcher._search_texts(texts, 10, None, False)
+        searcher.search_texts(texts, 10, None, False)
         synchronize()
     searcher.timings = None
     events, ends = [], []

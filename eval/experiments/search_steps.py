@@ -14,7 +14,6 @@ others in the step's collectives). Writes search_steps.json and search_steps.md 
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import tempfile
@@ -30,13 +29,13 @@ WARM_PASSES = 2
 def timed_passes(searcher, texts: list[str], passes: int, synchronize) -> dict:
     """{"wall_ms": median wall of a pass, step: mean ms a pass} of ``passes`` searches of ``texts`` as one batch."""
     for _ in range(WARM_PASSES):
-        searcher._search_texts(texts, 10, None, False)
+        searcher.search_texts(texts, 10, None, False)
     walls = []
     searcher.timings = {}
     for _ in range(passes):
         synchronize()
         start = time.perf_counter()
-        searcher._search_texts(texts, 10, None, False)
+        searcher.search_texts(texts, 10, None, False)
         synchronize()
         walls.append(time.perf_counter() - start)
     steps = {step: round(seconds * 1000 / passes, 2) for step, seconds in searcher.timings.items()}
@@ -64,22 +63,16 @@ def synchronizer(device: str):
 def _rank(rank: int, devices: list[str], index: str, texts: list[str], passes: int, group_file: str, results) -> None:
     """One rank of the shard group: its figures, or the error, put on ``results``."""
     try:
-        import torch
         import torch.distributed as dist
 
-        from pyserini_aligner.dist import Collectives, DistContext
+        from pyserini_aligner.dist import Collectives, DistContext, join_group
         from pyserini_aligner.search import AlignerSearcher
 
-        device = devices[rank]
-        cuda = device.startswith("cuda")
-        if cuda:
-            torch.cuda.set_device(torch.device(device))
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=Path(group_file).as_uri(), rank=rank,
-                                world_size=len(devices), timeout=datetime.timedelta(seconds=1800))
+        device, ctx = devices[rank], DistContext(rank, len(devices), rank)
+        join_group(ctx, device=device, cuda_backend="nccl", rendezvous=group_file)
         searcher = AlignerSearcher(index, device=device, backend="torch", placement="shard",
-                                   exchange=Collectives(DistContext(rank, len(devices), rank)), batch_size=len(texts))
-        row = {"rank": rank, "device": device, "rows_held": searcher.engine.local.shard.num_rows
-               if getattr(searcher.engine, "local", None) is not None else 0,
+                                   exchange=Collectives(ctx), batch_size=len(texts))
+        row = {"rank": rank, "device": device, "rows_held": searcher.num_rows,
                **timed_passes(searcher, texts, passes, synchronizer(device))}
         dist.barrier()
         dist.destroy_process_group()

@@ -84,7 +84,7 @@ def rescore_texts(model, queries: Mapping[str, str], candidates: Mapping[str, Se
     however many queries share it, and dropped after the last query that needs it; nothing else is encoded. Equal
     scores keep the candidate order. A candidate without text raises ValueError.
     """
-    from pyserini_aligner.search.searcher import pad_encoded
+    from pyserini_aligner.search.encoding import pad_encoded
 
     specs, runs, live, encoded = _start(model, queries, candidates, strategies, batch_size)
     lists = {q: list(dict.fromkeys(candidates[q])) for q in live}

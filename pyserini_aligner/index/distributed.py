@@ -14,7 +14,6 @@ folder and exits non-zero with a message naming the rank; the others exit non-ze
 """
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -28,7 +27,8 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from pyserini_aligner.dist import DEFAULT_TIMEOUT_S, Collectives, DistContext, dist_context, lost_rank_message
+from pyserini_aligner.dist import (DEFAULT_TIMEOUT_S, Collectives, DistContext, dist_context, join_group,
+                                   lost_rank_message)
 from pyserini_aligner.index import store
 from pyserini_aligner.index.builder import (DocidRegistry, check_codec, check_max_length, checked_items,
                                             codec_source, copy_codec, encode_chunks,
@@ -145,12 +145,7 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
     # torchrun sets OMP_NUM_THREADS=1; tokenising, pruning and writing want this rank's share of the cores
     local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
-    created = not dist.is_initialized()
-    if created:
-        if dev.startswith("cuda"):
-            torch.cuda.set_device(dev)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo",
-                                timeout=datetime.timedelta(seconds=timeout_s))
+    _, created = join_group(ctx, device=dev, cuda_backend="cpu:gloo,cuda:nccl", timeout_s=timeout_s)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     job = _Job(ctx)
     try:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from importlib import import_module
 
-_CLASSES = {"AlignerSearcher": "pyserini_aligner.search.searcher",
+_CLASSES = {"AlignerSearcher": "pyserini_aligner.search.searcher", "SearchOptions": "pyserini_aligner.search.options",
             "ExhaustiveScorer": "pyserini_aligner.search.exhaustive",
             "AlignmentReranker": "pyserini_aligner.search.rerank"}
 
-__all__ = ["AlignerSearcher", "ExhaustiveScorer", "AlignmentReranker"]
+__all__ = ["AlignerSearcher", "SearchOptions", "ExhaustiveScorer", "AlignmentReranker"]
 
 
 def __getattr__(name: str):

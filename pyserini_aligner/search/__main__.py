@@ -91,13 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def searcher_knobs(args: argparse.Namespace) -> dict:
-    """AlignerSearcher keyword arguments from the flags (device, devices and backend aside)."""
-    return dict(encoder=None if args.encoder == GENERIC_ENCODER else args.encoder, strategy=args.strategy,
-                k_per_token=args.k_per_token, query_prune=args.query_prune, max_candidates=args.max_candidates,
-                nprobe=args.nprobe, interaction_candidates=args.interaction_candidates,
-                refine_with=args.refine_with, batch_size=args.batch_size, query_max_length=args.query_max_length,
-                placement=args.placement)
+def search_options(args: argparse.Namespace):
+    """The :class:`pyserini_aligner.search.options.SearchOptions` of the flags (ValueError naming a bad one)."""
+    from pyserini_aligner.search.options import SearchOptions
+
+    return SearchOptions(strategy=args.strategy, k_per_token=args.k_per_token, query_prune=args.query_prune,
+                         max_candidates=args.max_candidates, nprobe=args.nprobe,
+                         interaction_candidates=args.interaction_candidates, refine_with=args.refine_with,
+                         batch_size=args.batch_size, query_max_length=args.query_max_length,
+                         placement=args.placement, device=args.device, devices=args.devices, backend=args.backend)
+
+
+def query_encoder(args: argparse.Namespace) -> str | None:
+    """The searcher's encoder of --encoder: None for the index's own model."""
+    return None if args.encoder == GENERIC_ENCODER else args.encoder
 
 
 def write_hits(hits: dict[str, list[tuple[str, float]]], args: argparse.Namespace) -> None:
@@ -111,7 +118,7 @@ def run_distributed(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from pyserini_aligner.dist import Collectives, join_group, lost_rank_message
-    from pyserini_aligner.search.distributed import distributed_searcher
+    from pyserini_aligner.search.searcher import distributed_searcher
 
     if args.backend == "faiss":
         raise UsageError("--distributed searches with backend torch, not --backend faiss")
@@ -126,7 +133,7 @@ def run_distributed(args: argparse.Namespace) -> None:
     try:
         problem, topics = None, None
         try:
-            searcher = distributed_searcher(args.index, ctx, device=args.device, **searcher_knobs(args))
+            searcher = distributed_searcher(args.index, ctx, query_encoder(args), search_options(args))
             topics = load_topics(args.topics) if ctx.rank == 0 else None
         except (OSError, ValueError) as error:
             problem = f"rank {ctx.rank}: {error}"
@@ -179,8 +186,7 @@ def search(args: argparse.Namespace) -> None:
     except OutputPathError as error:
         raise UsageError(str(error)) from None
     topics = load_topics(args.topics)
-    searcher = AlignerSearcher(args.index, device=args.device, devices=args.devices, backend=args.backend,
-                               **searcher_knobs(args))
+    searcher = AlignerSearcher(args.index, query_encoder(args), search_options(args))
     qids = list(topics)
     extra = 1 if args.remove_query else 0
     hits = {}

@@ -11,9 +11,10 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
 from pyserini_aligner.index.store import StoredIndex, Workspace
-from pyserini_aligner.search.engine import CodeShard
+from pyserini_aligner.search.codes import CodeShard
 from pyserini_aligner.resolve import model_for_index
-from pyserini_aligner.search.searcher import compute_threads, dense_result_classes
+from pyserini_aligner.search.encoding import compute_threads
+from pyserini_aligner.search.searcher import dense_result_classes
 from pyserini_aligner.textio import check_collection, is_blank
 
 _BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (query tokens × document tokens)

@@ -12,7 +12,8 @@ from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strateg
 from pyserini_aligner.index.store import MANIFEST, StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model, model_for_index
-from pyserini_aligner.search.searcher import compute_threads, dense_result_classes, pad_encoded
+from pyserini_aligner.search.encoding import compute_threads, pad_encoded
+from pyserini_aligner.search.searcher import dense_result_classes
 from pyserini_aligner.textio import check_collection, is_blank
 
 

@@ -100,14 +100,12 @@ class _Child:
         self.searcher.reopen()
         self._info = index_info(self.searcher)
 
-    def update(self, depth: int | None, strategy: str | None) -> None:
-        searcher = self.searcher
-        if depth is not None:
-            searcher.max_candidates = depth
-        if strategy is not None and strategy != str(searcher.strategy):
-            searcher._strategy_arg = strategy
-            searcher._load(searcher.store, None)  # the engines (and a captured GPU plan) on the new strategy
-        self._info = index_info(searcher)
+    def update(self, depth: int | None, strategy) -> None:
+        """Search with ``depth`` documents refined per query and the alignment ``strategy`` (a Strategy), each
+        where given (a new strategy reopens the backend, and a captured GPU plan, on the open generation)."""
+        changes = {"max_candidates": depth, "strategy": strategy}
+        self.searcher.configure(**{name: value for name, value in changes.items() if value is not None})
+        self._info = index_info(self.searcher)
 
     def info(self) -> dict[str, Any]:
         return {**self._info, "batches": self.batches, "batched_queries": self.queries}

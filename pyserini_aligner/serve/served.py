@@ -25,7 +25,7 @@ WORKER_BATCHES_IN_FLIGHT = 16
 
 def query_text(query: Any, max_chars: int) -> str:
     """The text of a Pyserini search query (a string or {"query_txt": ...}), checked: not blank, not too long."""
-    from pyserini_aligner.search.searcher import is_blank
+    from pyserini_aligner.textio import is_blank
 
     if isinstance(query, dict):
         query = query.get("query_txt")
@@ -217,7 +217,7 @@ class ServedAligner(ServedIndex):
         strategy = None
         if "strategy" in values:
             try:
-                strategy = str(parse_strategy(values["strategy"]))
+                strategy = parse_strategy(values["strategy"])
             except ValueError as error:
                 raise RequestError(f"unknown strategy: {error}") from None
         self.process.call("update", depth, strategy)  # between batches: a batch runs on one setting

@@ -1,44 +1,32 @@
 """Search on several devices of one machine, so that the devices work at once.
 
 Placement "replicate": every device holds a whole copy of the codes. The first device is searched in this process
-by a one-device :class:`~pyserini_aligner.search.searcher.AlignerSearcher`; every other device gets a worker
+by a one-device searcher (:class:`~pyserini_aligner.search.searcher.AlignerSearcher`); every other device gets a worker
 process (started with "spawn") holding such a searcher, with its own Python interpreter, so that no device waits on
 another's kernel launches or host work. A batch of texts is split into consecutive parts (balanced by load,
 :func:`text_parts`): the workers' parts are sent first, this process searches the first part meanwhile, and one
 query is searched here alone (through the CUDA-graph plan), with no hand-over. A GPU worker's torch threads are its
 share of the cores. Placement "shard": every device gets a worker process; the workers form a process group (NCCL
 on GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search every batch in lockstep as the ranks
-of a torchrun job do (:mod:`.distributed`, :class:`.backends.Exchanged`): each ranks the candidates it holds, the
+of a torchrun job do (:class:`.exchanged.Exchanged`): each ranks the candidates it holds, the
 best of all are kept and scored, and the first worker returns the ranking. Either way the ranking is the one a
 single device computes over the whole index. The workers open the index generation the parent opened and are
 stopped with the backend.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import tempfile
 import time
 import weakref
-from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from pyserini_aligner.search.engine import balanced_slices
+from pyserini_aligner.search.backends.base import Clock, no_clock
+from pyserini_aligner.search.encoding import text_parts
+from pyserini_aligner.search.options import Depth, SearchOptions
 
 START_TIMEOUT_S = 1800.0  # seconds the workers may take to load the index
 POLL_S = 1.0  # how often a waiting parent checks that its workers are still alive
-BALANCE_WORDS = 64  # words of a text counted when balancing the parts of a batch (queries are cut far shorter)
-TEXT_WORDS = 48  # a query's fixed work (the same depth of candidates for every query) weighs as much as this many words
-
-
-def text_parts(texts: Sequence[str], count: int) -> list[slice]:
-    """``count`` consecutive slices of ``texts`` (the last ones empty when there are fewer texts), balanced by each
-    text's load: TEXT_WORDS plus its words (at most BALANCE_WORDS), since most of a search's work is the same for
-    every query; a slice ends with the text that takes the load past its share."""
-    return balanced_slices(np.array([TEXT_WORDS + min(len(text.split()), BALANCE_WORDS) for text in texts],
-                                    dtype=np.float64), count)
 
 
 def gpu_worker_threads(workers: int) -> int:
@@ -48,7 +36,7 @@ def gpu_worker_threads(workers: int) -> int:
 
 
 def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: str, searcher_class: type,
-           options: dict, group_file: str | None) -> None:
+           encoder, options: SearchOptions, threads: int, group_file: str | None) -> None:
     """A worker's life: open the index on ``device`` (in the process group for "shard"), report ("ready",
     generation, rows held), then answer ("search", texts, k, threads, vectors) with ("ok", vectors or None, hits,
     seconds the search took here) until ("stop",) or the parent goes away, then leave the process group. Errors are
@@ -57,24 +45,20 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
         import torch
         import torch.distributed as dist
 
-        from pyserini_aligner.dist import Collectives, DistContext
+        from pyserini_aligner.dist import Collectives, DistContext, join_group
 
-        threads = options.pop("threads", None)
-        if threads:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
         exchange = None
-        cuda = device.startswith("cuda")
-        if cuda:  # kernels (Triton's too) launch on the current device
+        if device.startswith("cuda"):  # kernels (Triton's too) launch on the current device
             torch.cuda.set_device(torch.device(device))
         if placement == "shard":
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=Path(group_file).as_uri(), rank=rank,
-                                    world_size=world, timeout=datetime.timedelta(seconds=START_TIMEOUT_S))
-            exchange = Collectives(DistContext(rank, world, rank))
-        searcher = searcher_class(index_dir, device=device, backend="torch", exchange=exchange,
-                                  placement=placement if exchange is not None else "auto", **options)
-        local = getattr(searcher.engine, "local", searcher.engine)  # a shard's own segments, or the whole index
-        held = local.shard.num_rows if local is not None else 0
-        conn.send(("ready", searcher.manifest.generation, held))
+            ctx, _ = join_group(DistContext(rank, world, rank), device=device, cuda_backend="nccl",
+                                rendezvous=group_file, timeout_s=START_TIMEOUT_S)
+            exchange = Collectives(ctx)
+        searcher = searcher_class(index_dir, encoder, options.replace(device=device, backend="torch",
+                                                                      exchange=exchange, placement=placement
+                                                                      if exchange is not None else "auto"))
+        conn.send(("ready", searcher.manifest.generation, searcher.num_rows))
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", _one_line(err)))
         return
@@ -88,7 +72,7 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
         try:
             _, texts, k, threads, want_vectors = message
             start = time.perf_counter()
-            vectors, hits = searcher._search_texts(texts, k, threads, want_vectors)
+            vectors, hits = searcher.search_texts(texts, k, threads, want_vectors)
             conn.send(("ok", vectors if want_vectors else None, hits if rank == 0 or placement != "shard" else None,
                        time.perf_counter() - start))
         except BaseException as err:  # noqa: BLE001
@@ -124,13 +108,13 @@ class Workers:
     """The backend of several devices (see the module's text). index_dir: the index; generation: the one the parent
     opened (a worker that finds another refuses, so that rows mean the same documents); devices: the devices, the
     first one this process's with placement "replicate"; placement: "replicate" or "shard"; searcher_class: the
-    searcher each device gets (AlignerSearcher), with the keyword arguments ``options`` (encoder, strategy, depth
-    knobs, batch_size, query_max_length, ...)."""
+    searcher each device gets (AlignerSearcher), with ``encoder`` and the one-device ``options``. A front end
+    (:class:`.base.FrontEnd`) of its own: the devices encode the texts."""
 
     has_interaction = True
 
     def __init__(self, index_dir: str | os.PathLike, generation: int, devices: Sequence[str], placement: str,
-                 searcher_class: type, options: dict[str, Any]):
+                 searcher_class: type, encoder, options: SearchOptions):
         import torch
         import torch.multiprocessing as mp
 
@@ -150,13 +134,12 @@ class Workers:
         self.processes, self.conns = [], []
         for rank, device in enumerate(self.worker_devices):
             parent, child = context.Pipe()
-            mine = dict(options)
             # a GPU worker's host work (tokens, launches, small tensors) gets its share of the cores, so that the
             # workers' thread pools do not contend for them
-            mine["threads"] = cpu_threads if not device.startswith("cuda") else gpu_worker_threads(len(self.devices))
+            threads = cpu_threads if not device.startswith("cuda") else gpu_worker_threads(len(self.devices))
             process = context.Process(target=_serve, name=f"aligner-search-{device}", daemon=True,
                                       args=(child, rank, len(self.worker_devices), device, placement, str(index_dir),
-                                            searcher_class, mine, group_file))
+                                            searcher_class, encoder, options, threads, group_file))
             process.start()
             child.close()
             self.processes.append(process)
@@ -166,7 +149,7 @@ class Workers:
         self.local = None  # the first replica, searched in this process
         try:
             if placement == "replicate":  # opened while the workers load theirs
-                self.local = searcher_class(index_dir, device=self.devices[0], backend="torch", **options)
+                self.local = searcher_class(index_dir, encoder, options.replace(device=self.devices[0], backend="torch"))
             ready = self._replies(range(len(self.worker_devices)), START_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -177,7 +160,7 @@ class Workers:
             raise RuntimeError(f"index {index_dir} changed while its search workers opened it (generation "
                                f"{generation}, workers found {sorted(found)}); open the searcher again")
         # documents (rows) each device holds
-        self.rows_held = ([self.local.engine.shard.num_rows] if self.local is not None else []) + \
+        self.rows_held = ([self.local.num_rows] if self.local is not None else []) + \
             [reply[2] for reply in ready]
         # seconds each device searched in the last batch (None for one it did not reach), and the batch's wall
         # seconds here: how much of a batch the hand-over and the slowest part cost
@@ -230,9 +213,26 @@ class Workers:
                 raise RuntimeError(f"search workers did not answer within {timeout_s:.0f} s")
         return [out[rank] for rank in ranks]
 
-    def search_texts(self, texts: list[str], k: int, threads: int | None, vectors: bool) -> tuple[list | None, list]:
+    @property
+    def num_rows(self) -> int:
+        """Documents (rows) the devices hold together (each row on one device, or on every one)."""
+        return sum(self.rows_held) if self.placement == "shard" else self.rows_held[0]
+
+    @property
+    def engine(self) -> "Workers":
+        """The backend searched: these workers."""
+        return self
+
+    def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
+                     clock: Clock = no_clock) -> tuple[list | None, list]:
         """(query vectors per text, or None unless ``vectors``; [(doc row, score)] per text) of non-blank texts;
-        ``threads``: the search threads (None: each device's default)."""
+        ``threads``: the search threads (None: each device's default). Each device searches at its own depth for k
+        (``depth`` is this process's)."""
+        found = self._search(texts, k, threads, vectors)
+        clock("search")
+        return found
+
+    def _search(self, texts: list[str], k: int, threads: int | None, vectors: bool) -> tuple[list | None, list]:
         if not self._finalizer.alive:
             raise RuntimeError("the search workers were stopped (after an error); open the searcher again")
         start = time.perf_counter()
@@ -249,7 +249,7 @@ class Workers:
         for rank in busy:  # the workers' parts first, so that they search while this process searches its own
             self._send(rank, ("search", texts[parts[rank + 1]], k, threads, vectors))
         try:
-            local_vectors, local_hits = self.local._search_texts(texts[parts[0]], k, threads, vectors)
+            local_vectors, local_hits = self.local.search_texts(texts[parts[0]], k, threads, vectors)
         except BaseException:
             self._replies(busy)  # the workers' answers to this batch, so that the next batch reads its own
             raise

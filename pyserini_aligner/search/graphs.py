@@ -1,16 +1,21 @@
-"""One query at a time with fixed tensor shapes: the candidate rule of :mod:`.engine` without host synchronisation.
+"""CUDA graphs: the query encoder's forward pass (:class:`GraphedQueryEncoder`) and the search of one query with
+fixed tensor shapes (:class:`StaticPlan`, replayed by :class:`GraphedSearch`): the rule of :mod:`.candidates` without
+host synchronisation.
 
-The general engine sizes its tensors from the data (entries in the probed lists, candidates found, tokens of the
+The step-by-step search (:mod:`.codes`) sizes its tensors from the data (entries in the probed lists, candidates found, tokens of the
 candidates), which costs a host round trip per step; for a single query that overhead, not the arithmetic, sets the
 latency. :class:`StaticPlan` computes the same ranking with shapes fixed by the index (longest inverted list,
 longest document) and by the query's padded width, so that :class:`GraphedSearch` can capture it in a CUDA graph
 and replay query encoding plus search as two launches. The plan also runs eagerly on any device (that is how it is
-tested against the engine on the CPU).
+tested against the step-by-step search on the CPU).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
+
+import numpy as np
 
 import torch
 from torch import Tensor
@@ -18,10 +23,11 @@ from torch import Tensor
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.salience import keep_count
 from pyserini_aligner import kernels
-from pyserini_aligner.search.engine import CodeShard, descending_key, probe_gains
+from pyserini_aligner.search.candidates import ascending_one, descending_key, fixed_candidates
+from pyserini_aligner.search.codes import CodeShard
+from pyserini_aligner.search.options import Depth
 
 _BLOCK = 1 << 24  # elements of the largest padded intermediate (entries, centroid look-ups) built at once
-_INT_MAX = torch.iinfo(torch.int64).max
 
 
 class StaticPlan:
@@ -29,17 +35,16 @@ class StaticPlan:
     the depth (K entries per probe, nprobe, W candidates narrowed by centroid interaction or 0, C refined) and k
     fixed. :meth:`run` allocates the same tensors on every call and never reads a value back to the host."""
 
-    def __init__(self, shard: CodeShard, width: int, depth: tuple[int, int, int, int], k: int, query_prune: float,
+    def __init__(self, shard: CodeShard, width: int, depth: Depth, k: int, query_prune: float,
                  strategy: Strategy, use_salience: bool):
-        per_token, nprobe, wide, limit = depth
         self.shard, self.width, self.k, self.strategy = shard, width, k, strategy
         self.query_prune, self.use_salience = query_prune, use_salience
         self.probes = keep_count(width, query_prune)  # most probes a query of ``width`` tokens keeps
-        self.nprobe = min(nprobe, shard.nlist)
+        self.nprobe = min(depth.nprobe, shard.nlist)
         self.cap = max(int(shard.ivf_lengths.max()) if shard.nlist else 1, 1)  # longest inverted list
-        self.per_token = max(1, min(per_token, self.nprobe * self.cap))
+        self.per_token = max(1, min(depth.per_probe, self.nprobe * self.cap))
         self.entries = self.probes * self.per_token
-        self.wide, self.limit = min(wide, self.entries), min(limit, self.entries)
+        self.wide, self.limit = min(depth.interaction, self.entries), min(depth.refined, self.entries)
         self.tokens = max(int(shard.lengths.max()) if shard.num_rows else 1, 1)  # longest document
         self.sentinel = shard.row_base + shard.num_rows  # a row past every row the shard holds
 
@@ -91,39 +96,13 @@ class StaticPlan:
             codes = shard.ivf_codes[pos].long() + book  # [p, P, cap, M]
             looked = lut[part].gather(1, codes.reshape(len(codes), -1)).view(codes.shape)
             residual = looked[..., 0]
-            for m in range(1, shard.m):  # the engine's order of additions
+            for m in range(1, shard.m):  # CodeShard.probe's order of additions
                 residual = residual + looked[..., m]
             entry = shard.ivf_docs[pos].long()
             ok = (span < lengths) & shard.live[entry] & valid[part].view(-1, 1, 1)
             score[part] = torch.where(ok, cval[part].unsqueeze(-1) + residual, torch.full_like(residual, -math.inf))
             docs[part] = entry
         return score, docs
-
-    def _candidates(self, scores: Tensor, rows: Tensor, weights: Tensor | None, count: int) -> tuple[Tensor, Tensor]:
-        """(rows [count] ascending, valid [count]): the best documents by the proxy of
-        :func:`.engine.select_candidates` (ties to the lower row). scores, rows [R, K]; weights [R] or None."""
-        device = scores.device
-        valid, gain = probe_gains(scores, rows, weights)
-        gain = torch.where(valid, gain, torch.zeros_like(gain)).reshape(-1)
-        r = rows.shape[0]
-        probe = torch.arange(r, device=device).unsqueeze(1).expand_as(rows).reshape(-1)
-        key = torch.where(valid, rows, torch.full_like(rows, self.sentinel)).reshape(-1) * r + probe
-        order = gain.sort(descending=True, stable=True).indices  # within a (doc, probe) pair the best first
-        order = order[key[order].sort(stable=True).indices]
-        key, gain = key[order], gain[order].double()
-        first = torch.ones_like(key, dtype=torch.bool)
-        first[1:] = key[1:] != key[:-1]
-        doc = torch.div(key, r, rounding_mode="floor")
-        new_doc = torch.ones_like(first)
-        new_doc[1:] = doc[1:] != doc[:-1]
-        group = torch.cumsum(new_doc.long(), 0) - 1
-        proxy = torch.zeros(len(key), dtype=torch.float64, device=device).scatter_add_(
-            0, group, torch.where(first, gain, torch.zeros_like(gain)))
-        owner = torch.full_like(key, self.sentinel).scatter_(0, group, doc)
-        proxy = torch.where(owner < self.sentinel, proxy, torch.full_like(proxy, -math.inf))
-        best = proxy.sort(descending=True, stable=True)  # groups are in ascending row order: ties keep the lower row
-        picked = owner[best.indices[:count]]
-        return _ascending(picked, torch.isfinite(best.values[:count]))
 
     def _interaction(self, q: Tensor, q_mask: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
         """Centroid-interaction scores [W] of candidate ``rows`` [W] (−inf where not valid), as
@@ -176,23 +155,16 @@ class StaticPlan:
         positions, valid = self._select_probes(q_mask, q_sal)
         weights = q_sal[positions].float() if self.use_salience else None
         scores, rows = self._probe(q[positions], valid)
-        rows, ok = self._candidates(scores, rows, weights, self.wide or self.limit)
+        rows, ok = fixed_candidates(scores, rows, weights, self.wide or self.limit, self.sentinel)
         if self.wide:
             narrowed = self._interaction(q, q_mask, rows, ok)
             best = narrowed.sort(descending=True, stable=True)
-            rows, ok = _ascending(rows[best.indices[:self.limit]], torch.isfinite(best.values[:self.limit]))
+            rows, ok = ascending_one(rows[best.indices[:self.limit]], torch.isfinite(best.values[:self.limit]))
         refined = self._refine(q, q_mask, q_sal.float() if self.use_salience else None, rows, ok)
         best = refined.sort(descending=True, stable=True)
         values = best.values[:self.k]
         picked = rows[best.indices[:self.k]]
         return values, torch.where(torch.isfinite(values), picked, torch.full_like(picked, -1))
-
-
-def _ascending(rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """``rows`` [C] sorted ascending with the invalid ones (−1 there) last, and their validity."""
-    rows = torch.where(valid, rows, torch.full_like(rows, _INT_MAX)).sort().values
-    ok = rows != _INT_MAX
-    return torch.where(ok, rows, torch.full_like(rows, -1)), ok
 
 
 def width_bucket(tokens: int, limit: int) -> int:
@@ -204,7 +176,7 @@ def width_bucket(tokens: int, limit: int) -> int:
 class GraphedSearch:
     """Query encoding and the :class:`StaticPlan` search of one query, each replayed from a CUDA graph.
 
-    ``encoder`` is a :class:`.torch_backend.GraphedQueryEncoder`; plans are captured on first use per (padded
+    ``encoder`` is a :class:`GraphedQueryEncoder`; plans are captured on first use per (padded
     width, depth, k) and kept (the ``keep`` most recent). All plans share one memory pool: they never run at once,
     and each call copies its result to the host before the next starts.
     """
@@ -216,7 +188,7 @@ class GraphedSearch:
         self.graphs: OrderedDict = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle()
 
-    def _graph(self, width: int, depth: tuple[int, int, int, int], k: int):
+    def _graph(self, width: int, depth: Depth, k: int):
         key = (width, depth, k)
         if key in self.graphs:
             self.graphs.move_to_end(key)
@@ -238,7 +210,7 @@ class GraphedSearch:
             self.graphs.popitem(last=False)
         return graph, result
 
-    def __call__(self, text: str, depth: tuple[int, int, int, int], k: int) -> tuple[Tensor, Tensor, int]:
+    def __call__(self, text: str, depth: Depth, k: int) -> tuple[Tensor, Tensor, int]:
         """(scores [k], rows [k]) on the host, and the query's real token count (its vectors stay in
         ``self.encoder.out``)."""
         self.encoder(text)
@@ -246,3 +218,90 @@ class GraphedSearch:
         graph, (scores, rows) = self._graph(width_bucket(tokens, self.encoder.ids.shape[1]), depth, k)
         graph.replay()
         return scores.cpu(), rows.cpu(), tokens
+
+
+MAX_GRAPHED_BATCH = 512  # queries a captured batch encoding takes at most
+
+
+class _Captured:
+    """The model's query forward pass over ``size`` rows of ``width`` token ids, captured in a CUDA graph: fill
+    ``ids`` and ``attention``, replay ``graph``, read ``out``."""
+
+    def __init__(self, model, size: int, width: int):
+        device = model.device
+        self.ids = torch.full((size, width), model.pad_id, dtype=torch.long, device=device)
+        self.attention = torch.zeros(size, width, dtype=torch.long, device=device)
+        self.attention[:, :2] = 1
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.inference_mode(), torch.cuda.stream(side):
+            for _ in range(3):
+                model(self.ids, self.attention, is_query=True)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self.out = model(self.ids, self.attention, is_query=True)
+
+
+class GraphedQueryEncoder:
+    """Queries through CUDA graphs of the model's forward pass, padded to ``maxlen`` (default the model's
+    ``query_maxlen``): one query at a time (``__call__``), or a batch (``encode_batch``).
+
+    The eager forward of a small encoder on one short query is bound by kernel launches (~4 ms); replaying a
+    captured graph launches them all at once. Padding only adds masked positions, so the vectors of the real tokens
+    are those of the eager pass up to floating-point rounding. Raises RuntimeError when the model cannot be captured.
+    """
+
+    def __init__(self, model, maxlen: int | None = None):
+        self.model = model.eval()
+        one = _Captured(model, 1, maxlen or model.config.query_maxlen)
+        self.ids, self.attention, self.graph, self.out = one.ids, one.attention, one.graph, one.out
+        self._batches = {1: one}
+
+    def encode_batch(self, texts: list[str]):
+        """TokenOutput (vectors [n, maxlen, dim], mask, salience) of ``texts`` (n of them), in input order, through the
+        graph of the smallest power-of-two batch (at most MAX_GRAPHED_BATCH) that holds them, captured on first use;
+        longer lists go in such batches one after the other. A new tensor, not a graph's buffer."""
+        from pyserini_aligner.model import TokenOutput
+
+        width = self.ids.shape[1]
+        ids = self.model.tokenize_reported(texts, is_query=True, maxlen=width)
+        parts = []
+        for start in range(0, len(ids), MAX_GRAPHED_BATCH):
+            rows = ids[start:start + MAX_GRAPHED_BATCH]
+            batch = self._batch_graph(1 << (len(rows) - 1).bit_length())
+            host = np.zeros((2, batch.ids.shape[0], width), dtype=np.int64)
+            host[0] = self.model.pad_id
+            host[1, :, :2] = 1  # rows past the texts: two attended positions, as in the capture
+            lengths = np.array([len(row) for row in rows])
+            real = np.arange(width) < lengths[:, None]
+            host[1, :len(rows)] = real
+            host[0, :len(rows)][real] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
+                                                   count=int(lengths.sum()))
+            host = torch.from_numpy(host).pin_memory().to(self.ids.device, non_blocking=True)
+            batch.ids.copy_(host[0])
+            batch.attention.copy_(host[1])
+            batch.graph.replay()
+            parts.append([t[:len(rows)].clone() for t in (batch.out.vectors, batch.out.mask, batch.out.salience)])
+        return TokenOutput(*(torch.cat(column) for column in zip(*parts)))
+
+    def _batch_graph(self, size: int):
+        """The captured forward pass of ``size`` padded queries (captured on first use)."""
+        if size not in self._batches:
+            self._batches[size] = _Captured(self.model, size, self.ids.shape[1])
+        return self._batches[size]
+
+    def __call__(self, text: str):
+        """TokenOutput (vectors [1, maxlen, dim], mask, salience) of ``text``, valid until the next call."""
+        width = self.ids.shape[1]
+        ids = self.model.tokenize_reported([text], is_query=True, maxlen=width)
+        self.tokens = len(ids[0])  # real tokens of the last query
+        row = torch.full((2, self.ids.shape[1]), 0, dtype=torch.long)
+        row[0].fill_(self.model.pad_id)
+        row[0, :len(ids[0])] = torch.tensor(ids[0])
+        row[1, :len(ids[0])] = 1
+        row = row.to(self.ids.device, non_blocking=True)
+        self.ids.copy_(row[:1])
+        self.attention.copy_(row[1:])
+        self.graph.replay()
+        return self.out

@@ -1,4 +1,4 @@
-"""The fixed-shape single-query plan (what a CUDA graph replays) ranks exactly as the engine's step-by-step search."""
+"""The fixed-shape single-query plan (what a CUDA graph replays) ranks exactly as the step-by-step search."""
 from __future__ import annotations
 
 import json
@@ -14,8 +14,8 @@ import torch
 from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.index.store import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
-from pyserini_aligner.search.engine import CodeShard
-from pyserini_aligner.search.static import StaticPlan, width_bucket
+from pyserini_aligner.search.codes import CodeShard
+from pyserini_aligner.search.graphs import StaticPlan, width_bucket
 
 N_QUERIES = 8
 
@@ -37,7 +37,7 @@ def static_ranking(searcher: AlignerSearcher, text: str, k: int) -> list[tuple[s
     q = torch.nn.functional.pad(out.vectors[0].float(), (0, 0, 0, pad))
     q_mask = torch.nn.functional.pad(out.mask[0], (0, pad))
     q_sal = torch.nn.functional.pad(out.salience[0].float(), (0, pad))
-    plan = StaticPlan(shard, width, searcher._depth(k), k, searcher.query_prune, searcher.strategy,
+    plan = StaticPlan(shard, width, searcher.depth(k), k, searcher.query_prune, searcher.strategy,
                       searcher.use_salience)
     scores, rows = plan.run(q, q_mask, q_sal)
     return [(store.docids[r], s) for r, s in zip(rows.tolist(), scores.tolist()) if r >= 0]

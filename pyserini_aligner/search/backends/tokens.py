@@ -1,5 +1,5 @@
-"""Exact candidate generation and refinement in torch for fp16 indexes (``backend="torch"``), and the CUDA-graph
-query encoder shared by every GPU search.
+"""The fp16 backend in torch (``backend="torch"`` on an fp16 index): :class:`TorchTokens` over a
+:class:`TorchTokenIndex`, exact candidate generation and refinement.
 
 Every stored token is loaded once into device memory ([T, d]; float16 on a GPU, float32 on the CPU) and the kept
 tokens form the MIPS matrix. A batch of queries is then searched with tensors only: one matmul of the kept query
@@ -8,14 +8,14 @@ the FAISS path, the best ``max_candidates`` documents, and the exact alignment s
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, no_clock
+from pyserini_aligner.search.options import Depth
 
 _DECODE_CHUNK = 1 << 18  # tokens decoded at once when loading
 _MAX_ELEMENTS = 1 << 27  # bound on the largest intermediate tensor (similarities, padded candidate tokens)
@@ -112,90 +112,19 @@ class TorchTokenIndex:
         return out
 
 
-MAX_GRAPHED_BATCH = 512  # queries a captured batch encoding takes at most
+class TorchTokens:
+    """An fp16 index's tokens resident on one device, searched exactly by tensor operations
+    (:class:`TorchTokenIndex`). No interaction stage."""
 
+    has_interaction = False
+    placement = "one"
 
-class _Captured:
-    """The model's query forward pass over ``size`` rows of ``width`` token ids, captured in a CUDA graph: fill
-    ``ids`` and ``attention``, replay ``graph``, read ``out``."""
+    def __init__(self, store: StoredIndex, device: str | torch.device, scoring: Scoring):
+        self.scoring = scoring
+        self.tokens = TorchTokenIndex(store, device, scoring.refine_with, with_salience=scoring.use_salience)
+        self.device = self.tokens.device
+        self.num_rows = store.num_docs
 
-    def __init__(self, model, size: int, width: int):
-        device = model.device
-        self.ids = torch.full((size, width), model.pad_id, dtype=torch.long, device=device)
-        self.attention = torch.zeros(size, width, dtype=torch.long, device=device)
-        self.attention[:, :2] = 1
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.inference_mode(), torch.cuda.stream(side):
-            for _ in range(3):
-                model(self.ids, self.attention, is_query=True)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
-            self.out = model(self.ids, self.attention, is_query=True)
-
-
-class GraphedQueryEncoder:
-    """Queries through CUDA graphs of the model's forward pass, padded to ``maxlen`` (default the model's
-    ``query_maxlen``): one query at a time (``__call__``), or a batch (``encode_batch``).
-
-    The eager forward of a small encoder on one short query is bound by kernel launches (~4 ms); replaying a
-    captured graph launches them all at once. Padding only adds masked positions, so the vectors of the real tokens
-    are those of the eager pass up to floating-point rounding. Raises RuntimeError when the model cannot be captured.
-    """
-
-    def __init__(self, model, maxlen: int | None = None):
-        self.model = model.eval()
-        one = _Captured(model, 1, maxlen or model.config.query_maxlen)
-        self.ids, self.attention, self.graph, self.out = one.ids, one.attention, one.graph, one.out
-        self._batches = {1: one}
-
-    def encode_batch(self, texts: list[str]):
-        """TokenOutput (vectors [n, maxlen, dim], mask, salience) of ``texts`` (n of them), in input order, through the
-        graph of the smallest power-of-two batch (at most MAX_GRAPHED_BATCH) that holds them, captured on first use;
-        longer lists go in such batches one after the other. A new tensor, not a graph's buffer."""
-        from pyserini_aligner.model import TokenOutput
-
-        width = self.ids.shape[1]
-        ids, truncated = self.model.tokenize(texts, is_query=True, maxlen=width)
-        self.model._report_truncation("query", sum(truncated), len(ids), width)
-        parts = []
-        for start in range(0, len(ids), MAX_GRAPHED_BATCH):
-            rows = ids[start:start + MAX_GRAPHED_BATCH]
-            batch = self._batch_graph(1 << (len(rows) - 1).bit_length())
-            host = np.zeros((2, batch.ids.shape[0], width), dtype=np.int64)
-            host[0] = self.model.pad_id
-            host[1, :, :2] = 1  # rows past the texts: two attended positions, as in the capture
-            lengths = np.array([len(row) for row in rows])
-            real = np.arange(width) < lengths[:, None]
-            host[1, :len(rows)] = real
-            host[0, :len(rows)][real] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
-                                                   count=int(lengths.sum()))
-            host = torch.from_numpy(host).pin_memory().to(self.ids.device, non_blocking=True)
-            batch.ids.copy_(host[0])
-            batch.attention.copy_(host[1])
-            batch.graph.replay()
-            parts.append([t[:len(rows)].clone() for t in (batch.out.vectors, batch.out.mask, batch.out.salience)])
-        return TokenOutput(*(torch.cat(column) for column in zip(*parts)))
-
-    def _batch_graph(self, size: int):
-        """The captured forward pass of ``size`` padded queries (captured on first use)."""
-        if size not in self._batches:
-            self._batches[size] = _Captured(self.model, size, self.ids.shape[1])
-        return self._batches[size]
-
-    def __call__(self, text: str):
-        """TokenOutput (vectors [1, maxlen, dim], mask, salience) of ``text``, valid until the next call."""
-        width = self.ids.shape[1]
-        ids, truncated = self.model.tokenize([text], is_query=True, maxlen=width)
-        self.model._report_truncation("query", sum(truncated), 1, width)
-        self.tokens = len(ids[0])  # real tokens of the last query
-        row = torch.full((2, self.ids.shape[1]), 0, dtype=torch.long)
-        row[0].fill_(self.model.pad_id)
-        row[0, :len(ids[0])] = torch.tensor(ids[0])
-        row[1, :len(ids[0])] = 1
-        row = row.to(self.ids.device, non_blocking=True)
-        self.ids.copy_(row[:1])
-        self.attention.copy_(row[1:])
-        self.graph.replay()
-        return self.out
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
+        return self.tokens.search(queries.vectors, queries.mask, queries.salience, queries.probe_mask, k,
+                                  depth.per_probe, depth.refined, self.scoring.strategy, queries.refine_salience)

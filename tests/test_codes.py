@@ -1,61 +1,11 @@
-"""The code-search engine's steps against slow loop references: the candidate rule and IVF probing."""
+"""A compressed index's codes on a device (CodeShard) against slow loop references: IVF probing, decoding, and
+the scores of fetched documents."""
 import numpy as np
 import pytest
 import torch
 
 from pyserini_aligner.index import StoredIndex
-from pyserini_aligner.search.engine import (CodeShard, ascending, best_of_parts, merge_probes, probe_floors,
-                                            rank_candidates, select_candidates)
-
-import reference
-
-
-@pytest.mark.parametrize("weighted", [False, True])
-def test_select_candidates_matches_loop_reference(weighted):
-    gen = np.random.default_rng(0)
-    probes, width, batch, docs = 14, 6, 3, 9
-    scores = gen.integers(0, 5, size=(probes, width)).astype(np.float32)  # small integers: many exact ties
-    rows = gen.integers(0, docs, size=(probes, width))
-    rows[gen.random((probes, width)) < 0.2] = -1  # fewer entries than K
-    scores[rows < 0] = -np.inf
-    rows[4] = -1  # a probe that found nothing
-    scores[4] = -np.inf
-    owner = np.sort(gen.integers(0, batch, size=probes))
-    owner[-1] = batch - 1
-    weights = gen.integers(1, 4, size=probes).astype(np.float32) if weighted else None
-    for limit in (1, 3, docs):
-        got, valid = select_candidates(torch.from_numpy(scores), torch.from_numpy(rows), torch.from_numpy(owner),
-                                       batch, limit, None if weights is None else torch.from_numpy(weights))
-        want = reference.select_candidates(scores.tolist(), rows.tolist(), owner.tolist(), batch, limit,
-                                           None if weights is None else weights.tolist())
-        assert [got[b][valid[b]].tolist() for b in range(batch)] == want
-        assert (got[~valid] == -1).all()
-
-
-@pytest.mark.parametrize("weighted", [False, True])
-def test_shards_ranking_their_own_documents_find_the_merged_candidates(weighted):
-    """A split index's rule (each shard ranks the documents it holds, with every probe's K-th score over all
-    shards, and the shards' best are merged) selects what the rule selects over the merged probes."""
-    gen = np.random.default_rng(1)
-    probes, width, batch, docs, shards = 40, 8, 4, 60, 3
-    owner = torch.from_numpy(np.sort(gen.integers(0, batch, size=probes)))
-    weights = torch.from_numpy(gen.integers(1, 4, size=probes).astype(np.float32)) if weighted else None
-    bounds = [0, 17, 18, docs]  # consecutive rows a shard, one shard holding a single document
-    parts = []
-    for a, b in zip(bounds[:-1], bounds[1:]):  # each shard's K best entries a probe, distinct scores
-        rows = torch.from_numpy(gen.integers(a, b, size=(probes, width)))
-        scores = torch.from_numpy(gen.permutation(probes * width * 4)[:probes * width].reshape(probes, width)
-                                  .astype(np.float32) / 7).sort(dim=1, descending=True).values
-        rows[torch.from_numpy(gen.random((probes, width)) < 0.3)] = -1  # fewer entries than K
-        parts.append((torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf)), rows))
-    merged = merge_probes(parts, width)
-    floor = probe_floors(torch.cat([s for s, _ in parts], dim=1), width)
-    for limit in (1, 5, docs):
-        want, want_ok = select_candidates(*merged, owner, batch, limit, weights)
-        ranked = [rank_candidates(s, r, owner, batch, limit, weights, floor) for s, r in parts]
-        best = best_of_parts([p for p, _ in ranked], [r for _, r in ranked], limit)[1]
-        got, got_ok = ascending(best[:, :want.shape[1]])
-        assert got.tolist() == want.tolist() and got_ok.tolist() == want_ok.tolist()
+from pyserini_aligner.search.codes import CodeShard
 
 
 def test_code_shard_probe_matches_numpy_loop(two_segment_index):
@@ -87,7 +37,7 @@ def test_code_shard_probe_in_parts_equals_one_part(two_segment_index):
     the same rows as all probes in one padded part, and the same scores to float32 rounding (a part's look-up tables
     are one matrix product over its probes, and a CPU's products can differ in the last bit with the rows around
     them)."""
-    from pyserini_aligner.search.engine import probe_parts
+    from pyserini_aligner.search.codes import probe_parts
 
     shard = CodeShard(StoredIndex(two_segment_index), [0, 1])
     probes = torch.nn.functional.normalize(torch.randn(23, shard.centroids.shape[1], generator=torch.Generator()
@@ -102,38 +52,6 @@ def test_code_shard_probe_in_parts_equals_one_part(two_segment_index):
     split = shard.probe(probes, 30, 3)
     assert torch.equal(split[1], whole[1]) and torch.equal(torch.isfinite(split[0]), torch.isfinite(whole[0]))
     assert torch.allclose(split[0], whole[0], rtol=0, atol=1e-6)
-
-
-def test_best_entries_equal_a_stable_sort_of_each_row():
-    """Each row's K best finite entries, best first, ties in position order: what sorting the whole row stably
-    from the largest gives, with many exact ties at the K-th score, rows of fewer finite entries than K and an empty
-    row."""
-    from pyserini_aligner.search.engine import best_entries
-
-    gen = np.random.default_rng(3)
-    scores = torch.from_numpy(gen.integers(0, 6, size=(7, 50)).astype(np.float32))  # small integers: ties
-    scores[torch.from_numpy(gen.random((7, 50)) < 0.3)] = -torch.inf
-    scores[2, 4:] = -torch.inf  # four entries
-    scores[5] = -torch.inf  # none
-    docs = torch.from_numpy(gen.integers(0, 1000, size=(7, 50)).astype(np.int32))
-    for width in (1, 9, 50, 60):
-        got_scores, got_docs = best_entries(scores, docs, width)
-        assert got_scores.shape == (7, width) and got_docs.dtype == torch.long
-        for row in range(7):
-            values = scores[row].numpy()
-            order = [i for i in np.argsort(-values, kind="stable") if np.isfinite(values[i])][:width]
-            want_scores = scores[row, order].tolist() + [-np.inf] * (width - len(order))
-            want_docs = docs[row, order].tolist() + [-1] * (width - len(order))
-            assert got_scores[row].tolist() == want_scores and got_docs[row].tolist() == want_docs
-
-
-def test_descending_key_orders_floats_from_largest():
-    from pyserini_aligner.search.engine import descending_key
-
-    values = torch.tensor([0.5, -0.25, float("-inf"), 3.0, -0.0, 0.0, 1e-30, -7.5, float("inf"), 0.5])
-    order = torch.sort(descending_key(values), stable=True).indices
-    assert order.tolist() == torch.argsort(values, descending=True, stable=True).tolist()
-    assert int(descending_key(values).min()) >= 0 and int(descending_key(values).max()) < 1 << 32
 
 
 def test_decoding_by_pairs_and_under_a_mask_equals_the_codebooks(default_index):

@@ -1,0 +1,122 @@
+"""Backends on the CPU through FAISS: a compressed index (:class:`FaissIVF`: FAISS's ``IndexIVFPQ`` scans the inverted
+lists, interaction and refinement read the memory-mapped codes, one :class:`.torch_codes.TorchCodes` a segment) and
+an fp16 index (:class:`FaissFlat`: each segment's FAISS index finds the tokens, refinement scores the stored float16
+tokens)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pyserini_aligner.alignment import alignment_scores
+from pyserini_aligner.index.store import StoredIndex, Workspace
+from pyserini_aligner.search.backends.base import Scoring, Staged
+from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
+from pyserini_aligner.search.candidates import merge_probes
+from pyserini_aligner.search.flat import search_index
+
+REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
+DEFAULT_EF_SEARCH = 128
+
+
+class FaissIVF(Staged):
+    """A compressed index on the CPU: FAISS's IndexIVFPQ over every segment's inverted lists (labelled by global
+    document row) finds each probe's best entries; interaction and refinement decode the memory-mapped codes."""
+
+    def __init__(self, store: StoredIndex, scoring: Scoring):
+        self.store, self.device, self.num_rows = store, torch.device("cpu"), store.num_docs
+        parts = [(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
+                 for seg, base in zip(store.segments, store.row_base)]
+        self.index = store.codec.faiss_index(parts)
+        self.codes = SegmentCodes([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
+            if store.segments else None
+        self._selector = None
+
+    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        """The coarse step (each probe's nprobe nearest centroids) on torch's BLAS, then FAISS scans the chosen
+        lists; deleted documents are skipped."""
+        import faiss
+
+        x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
+        params = faiss.SearchParametersIVF(nprobe=nprobe)
+        if not self.store.live.all():
+            params.sel = self.live_selector()
+        lists_scores, lists = search_index(self.index.quantizer, x, nprobe)
+        distances = np.empty((len(x), per_token), dtype=np.float32)
+        labels = np.empty((len(x), per_token), dtype=np.int64)
+        self.index.search_preassigned_c(len(x), faiss.swig_ptr(x), per_token, faiss.swig_ptr(lists),
+                                        faiss.swig_ptr(lists_scores), faiss.swig_ptr(distances),
+                                        faiss.swig_ptr(labels), False, params)
+        return torch.from_numpy(distances), torch.from_numpy(labels)
+
+    def live_selector(self):
+        """FAISS's selector of the live documents' rows (made once per generation)."""
+        import faiss
+
+        if self._selector is None:
+            self._bitmap = np.packbits(self.store.live, bitorder="little")
+            self._selector = faiss.IDSelectorBitmap(len(self.store.live), faiss.swig_ptr(self._bitmap))
+        return self._selector
+
+    def interaction(self, q, q_mask, rows, valid) -> Tensor:
+        return self.codes.interaction(q, q_mask, rows, valid)
+
+    def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
+        return self.codes.refine(q, q_mask, q_sal, rows, valid)
+
+
+class FaissFlat(Staged):
+    """An fp16 index on the CPU: each segment's FAISS index finds each probe's best tokens; refinement scores the
+    candidates' stored float16 tokens. No interaction stage."""
+
+    has_interaction = False
+
+    def __init__(self, store: StoredIndex, scoring: Scoring, nprobe: int | None, ef_search: int | None,
+                 k_per_token: int):
+        self.store, self.scoring, self.device, self.num_rows = store, scoring, torch.device("cpu"), store.num_docs
+        self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
+        self._workspace = Workspace()
+        self._set_params(store, nprobe, ef_search, k_per_token)
+
+    def _set_params(self, store: StoredIndex, nprobe: int | None, ef_search: int | None, k_per_token: int) -> None:
+        import faiss
+
+        space = faiss.ParameterSpace()
+        for index, _ in self.index:
+            ivf = faiss.try_extract_index_ivf(index)
+            if ivf is not None:
+                space.set_index_parameter(index, "nprobe", min(nprobe or 32, ivf.nlist))
+            elif nprobe is not None:
+                raise ValueError(f"nprobe given but the index ({store.manifest.index_type}) is not an IVF index")
+            try:
+                space.set_index_parameter(index, "efSearch", max(ef_search or DEFAULT_EF_SEARCH, k_per_token))
+            except RuntimeError:
+                if ef_search is not None:
+                    raise ValueError(f"ef_search given but the index ({store.manifest.index_type}) is not an HNSW "
+                                     "index") from None
+
+    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+        x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
+        parts = []
+        for (index, base), seg in zip(self.index, self.store.segments):
+            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)))
+            found = labels >= 0  # a FAISS label is a position in the segment's faiss_ids, not a token position
+            positions = seg.faiss_ids[np.where(found, labels, 0)] if index.ntotal else np.zeros_like(labels)
+            rows = np.where(found, self.store.doc_of_token(positions + base), -1)
+            rows = np.where((rows >= 0) & self.store.live[np.maximum(rows, 0)], rows, -1)
+            distances = np.where(rows >= 0, distances, -np.inf).astype(np.float32)
+            parts.append((torch.from_numpy(distances), torch.from_numpy(rows)))
+        return merge_probes(parts, per_token) if len(parts) > 1 else parts[0]
+
+    def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
+        out = torch.full(rows.shape, -torch.inf)
+        kept_only = self.scoring.refine_with == "kept"
+        for b in range(len(rows)):
+            picked = rows[b][valid[b]].numpy()
+            for start in range(0, len(picked), REFINE_CHUNK):
+                chunk = picked[start:start + REFINE_CHUNK]
+                d, d_mask, d_sal = self.store.gather(chunk, kept_only, self._workspace)
+                out[b, start:start + len(chunk)] = alignment_scores(
+                    q[b:b + 1], q_mask[b:b + 1], d, d_mask, self.scoring.strategy,
+                    None if q_sal is None else q_sal[b:b + 1], None if q_sal is None else d_sal)[0]
+        return out

@@ -1,0 +1,68 @@
+"""SearchOptions: every search setting checked once, naming the bad field; changes checked again; picklable (worker
+processes get them); the searcher takes them or its keyword arguments; the depth of a top-k search."""
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from pyserini_aligner.alignment import Strategy
+from pyserini_aligner.search import AlignerSearcher
+from pyserini_aligner.search.options import DEEP_FACTOR, Depth, SearchOptions
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"k_per_token": 0}, "k_per_token must be None or an integer >= 1, got 0"),
+    ({"max_candidates": 2.5}, "max_candidates must be None or an integer >= 1, got 2.5"),
+    ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+    ({"query_prune": 0.0}, r"query_prune must be in \(0, 1\], got 0.0"),
+    ({"interaction_candidates": -1}, "interaction_candidates must be None or an integer >= 0, got -1"),
+    ({"refine_with": "some"}, "refine_with must be one of"),
+    ({"query_max_length": 2}, "query_max_length must be >= 3"),
+    ({"strategy": "top-q:1"}, "strategy: bad alignment strategy 'top-q:1'"),
+    ({"backend": "lucene"}, "backend must be one of"),
+    ({"placement": "spread"}, "placement must be one of"),
+    ({"device": "cuda:0", "backend": "faiss"}, "backend 'faiss' runs on the CPU"),
+    ({"devices": ["cpu", "cpu"], "backend": "faiss"}, "several devices, segments and exchange need backend 'torch'"),
+])
+def test_a_bad_setting_names_its_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        SearchOptions(**changes)
+    with pytest.raises(ValueError, match=message):
+        SearchOptions().replace(**changes)
+
+
+def test_options_are_typed_resolved_and_picklable():
+    options = SearchOptions(strategy="top-k:2", devices=["cpu", "cpu"], segments=[0, 1], backend="torch")
+    assert options.strategy == Strategy("top-k", k=2) and options.devices == ("cpu", "cpu")
+    assert pickle.loads(pickle.dumps(options)) == options
+    resolved = options.resolved()
+    assert (resolved.k_per_token, resolved.max_candidates, resolved.interaction_candidates) == (100, 128, 0)
+    assert resolved.nprobe is None and resolved.resolved() == resolved
+    gpu = SearchOptions(device="cuda:1").resolved()
+    assert (gpu.backend, gpu.k_per_token, gpu.max_candidates, gpu.interaction_candidates) == ("torch", 3000, 256, 12288)
+    assert SearchOptions(max_candidates=7).resolved().max_candidates == 7
+
+
+def test_unknown_settings_are_type_errors_naming_the_fields():
+    with pytest.raises(TypeError, match="unknown search option.s. k_per_probe; the fields of SearchOptions are "
+                                        "strategy, k_per_token"):
+        SearchOptions().replace(k_per_probe=3)
+    with pytest.raises(TypeError, match="unknown search option.s. bogus"):
+        AlignerSearcher("no-index-read", bogus=1)
+
+
+def test_the_depth_of_a_search():
+    """K and the refined count at least DEEP_FACTOR·k, the interaction width only where wider than the refined count
+    and the backend has the stage, nprobe raised to reach 2K entries, everything bounded by the live documents."""
+    store = SimpleNamespace(num_live=1000, codec=object(), codec_spec=SimpleNamespace(nlist=64),
+                            manifest=SimpleNamespace(num_kept=6400))
+    options = SearchOptions(k_per_token=20, max_candidates=50, interaction_candidates=300, nprobe=2).resolved()
+    assert options.depth(10, store, True) == Depth(per_probe=20, nprobe=2, interaction=300, refined=50)
+    assert options.depth(10, store, False).interaction == 0
+    deep = options.depth(100, store, True)
+    assert deep == Depth(DEEP_FACTOR * 100, 4, 400, 200) and deep.per_probe == deep[0]
+    assert options.depth(1000, store, True) == Depth(2000, 40, 0, 1000)  # 4k > live: no interaction stage
+    fp16 = SimpleNamespace(num_live=30, codec=None, manifest=None)
+    assert SearchOptions().resolved().depth(10, fp16, False) == Depth(100, 8, 0, 30)
