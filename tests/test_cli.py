@@ -18,7 +18,7 @@ import pytest
 
 from pyserini_aligner import cli as shared
 from pyserini_aligner.alignment import Strategy
-from pyserini_aligner.index.codec import AUTO_CODEC, CodecSpec
+from pyserini_aligner.index.codec_spec import AUTO_CODEC, CodecSpec
 from pyserini_aligner.index.options import codec_arg
 
 from pyserini_aligner.index import build_index
