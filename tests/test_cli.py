@@ -24,7 +24,7 @@ from pyserini_aligner.index.options import codec_arg
 from pyserini_aligner.index import build_index
 from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index.corpus import count_corpus
-from pyserini_aligner.integration.hooks import (LUCENE_ONLY_FLAGS, is_aligner_checkpoint, register_checkpoint_encoders,
+from pyserini_aligner.pyserini_patches.hooks import (LUCENE_ONLY_FLAGS, is_aligner_checkpoint, register_checkpoint_encoders,
                                                 split_lucene_only)
 from pyserini_aligner.search import __main__ as search_cli
 from pyserini_aligner.search.searcher import AlignerSearcher

@@ -264,6 +264,6 @@ def test_cached_runs_are_keyed_on_every_module_that_scores():
     plumbing = {"__init__", "__main__", "defaults", "distributed", "workers"}
     scoring = {f"pyserini_aligner.search.{path.stem}" for path in Path(search.__file__).parent.glob("*.py")
                if path.stem not in plumbing}
-    scoring |= {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.kernels",
-                "pyserini_aligner.index.codec", "pyserini_aligner.index.store"}
+    scoring |= {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.strategy",
+                "pyserini_aligner.kernels", "pyserini_aligner.index.codec", "pyserini_aligner.index.reader"}
     assert scoring <= set(SCORING_MODULES), scoring - set(SCORING_MODULES)
