@@ -151,7 +151,7 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
         raise ValueError(f"index {index_dir} stores only vectors and its manifest ({Path(index_dir) / 'manifest.json'}) "
                          "records no corpus; pass the corpus it was built from (--corpus <JsonCollection file | "
                          "ir_datasets id>)")
-    strategy = parse_strategy(strategy if strategy is not None else store.manifest.default_strategy)
+    strategy = store.manifest.default_strategy if strategy is None else parse_strategy(strategy)
     if docids:
         from pyserini_aligner.resolve import model_for_index
 

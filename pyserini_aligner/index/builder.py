@@ -1,4 +1,4 @@
-"""Streaming build of an index (layout in :mod:`pyserini_aligner.index.store`).
+"""Streaming build of an index (layout in :mod:`pyserini_aligner.index.format`).
 
 A compressed build (the default) trains its codec once on the token vectors of the first documents, then encodes
 the corpus chunk by chunk on the model's device, prunes, compresses and appends the codes of each chunk to one new

@@ -1,4 +1,4 @@
-"""Writing one immutable segment (layout in :mod:`pyserini_aligner.index.store`) from batches of encoded documents.
+"""Writing one immutable segment (layout in :mod:`pyserini_aligner.index.format`) from batches of encoded documents.
 
 Each batch is pruned (β^d, redundancy-aware) and, with a compressed codec, assigned to centroids and PQ-coded on the
 device it arrives on; only codes reach the disk, appended as they come, so a build writes no fp16 intermediate and
