@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.beir.aligner import default_index, full_index, search
     from eval.beir.context import Context
     from pyserini_aligner.data import Dataset
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
     from pyserini_aligner.search.searcher import dense_result_classes
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-long-run-"))

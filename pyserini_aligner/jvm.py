@@ -29,7 +29,6 @@ _ADD_MODULES = "--add-modules="
 HEAP_ENV = "PYSERINI_ALIGNER_JVM_HEAP"
 HEAP_FRACTION = 0.5  # of the memory available when the JVM starts
 MIN_HEAP_MB = 256
-OOM_EXIT_STATUS = 3  # what the JVM exits with under -XX:+ExitOnOutOfMemoryError
 # Ctrl-C and SIGTERM stay Python's: otherwise the JVM takes them and calls exit() from a Java thread while
 # Python still runs torch in the main thread (a traceback from torch, or an abort, instead of KeyboardInterrupt)
 REDUCE_SIGNALS = "-Xrs"

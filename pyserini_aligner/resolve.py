@@ -3,7 +3,7 @@
 Names: every shipped checkpoint (``SHIPPED``: each folder of :mod:`pyserini_aligner.checkpoints`, such as
 ``"aligner"``, the default, and ``"aligner-mix"``, trained further under a mix of alignments), ``"untrained"`` (the
 initialisation they were trained from: MiniLM as is, seeded Gaussian projection, uniform salience; see
-:mod:`pyserini_aligner.checkpoints.make_default`). Any other string is a checkpoint folder, recognised by its
+:mod:`pyserini_aligner.untrained`). Any other string is a checkpoint folder, recognised by its
 ``config.json`` (:func:`is_checkpoint`). Every command and class that takes an encoder (index builder, live index,
 searchers, reranker, Pyserini encoders, evaluation, adaptation) loads it here, and checks it against an index with
 :func:`check_index_model`.
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from pyserini_aligner.checkpoints import SHIPPED
-from pyserini_aligner.checkpoints.make_default import untrained_model
 from pyserini_aligner.model import CONFIG_FILE, AlignerModel, resolve_dtype
+from pyserini_aligner.untrained import untrained_model
 
 DEFAULT = "aligner"
 UNTRAINED = "untrained"

@@ -156,10 +156,11 @@ def corpus_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def index_dir(tmp_path_factory, model, corpus_file) -> Path:
     """Exact index of the first 200 SciFact documents: codec fp16, β^d = 1, FAISS Flat (built once per session)."""
-    from pyserini_aligner.index import build_index, read_json_collection, store
+    from pyserini_aligner.index import build_index, read_json_collection
+    from pyserini_aligner.index.format import MANIFEST
 
     with built_once(tmp_path_factory, "scifact200_fp16") as target:
-        if not (target / store.MANIFEST).is_file():
+        if not (target / MANIFEST).is_file():
             build_index(read_json_collection(corpus_file), target, model, codec="fp16", doc_prune=1.0,
                         progress=False, model_name="aligner")
     return target
@@ -170,12 +171,13 @@ def default_index(tmp_path_factory, index_dir) -> Path:
     """The same 200 documents stored as build_index's defaults store them (codec auto = IVF<nlist>,PQ4,Refine(PQ32), β^d 0.2 with
     the redundancy rule), derived once from ``index_dir`` without encoding them again (build_index's defaults
     themselves: tests/test_index.py)."""
-    from pyserini_aligner.index import derive_index, store
-    from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE
+    from pyserini_aligner.index import derive_index
+    from pyserini_aligner.index.format import MANIFEST
+    from pyserini_aligner.index.options import DEFAULT_CODEC, DEFAULT_DOC_PRUNE
     from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
     with built_once(tmp_path_factory, "scifact200_default") as target:
-        if not (target / store.MANIFEST).is_file():
+        if not (target / MANIFEST).is_file():
             derive_index(index_dir, target, codec=DEFAULT_CODEC, doc_prune=DEFAULT_DOC_PRUNE,
                          prune_redundancy=DEFAULT_PRUNE_REDUNDANCY, progress=False)
     return target
@@ -185,10 +187,12 @@ def default_index(tmp_path_factory, index_dir) -> Path:
 def two_segment_index(tmp_path_factory, model) -> Path:
     """The 200 documents (texts cut to 32 words) as two segments sharing one codec: halves built apart (the second
     with ``codec_from`` the first), then one manifest listing both segments."""
-    from pyserini_aligner.index import build_index, read_manifest, store
+    from pyserini_aligner.index import build_index, read_manifest
+    from pyserini_aligner.index.commit import write_manifest
+    from pyserini_aligner.index.format import MANIFEST
 
     with built_once(tmp_path_factory, "scifact200_two_segments") as target:
-        if not (target / store.MANIFEST).is_file():
+        if not (target / MANIFEST).is_file():
             base = target.parent
             docs = [(r["id"], r["contents"]) for r in scifact_docs(N_DOCS, 32)]
             first, second = base / "scifact200_first_half", base / "scifact200_second_half"
@@ -199,7 +203,7 @@ def two_segment_index(tmp_path_factory, model) -> Path:
             shutil.copytree(first, work)
             shutil.copytree(second / other.segments[0].name, work / other.segments[0].name)
             manifest.segments += other.segments
-            store.write_manifest(work, manifest)
+            write_manifest(work, manifest)
             work.rename(target)
     return target
 

@@ -15,7 +15,8 @@ from pyserini_aligner.adapt.select import (Candidate, choose, few_shot_adaptatio
                                            paired_t, per_query, rescore, rescore_texts, strategy_table)
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.data import Dataset
-from pyserini_aligner.index.store import read_manifest, set_default_strategy
+from pyserini_aligner.index.commit import set_default_strategy
+from pyserini_aligner.index.format import read_manifest
 
 
 def test_make_folds_is_seeded_and_drops_the_remainder():
@@ -156,7 +157,7 @@ def test_paired_t_on_plain_data():
 def test_report_table_verdict_and_index_command():
     from pyserini_aligner.adapt.__main__ import format_table, verdict
     from pyserini_aligner.adapt.checkpoints import index_command
-    from pyserini_aligner.index.store import Manifest
+    from pyserini_aligner.index.format import Manifest
 
     default, mix = Candidate(AL, "top-k:1"), Candidate(MIX, "top-p:0.01")
     table = {default: BASE, Candidate(AL, "top-k:2"): shifted([0.0] * 8),
@@ -374,7 +375,7 @@ def test_adapt_cli_saves_the_default_strategy(adapt_index, labelled, capsys, cap
     args = ["--index", str(index), "--topics", str(topics), "--qrels", str(qrels), "--candidates", "50", "--quiet"]
     assert main(args + ["--dry-run", "--strategies", "top-k:2"]) == 0
     out = capsys.readouterr().out
-    assert read_manifest(index).default_strategy == "top-k:8" and "keeps default strategy top-k:8" in out
+    assert str(read_manifest(index).default_strategy) == "top-k:8" and "keeps default strategy top-k:8" in out
     # the index's current default is the baseline
     assert list(table_rows(out)) == [("aligner", "top-k:8"), ("aligner", "top-k:2")]
     assert "records no corpus" in caplog.text and "scored on the index's stored vectors (none encoded)" in out
@@ -393,7 +394,7 @@ def test_adapt_cli_saves_the_default_strategy(adapt_index, labelled, capsys, cap
         assert gain == pytest.approx(rows[spec]["ndcg"] - rows["top-k:8"]["ndcg"], abs=2e-4) and 0 < p <= 1
         if spec == chosen[0]:
             assert gain >= 0.005 and p <= 0.05
-    assert read_manifest(index).default_strategy == chosen[0]
+    assert str(read_manifest(index).default_strategy) == chosen[0]
     if chosen == ["top-k:8"]:  # kept: the manifest is not rewritten
         assert "keeping aligner top-k:8" in out and read_manifest(index).generation == generation
     else:
@@ -405,7 +406,7 @@ def test_adapt_cli_saves_the_default_strategy(adapt_index, labelled, capsys, cap
     means = {s: r["ndcg"] for s, r in rows.items()}
     best = max(means, key=lambda s: (means[s], -list(means).index(s)))
     assert [s for s, r in rows.items() if "chosen" in r["marks"]] == [best]
-    assert read_manifest(index).default_strategy == best
+    assert str(read_manifest(index).default_strategy) == best
     assert AlignerSearcher(index, encoder=model).strategy.__str__() == best
     assert str(FaissSearcher(str(index), AlignerQueryEncoder(model)).strategy) == best
 
@@ -520,8 +521,8 @@ def test_adapt_chooses_a_checkpoint_and_builds_its_index(untrained_index, scifac
                        "1"]
     assert f"built {target}: checkpoint {best[0]}, default strategy {best[1]}" in out
     manifest = read_manifest(target)
-    assert (manifest.model_name, manifest.default_strategy, manifest.codec, manifest.doc_prune) == (*best, "fp16",
-                                                                                                  1.0)
+    assert (manifest.model_name, str(manifest.default_strategy), str(manifest.codec), manifest.doc_prune) == (
+        *best, "fp16", 1.0)
     assert manifest.num_docs == 150 and manifest.corpus == str(scifact_small.resolve())
     assert (untrained_index / "manifest.json").read_bytes() == before
 

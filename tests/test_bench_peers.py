@@ -15,7 +15,7 @@ from eval.bench_peers.replay import EncodedCorpus, ReplayModel
 from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip
 from eval.bench_scale.exact import encode_tokens
 from eval.bench_scale.report import DASH
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 
 SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"
 

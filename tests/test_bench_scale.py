@@ -14,7 +14,7 @@ from eval.bench_scale import __main__ as cli
 from eval.bench_scale.corpus import SPAN_WEIGHTS, SyntheticCorpus, parse_size, read_beir_zip, size_label
 from eval.bench_scale.measure import overlap_at_k
 from eval.bench_scale.report import COLUMNS, DASH
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 
 SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"
 

@@ -18,13 +18,13 @@ import pytest
 
 from pyserini_aligner import cli as shared
 from pyserini_aligner.alignment import Strategy
-from pyserini_aligner.index.codec import AUTO_CODEC, CodecSpec
+from pyserini_aligner.index.codec_spec import AUTO_CODEC, CodecSpec
 from pyserini_aligner.index.options import codec_arg
 
 from pyserini_aligner.index import build_index
 from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index.corpus import count_corpus
-from pyserini_aligner.integration.hooks import (LUCENE_ONLY_FLAGS, is_aligner_checkpoint, register_checkpoint_encoders,
+from pyserini_aligner.pyserini_patches.hooks import (LUCENE_ONLY_FLAGS, is_aligner_checkpoint, register_checkpoint_encoders,
                                                 split_lucene_only)
 from pyserini_aligner.search import __main__ as search_cli
 from pyserini_aligner.search.searcher import AlignerSearcher

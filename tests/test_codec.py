@@ -5,24 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from pyserini_aligner.index.codec import (
-    HIERARCHY_MIN_NLIST,
-    CentroidSearch,
-    CodecSpec,
-    ResidualCodec,
-    choose_nlist,
-    choose_refine_m,
-    default_max_bytes_per_token,
-    coarse_count,
-    dequantize_centroids,
-    kmeans,
-    nearest,
-    parse_codec,
-    quantize_centroids,
-    resolve_codec,
-    share_centroids,
-    two_level_kmeans,
-)
+from pyserini_aligner.index.codec import (HIERARCHY_MIN_NLIST, CentroidSearch, ResidualCodec, coarse_count,
+                                          dequantize_centroids, kmeans, nearest, quantize_centroids, share_centroids,
+                                          two_level_kmeans)
+from pyserini_aligner.index.codec_spec import (CodecSpec, choose_nlist, choose_refine_m, default_max_bytes_per_token,
+                                               parse_codec, resolve_codec)
 
 
 def unit_vectors(n: int, d: int, seed: int) -> torch.Tensor:

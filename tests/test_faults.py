@@ -16,7 +16,7 @@ import faiss
 import numpy as np
 import pytest
 
-from pyserini_aligner.index.store import read_manifest
+from pyserini_aligner.index.format import read_manifest
 
 from conftest import run_module
 
@@ -197,7 +197,7 @@ def test_adapt_keeps_the_stored_default_when_nothing_beats_it(index, topics, tmp
     import shutil
 
     from pyserini_aligner.adapt.__main__ import main
-    from pyserini_aligner.index.store import set_default_strategy
+    from pyserini_aligner.index.commit import set_default_strategy
 
     copy = Path(shutil.copytree(index, tmp_path / "idx"))
     set_default_strategy(copy, "top-p:0.02")
@@ -216,7 +216,7 @@ def test_adapt_keeps_the_stored_default_when_nothing_beats_it(index, topics, tmp
 
 
 def read_docids(index: Path) -> list[str]:
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
 
     return list(StoredIndex(index).docids)
 

@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 from pyserini_aligner.index import __main__ as index_cli
-from pyserini_aligner.index import build_index, store
-from pyserini_aligner.index.store import IndexFormatError, StoredIndex, read_manifest
+from pyserini_aligner.index import build_index
+from pyserini_aligner.index.commit import write_manifest
+from pyserini_aligner.index.format import MANIFEST
+from pyserini_aligner.index.format import IndexFormatError, read_manifest
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
 
 from conftest import cli_error, killed_at, scifact_docs
@@ -163,10 +166,10 @@ def test_same_size_corruption_of_every_file_is_caught(tmp_path, built):
         with pytest.raises(IndexFormatError, match=name.replace(".", r"\.")):
             StoredIndex(copy, verify=True)
         shutil.rmtree(copy)
-    text = (built / store.MANIFEST).read_text()
+    text = (built / MANIFEST).read_text()
     edited = tmp_path / "edited"
     shutil.copytree(built, edited)
-    (edited / store.MANIFEST).write_text(text.replace('"doc_prune": 0.2', '"doc_prune": 0.3'))
+    (edited / MANIFEST).write_text(text.replace('"doc_prune": 0.2', '"doc_prune": 0.3'))
     with pytest.raises(IndexFormatError, match="checksum"):
         StoredIndex(edited)
 
@@ -177,7 +180,7 @@ def test_false_manifest_fields_are_refused(tmp_path, built):
         shutil.copytree(built, copy)
         manifest = read_manifest(copy)
         setattr(manifest, field, value)
-        store.write_manifest(copy, manifest)
+        write_manifest(copy, manifest)
         with pytest.raises(IndexFormatError, match=field):
             StoredIndex(copy)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pyserini_aligner.index.live import AlignerIndex
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search.codes import CodeShard
 from pyserini_aligner.search.graphs import StaticPlan, width_bucket

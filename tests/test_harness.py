@@ -265,6 +265,6 @@ def test_cached_runs_are_keyed_on_every_module_that_scores():
     scoring = {".".join(["pyserini_aligner.search", *path.relative_to(root).with_suffix("").parts])
                for path in root.rglob("*.py") if path.stem not in plumbing}  # backends/ too
     assert "pyserini_aligner.search.backends.choose" in scoring
-    scoring |= {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.kernels",
-                "pyserini_aligner.index.codec", "pyserini_aligner.index.store"}
+    scoring |= {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.strategy",
+                "pyserini_aligner.kernels", "pyserini_aligner.index.codec", "pyserini_aligner.index.reader"}
     assert scoring <= set(SCORING_MODULES), scoring - set(SCORING_MODULES)

@@ -1,7 +1,9 @@
 """The import graph of the project's own modules (``pyserini_aligner`` and ``eval``) has no cycle, no module other
 than a ``__main__`` imports a ``__main__`` module (command-line front ends depend on the library, never the
 reverse), and the layers hold: indexing never imports search, the core modules (``pyserini_aligner/<name>.py``)
-import neither, and the package never imports the harness and benchmarks of ``eval``. Every import counts: top
+import neither, the index's format, durable-write and commit modules import neither the reader nor the builders,
+Pyserini's patches are imported only by the start-up hook and the command lines, the untrained checkpoint's
+command line by nothing, and the package never imports the harness and benchmarks of ``eval``. Every import counts: top
 level, inside functions and under ``TYPE_CHECKING``, absolute and relative."""
 from __future__ import annotations
 
@@ -89,9 +91,20 @@ def main_imports(graph: dict[str, set[str]]) -> list[str]:
                   for t in targets if t.endswith("__main__"))
 
 
+INDEX_FOUNDATION = ("pyserini_aligner.index.format", "pyserini_aligner.index.io", "pyserini_aligner.index.commit",
+                    "pyserini_aligner.index.codec_spec")  # what every reader and writer of an index stands on
+INDEX_ABOVE = ("pyserini_aligner.index.reader", "pyserini_aligner.index.builder", "pyserini_aligner.index.live",
+               "pyserini_aligner.index.segment", "pyserini_aligner.index.codec", "pyserini_aligner.index.store",
+               "pyserini_aligner.search")
+PATCHES = "pyserini_aligner.pyserini_patches"
+MAKE_DEFAULT = "pyserini_aligner.checkpoints.make_default"
+
+
 def layering_violations(graph: dict[str, set[str]], core: set[str]) -> list[str]:
     """``importer -> imported (rule)`` for every import across a layer: ``pyserini_aligner.index`` imports
-    ``pyserini_aligner.search``; a ``core`` module imports either; a ``pyserini_aligner`` module imports ``eval``;
+    ``pyserini_aligner.search``; a ``core`` module imports either; an :data:`INDEX_FOUNDATION` module imports one of
+    :data:`INDEX_ABOVE`; a module other than ``_startup``, a command line or the patches themselves imports
+    :data:`PATCHES`; any module imports :data:`MAKE_DEFAULT`; a ``pyserini_aligner`` module imports ``eval``;
     a search backend imports the searcher or the command line; a module of SEARCH_CORE imports a backend or the
     searcher."""
     def under(module: str, package: str) -> bool:
@@ -100,6 +113,11 @@ def layering_violations(graph: dict[str, set[str]], core: set[str]) -> list[str]
     rules = [(lambda m: under(m, "pyserini_aligner.index"), ("pyserini_aligner.search",), "index never imports search"),
              (lambda m: m in core, ("pyserini_aligner.index", "pyserini_aligner.search"),
               "the core imports neither index nor search"),
+             (lambda m: m in INDEX_FOUNDATION, INDEX_ABOVE,
+              "the index format, I/O and commit modules import neither the reader, the builders nor search"),
+             (lambda m: m != "pyserini_aligner._startup" and not m.endswith("__main__") and not under(m, PATCHES),
+              (PATCHES,), "Pyserini's patches are imported only by the start-up hook and command lines"),
+             (lambda m: True, (MAKE_DEFAULT,), "the untrained checkpoint's command line is imported by no module"),
              (lambda m: under(m, "pyserini_aligner"), ("eval",), "the package never imports eval"),
              (lambda m: under(m, "pyserini_aligner.search.backends"),
               ("pyserini_aligner.search.searcher", "pyserini_aligner.search.__main__"),
@@ -166,6 +184,35 @@ def test_a_search_layer_crossed_is_found(tmp_path, files, found):
             "pyserini_aligner/search/backends/workers.py": "", "eval/__init__.py": ""}
     _write(tmp_path, {**base, **files})
     assert layering_violations(import_graph(tmp_path, PACKAGES), core_modules(tmp_path)) == found
+
+
+def test_each_rule_of_the_new_layers_fails_on_a_violation(tmp_path):
+    _write(tmp_path, {"pyserini_aligner/__init__.py": "", "pyserini_aligner/index/__init__.py": "",
+                      "pyserini_aligner/index/reader.py": "X = 1\n",
+                      "pyserini_aligner/index/format.py": "from pyserini_aligner.index.reader import X\n",
+                      "pyserini_aligner/index/commit.py": "def f():\n    from pyserini_aligner.index import builder\n",
+                      "pyserini_aligner/index/builder.py": "X = 1\n",
+                      "pyserini_aligner/pyserini_patches/__init__.py": "", "pyserini_aligner/pyserini_patches/hooks.py":
+                      "from pyserini_aligner.pyserini_patches import server\n",
+                      "pyserini_aligner/pyserini_patches/server.py": "X = 1\n",
+                      "pyserini_aligner/_startup.py": "from pyserini_aligner.pyserini_patches import hooks\n",
+                      "pyserini_aligner/serve/__init__.py": "",
+                      "pyserini_aligner/serve/__main__.py": "import pyserini_aligner.pyserini_patches.server\n",
+                      "pyserini_aligner/serve/served.py": "from pyserini_aligner.pyserini_patches.server import X\n",
+                      "pyserini_aligner/checkpoints/__init__.py": "", "pyserini_aligner/checkpoints/make_default.py": "",
+                      "pyserini_aligner/resolve.py": "from pyserini_aligner.checkpoints import make_default\n"})
+    graph = import_graph(tmp_path, PACKAGES)
+    assert layering_violations(graph, core_modules(tmp_path)) == [
+        "pyserini_aligner.index.commit -> pyserini_aligner.index.builder (the index format, I/O and commit modules "
+        "import neither the reader, the builders nor search)",
+        "pyserini_aligner.index.format -> pyserini_aligner.index.reader (the index format, I/O and commit modules "
+        "import neither the reader, the builders nor search)",
+        "pyserini_aligner.resolve -> pyserini_aligner.checkpoints.make_default (the untrained checkpoint's command "
+        "line is imported by no module)",
+        "pyserini_aligner.serve.served -> pyserini_aligner.pyserini_patches (Pyserini's patches are imported only by "
+        "the start-up hook and command lines)",
+        "pyserini_aligner.serve.served -> pyserini_aligner.pyserini_patches.server (Pyserini's patches are imported "
+        "only by the start-up hook and command lines)"]
 
 
 def test_project_has_no_import_cycle():

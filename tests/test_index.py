@@ -15,11 +15,14 @@ import torch
 from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, build_index, derive_index,
                                     read_json_collection, read_manifest, set_default_strategy)
 from pyserini_aligner.index import __main__ as cli
-from pyserini_aligner.index import store
-from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE
-from pyserini_aligner.index.codec import (AUTO_CODEC, HIERARCHY_MIN_NLIST, CodecSpec,
-                                          choose_nlist, parse_codec)
-from pyserini_aligner.index.options import BuildOptions
+from pyserini_aligner.index import reader
+from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES, DOCIDS,
+                                           FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT, KEPT_BITS,
+                                           LOCK, MANIFEST, OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS)
+from pyserini_aligner.index.io import file_record
+from pyserini_aligner.index.codec import HIERARCHY_MIN_NLIST
+from pyserini_aligner.index.codec_spec import AUTO_CODEC, CodecSpec, choose_nlist, parse_codec
+from pyserini_aligner.index.options import DEFAULT_DOC_PRUNE, BuildOptions
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, keep_count
 
@@ -50,11 +53,11 @@ def only_segment(index: Path) -> Path:
 
 def edit_manifest(index: Path, **fields) -> None:
     """Change manifest fields and re-seal the manifest's own checksum (as a careless tool might)."""
-    data = json.loads((index / store.MANIFEST).read_text())
+    data = json.loads((index / MANIFEST).read_text())
     data.pop("checksum")
     data.update(fields)
     data["checksum"] = zlib.crc32(json.dumps(data, sort_keys=True).encode("utf-8"))
-    (index / store.MANIFEST).write_text(json.dumps(data))
+    (index / MANIFEST).write_text(json.dumps(data))
 
 
 def flip_byte(path: Path, position: int) -> None:
@@ -69,21 +72,22 @@ def leftovers(folder: Path) -> list[str]:
 
 def test_build_writes_layout_and_counts(index_dir, model, corpus_file):
     m = read_manifest(index_dir)
-    assert (m.format, m.format_version, m.generation, m.model_name, m.dim, m.doc_prune, m.codec, m.index_type) == (
-        "pyserini-aligner", 2, 1, "aligner", 128, 1.0, "fp16", "Flat")
+    assert (m.format, m.format_version, m.generation, m.model_name, m.dim, m.doc_prune, m.index_type) == (
+        "pyserini-aligner", 2, 1, "aligner", 128, 1.0, "Flat")
+    assert m.codec == CodecSpec() and not m.codec.compressed and str(m.codec) == "fp16"
     assert (m.codec_dir, m.codec_files) == (None, {})
     assert m.model_fingerprint == model.fingerprint()
-    assert m.default_strategy == model.config.default_strategy
+    assert str(m.default_strategy) == model.config.default_strategy
     assert m.num_docs == N_DOCS and m.num_kept == m.num_tokens and m.num_empty == 0
     (seg,) = m.segments
     assert re.fullmatch(r"seg-000001-[0-9a-f]{8}", seg.name)
-    assert {p.name for p in index_dir.iterdir()} - {store.LOCK} == {store.MANIFEST, seg.name}
+    assert {p.name for p in index_dir.iterdir()} - {LOCK} == {MANIFEST, seg.name}
     folder = index_dir / seg.name
-    sizes = {store.VECTORS: 2 * 128 * m.num_tokens, store.SALIENCE: 4 * m.num_tokens, store.KEPT: m.num_tokens,
-             store.OFFSETS: 8 * (N_DOCS + 1), store.FAISS_IDS: 8 * m.num_kept}
-    assert set(seg.files) == set(sizes) | {store.DOCIDS, store.FAISS_INDEX}
+    sizes = {VECTORS: 2 * 128 * m.num_tokens, SALIENCE: 4 * m.num_tokens, KEPT: m.num_tokens,
+             OFFSETS: 8 * (N_DOCS + 1), FAISS_IDS: 8 * m.num_kept}
+    assert set(seg.files) == set(sizes) | {DOCIDS, FAISS_INDEX}
     for name, record in seg.files.items():  # every file's size and CRC32 recorded in the manifest
-        assert record == store.file_record(folder / name), name
+        assert record == file_record(folder / name), name
     for name, size in sizes.items():
         assert (folder / name).stat().st_size == size, name
     stored = StoredIndex(index_dir)
@@ -108,26 +112,27 @@ def test_default_build_is_compressed_with_inverted_lists(default_index, index_di
     redundancy rule; the segment's inverted lists hold exactly the kept tokens, grouped by centroid in token order,
     with their coarse codes; every token stores its fine code."""
     m, exact = read_manifest(default_index), StoredIndex(index_dir)
-    nlist = int(re.fullmatch(r"IVF(\d+),PQ4,Refine\(PQ32\)", m.codec)[1])
-    assert (m.index_type, m.doc_prune, m.prune_redundancy) == (m.codec, DEFAULT_DOC_PRUNE, DEFAULT_PRUNE_REDUNDANCY)
+    nlist = int(re.fullmatch(r"IVF(\d+),PQ4,Refine\(PQ32\)", str(m.codec))[1])
+    assert (m.index_type, m.doc_prune, m.prune_redundancy) == (str(m.codec), DEFAULT_DOC_PRUNE,
+                                                                DEFAULT_PRUNE_REDUNDANCY)
     assert m.num_tokens == exact.manifest.num_tokens
     stored = StoredIndex(default_index)
     counts = np.add.reduceat(stored.kept.astype(np.int64), stored.offsets[:-1])
     assert np.array_equal(counts, [keep_count(int(n), 0.2) for n in stored.lengths]) and counts.sum() == m.num_kept
     codec_dir = default_index / m.codec_dir
     assert re.fullmatch(r"codec-000001-[0-9a-f]{8}", m.codec_dir)
-    codec_sizes = {store.CODEC_CENTROIDS: nlist * 128, store.CODEC_SCALES: 4 * nlist,
-                   store.CODEC_CODEBOOKS: 4 * 128 * 256, store.CODEC_REFINE_BOOKS: 4 * 128 * 256}
+    codec_sizes = {CODEC_CENTROIDS: nlist * 128, CODEC_SCALES: 4 * nlist,
+                   CODEC_CODEBOOKS: 4 * 128 * 256, CODEC_REFINE_BOOKS: 4 * 128 * 256}
     assert {name: (codec_dir / name).stat().st_size for name in m.codec_files} == codec_sizes
-    assert all(m.codec_files[name] == store.file_record(codec_dir / name) for name in codec_sizes)
+    assert all(m.codec_files[name] == file_record(codec_dir / name) for name in codec_sizes)
     seg_dir, t, k = default_index / m.segments[0].name, m.num_tokens, m.num_kept
-    sizes = {store.TOKEN_CENTROIDS: 2 * t, store.TOKEN_RESIDUALS: 32 * t, store.KEPT_BITS: math.ceil(t / 8),
-             store.IVF_OFFSETS: 8 * (nlist + 1), store.IVF_DOCS: 4 * k, store.IVF_CODES: 4 * k,
-             store.OFFSETS: 8 * (N_DOCS + 1)}
-    assert set(m.segments[0].files) == set(sizes) | {store.DOCIDS}
+    sizes = {TOKEN_CENTROIDS: 2 * t, TOKEN_RESIDUALS: 32 * t, KEPT_BITS: math.ceil(t / 8),
+             IVF_OFFSETS: 8 * (nlist + 1), IVF_DOCS: 4 * k, IVF_CODES: 4 * k,
+             OFFSETS: 8 * (N_DOCS + 1)}
+    assert set(m.segments[0].files) == set(sizes) | {DOCIDS}
     for name, size in sizes.items():
         assert (seg_dir / name).stat().st_size == size, name
-        assert m.segments[0].files[name] == store.file_record(seg_dir / name), name
+        assert m.segments[0].files[name] == file_record(seg_dir / name), name
     seg = stored.segments[0]
     kept = np.flatnonzero(stored.kept)
     lists = np.asarray(seg.centroid_ids)[kept]
@@ -152,7 +157,7 @@ def test_default_build_is_byte_deterministic(tmp_path, model):
     docs = [(r["id"], r["contents"]) for r in scifact_docs(40)]
     first, second = (build_index(docs, tmp_path / name, model, progress=False, model_name="aligner",
                                  codec=f"IVF{HIERARCHY_MIN_NLIST},PQ4,Refine(PQ32)") for name in ("first", "second"))
-    assert parse_codec(first.codec).nlist >= HIERARCHY_MIN_NLIST
+    assert first.codec.nlist >= HIERARCHY_MIN_NLIST
     assert first.codec_files == second.codec_files  # sizes and CRC32 of every file
     assert [s.files for s in first.segments] == [s.files for s in second.segments]
     stats = first.segments[0].build_stats
@@ -179,7 +184,8 @@ def test_failed_overwrite_keeps_old_index(tmp_path, model):
         build_index([], target, model, progress=False, overwrite=True)
     first = read_manifest(target)
     assert first.num_docs == 3 and first.generation == 1 and leftovers(tmp_path) == []
-    assert re.fullmatch(r"IVF\d+,PQ4,Refine\(PQ32\)", first.codec) and first.index_type == first.codec  # defaults
+    assert re.fullmatch(r"IVF\d+,PQ4,Refine\(PQ32\)", str(first.codec))  # the defaults
+    assert first.index_type == str(first.codec)
     assert (first.doc_prune, first.prune_redundancy) == (DEFAULT_DOC_PRUNE, DEFAULT_PRUNE_REDUNDANCY)
     reader = StoredIndex(target)  # an open reader keeps its snapshot through the overwrite
     build_index([("x", "some text")], target, model, progress=False, overwrite=True)
@@ -245,9 +251,9 @@ def test_build_index_takes_options_or_their_fields(tmp_path, model):
     docs = [(r["id"], r["contents"]) for r in short_records(4)]
     options = BuildOptions(codec="fp16", doc_prune=1.0, index_type="HNSW8", progress=False)
     first = build_index(docs, tmp_path / "a", model, options, model_name="aligner")
-    assert (first.codec, first.doc_prune, first.index_type, first.model_name) == ("fp16", 1.0, "HNSW8", "aligner")
+    assert (str(first.codec), first.doc_prune, first.index_type, first.model_name) == ("fp16", 1.0, "HNSW8", "aligner")
     second = build_index(docs, tmp_path / "b", model, options, doc_prune=0.5, corpus_name="four")
-    assert (second.codec, second.doc_prune, second.index_type, second.corpus) == ("fp16", 0.5, "HNSW8", "four")
+    assert (str(second.codec), second.doc_prune, second.index_type, second.corpus) == ("fp16", 0.5, "HNSW8", "four")
     with pytest.raises(ValueError, match=r"doc_prune must be in \(0, 1\], got 0"):
         build_index(iter(docs), tmp_path / "c", model, doc_prune=0)
     with pytest.raises(TypeError, match="unknown build option.* doc_prun; the fields of BuildOptions are doc_prune"):
@@ -257,7 +263,7 @@ def test_build_index_takes_options_or_their_fields(tmp_path, model):
                                                                         progress=False))
     assert (derived.doc_prune, derived.index_type) == (0.25, "Flat")  # an options object is the whole setting
     inherited = derive_index(tmp_path / "a", tmp_path / "e", doc_prune=0.25, progress=False)
-    assert (inherited.doc_prune, inherited.index_type, inherited.codec) == (0.25, "HNSW8", "fp16")  # the source's
+    assert (inherited.doc_prune, inherited.index_type, str(inherited.codec)) == (0.25, "HNSW8", "fp16")  # the source's
     assert BuildOptions.of_index(read_manifest(tmp_path / "b")) == BuildOptions(
         doc_prune=0.5, codec="fp16", index_type="HNSW8", prune_redundancy=DEFAULT_PRUNE_REDUNDANCY)
 
@@ -351,16 +357,16 @@ def test_derive_index_reprunes_without_encoding(tmp_path, index_dir):
 def test_compressed_index_layout_and_decoding(tmp_path, index_dir):
     target = tmp_path / "compressed"
     m = derive_index(index_dir, target, doc_prune=0.25, codec="IVF32,PQ16", progress=False)
-    assert (m.codec, m.index_type, m.generation) == ("IVF32,PQ16", "IVF32,PQ16", 1)
+    assert (str(m.codec), m.index_type, m.generation) == ("IVF32,PQ16", "IVF32,PQ16", 1)
     seg_dir, codec_dir = only_segment(target), target / m.codec_dir
-    sizes = {store.TOKEN_CENTROIDS: 2 * m.num_tokens, store.TOKEN_RESIDUALS: 16 * m.num_tokens,
-             store.KEPT_BITS: math.ceil(m.num_tokens / 8), store.IVF_CODES: 16 * m.num_kept}
+    sizes = {TOKEN_CENTROIDS: 2 * m.num_tokens, TOKEN_RESIDUALS: 16 * m.num_tokens,
+             KEPT_BITS: math.ceil(m.num_tokens / 8), IVF_CODES: 16 * m.num_kept}
     for name, size in sizes.items():
         assert (seg_dir / name).stat().st_size == size, name
-    codec_sizes = {store.CODEC_CENTROIDS: 32 * 128, store.CODEC_SCALES: 4 * 32, store.CODEC_CODEBOOKS: 4 * 128 * 256}
+    codec_sizes = {CODEC_CENTROIDS: 32 * 128, CODEC_SCALES: 4 * 32, CODEC_CODEBOOKS: 4 * 128 * 256}
     for name, size in codec_sizes.items():
         assert (codec_dir / name).stat().st_size == size, name
-    for name in (store.VECTORS, store.SALIENCE, store.KEPT, store.FAISS_IDS, store.FAISS_INDEX):
+    for name in (VECTORS, SALIENCE, KEPT, FAISS_IDS, FAISS_INDEX):
         assert not (seg_dir / name).exists(), name
     source, compressed = StoredIndex(index_dir), StoredIndex(target)
     derive_index(index_dir, tmp_path / "p", doc_prune=0.25, progress=False)
@@ -378,7 +384,7 @@ def test_compressed_index_layout_and_decoding(tmp_path, index_dir):
     assert int(compressed.segments[0].ivf_offsets[-1]) == m.num_kept
     with pytest.raises(ValueError, match="its tokens are compressed"):
         derive_index(target, tmp_path / "again", progress=False)
-    with open(seg_dir / store.TOKEN_RESIDUALS, "ab") as handle:
+    with open(seg_dir / TOKEN_RESIDUALS, "ab") as handle:
         handle.write(b"\0")
     with pytest.raises(IndexFormatError, match=r"token_residuals\.u8: \d+ bytes, the manifest implies"):
         StoredIndex(target)
@@ -388,7 +394,7 @@ def test_compressed_build_from_corpus(tmp_path, model, capsys):
     corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(40, words=30))
     assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "IVF4,PQ8", "--quiet"]) == 0
     m = read_manifest(tmp_path / "idx")
-    assert (m.num_docs, m.codec, m.doc_prune) == (40, "IVF4,PQ8", DEFAULT_DOC_PRUNE)
+    assert (m.num_docs, str(m.codec), m.doc_prune) == (40, "IVF4,PQ8", DEFAULT_DOC_PRUNE)
     assert m.num_kept == sum(keep_count(int(n), DEFAULT_DOC_PRUNE) for n in StoredIndex(tmp_path / "idx").lengths)
     assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx2"), "--codec", "PQ8", "--quiet"]) == 2
     assert "error: argument --codec: bad codec 'PQ8'" in capsys.readouterr().err
@@ -412,18 +418,18 @@ def test_stored_index_errors_name_the_file(tmp_path, index_dir):
     broken = tmp_path / "broken"
     shutil.copytree(index_dir, broken)
     seg_dir = only_segment(broken)
-    with open(seg_dir / store.VECTORS, "r+b") as handle:
+    with open(seg_dir / VECTORS, "r+b") as handle:
         handle.truncate(1000)
     with pytest.raises(IndexFormatError, match=r"doc_vectors\.f16: 1000 bytes"):
         StoredIndex(broken)
-    (seg_dir / store.VECTORS).unlink()
+    (seg_dir / VECTORS).unlink()
     with pytest.raises(FileNotFoundError, match=r"index file missing: .*seg-.*/doc_vectors\.f16"):
         StoredIndex(broken)
-    manifest = json.loads((broken / store.MANIFEST).read_text())
-    (broken / store.MANIFEST).write_text(json.dumps({**manifest, "dim": 64}))
+    manifest = json.loads((broken / MANIFEST).read_text())
+    (broken / MANIFEST).write_text(json.dumps({**manifest, "dim": 64}))
     with pytest.raises(IndexFormatError, match=r"manifest\.json: checksum mismatch"):
         StoredIndex(broken)
-    (broken / store.MANIFEST).write_text("{")
+    (broken / MANIFEST).write_text("{")
     with pytest.raises(IndexFormatError, match=r"manifest\.json: not valid JSON"):
         StoredIndex(broken)
     with pytest.raises(FileNotFoundError, match="index folder not found"):
@@ -435,14 +441,14 @@ def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, cap
     broken = tmp_path / "broken"
     shutil.copytree(default_index, broken)
     seg_dir = only_segment(broken)
-    flip_byte(seg_dir / store.DOCIDS, 3)
-    with pytest.raises(IndexFormatError, match=re.escape(f"{seg_dir / store.DOCIDS}: checksum mismatch")):
+    flip_byte(seg_dir / DOCIDS, 3)
+    with pytest.raises(IndexFormatError, match=re.escape(f"{seg_dir / DOCIDS}: checksum mismatch")):
         StoredIndex(broken)
-    flip_byte(seg_dir / store.DOCIDS, 3)
+    flip_byte(seg_dir / DOCIDS, 3)
     assert cli.main(["--index", str(broken), "--verify"]) == 0
     assert "every file matches its checksum" in capsys.readouterr().out
-    residuals = seg_dir / store.TOKEN_RESIDUALS
-    monkeypatch.setattr(store, "SMALL_FILE", residuals.stat().st_size - 1)  # token_residuals.u8 counts as large
+    residuals = seg_dir / TOKEN_RESIDUALS
+    monkeypatch.setattr(reader, "SMALL_FILE", residuals.stat().st_size - 1)  # token_residuals.u8 counts as large
     flip_byte(residuals, residuals.stat().st_size // 2)
     assert StoredIndex(broken).num_docs == N_DOCS  # large files are not read on open
     with pytest.raises(IndexFormatError, match=re.escape(f"{residuals}: checksum mismatch")):
@@ -454,9 +460,9 @@ def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, cap
 def test_v1_index_is_refused_with_a_rebuild_command(tmp_path, model):
     old = tmp_path / "v1"
     old.mkdir()
-    (old / store.MANIFEST).write_text(json.dumps({"format": "pyserini-aligner", "format_version": 1, "dim": 128,
+    (old / MANIFEST).write_text(json.dumps({"format": "pyserini-aligner", "format_version": 1, "dim": 128,
                                                   "corpus": "beir/scifact", "doc_prune": 1.0}))
-    (old / store.VECTORS).write_bytes(b"\0" * 256)
+    (old / VECTORS).write_bytes(b"\0" * 256)
     (old / "notes.txt").write_text("mine")
     rebuild = re.escape(f"index format 1 is not read by this version (format 2); rebuild it: python -m "
                         f"pyserini_aligner.index --corpus beir/scifact --index {old} --overwrite")
@@ -469,18 +475,18 @@ def test_v1_index_is_refused_with_a_rebuild_command(tmp_path, model):
     m = build_index([("a", "some text"), ("b", "other text")], old, model, codec="fp16", overwrite=True,
                     progress=False)
     assert (m.format_version, StoredIndex(old).docids) == (2, ["a", "b"])
-    assert not (old / store.VECTORS).exists() and (old / "notes.txt").read_text() == "mine"
+    assert not (old / VECTORS).exists() and (old / "notes.txt").read_text() == "mine"
 
 
 def test_set_default_strategy(tmp_path, index_dir):
     target = tmp_path / "copy"
     derive_index(index_dir, target, progress=False)
-    assert set_default_strategy(target, "top-p:0.015").default_strategy == "top-p:0.015"
+    assert str(set_default_strategy(target, "top-p:0.015").default_strategy) == "top-p:0.015"
     m = read_manifest(target)
-    assert (m.default_strategy, m.generation) == ("top-p:0.015", 2)
+    assert (str(m.default_strategy), m.generation) == ("top-p:0.015", 2)
     with pytest.raises(ValueError, match="bad alignment strategy 'top-q:1'"):
         set_default_strategy(target, "top-q:1")
-    assert read_manifest(target).default_strategy == "top-p:0.015"
+    assert str(read_manifest(target).default_strategy) == "top-p:0.015"
 
 
 def test_json_collection_reader(tmp_path):
@@ -523,7 +529,7 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
     assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "idx"), "--codec", "fp16", "--index-type",
                      "HNSW8", "--quiet"]) == 0
     m = read_manifest(tmp_path / "idx")
-    assert (m.num_docs, m.codec, m.index_type, m.corpus) == (4, "fp16", "HNSW8", str(corpus.resolve()))
+    assert (m.num_docs, str(m.codec), m.index_type, m.corpus) == (4, "fp16", "HNSW8", str(corpus.resolve()))
     bad = write_jsonl(tmp_path / "bad.jsonl", short_records(2), extra_lines={2: "oops"})
     assert cli.main(["--corpus", str(bad), "--index", str(tmp_path / "idx2"), "--quiet"]) == 1
     assert re.search(r"^error: .*bad\.jsonl, line 2: not valid JSON", capsys.readouterr().err, re.M)
@@ -543,7 +549,8 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
     assert cli.main(["--from-index", str(tmp_path / "idx"), "--index", str(tmp_path / "small"), "--codec", "IVF4,PQ8",
                      "--doc-prune", "0.5", "--quiet"]) == 0
     small, source = StoredIndex(tmp_path / "small", verify=True), StoredIndex(tmp_path / "idx")
-    assert (small.manifest.codec, small.manifest.index_type, small.docids) == ("IVF4,PQ8", "IVF4,PQ8", source.docids)
+    assert small.manifest.codec == CodecSpec(4, 8) and small.manifest.index_type == "IVF4,PQ8"
+    assert small.docids == source.docids
     assert np.array_equal(small.kept, StoredIndex(tmp_path / "idx3").kept)
     cosine = torch.nn.functional.cosine_similarity(small.token_vectors(np.arange(20)),
                                                    source.token_vectors(np.arange(20)), dim=-1)
@@ -574,7 +581,7 @@ def test_auto_codec_is_sized_from_the_whole_sample_not_the_first_chunk():
     """A corpus that opens with long documents (a collection's full texts before its passages): "auto" is sized from
     the mean length of every buffered document, as the corpus is, not from the first chunk's."""
     from pyserini_aligner.index.builder import EncodedChunk, sample_for_codec
-    from pyserini_aligner.index.codec import resolve_codec
+    from pyserini_aligner.index.codec_spec import resolve_codec
 
     def chunks(docs: int):
         for start in range(0, docs, 4):

@@ -102,7 +102,7 @@ def test_faiss_cli_with_aligner_encoder(setup, faiss_run):
 
 def test_faiss_cli_with_the_other_shipped_checkpoint(setup, faiss_run):
     """``--encoder aligner-mix`` (a shipped name containing "aligner") indexes and searches through Pyserini's CLI."""
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
 
     env, queries, out, _ = setup
     index = Path(env["INDEX"]).parent / "index-mix"

@@ -128,7 +128,7 @@ def test_old_java_home_is_passed_over(tmp_path, monkeypatch):
 def test_a_user_openai_key_is_kept(monkeypatch):
     """The placeholder key that lets pyserini.encode import is lent only where the user has none (importing it
     without one: test_pyserini_starts_without_java_home_or_openai_key)."""
-    from pyserini_aligner.integration.hooks import _openai_key_placeholder
+    from pyserini_aligner.pyserini_patches.hooks import _openai_key_placeholder
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-mine")
     with _openai_key_placeholder():

@@ -115,7 +115,7 @@ def test_decode_kernel_matches_reference(interpreted):
 def test_code_shard_decodes_alike_with_and_without_the_kernel(default_index, interpreted, monkeypatch):
     """CodeShard.decode through the kernel equals its torch operations (to rounding: the two sum a vector's squares
     in different orders to scale it to unit length), with and without a mask."""
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
     from pyserini_aligner.search.codes import CodeShard
 
     shard = CodeShard(StoredIndex(default_index), [0], "cpu")

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from pyserini_aligner.index import __main__ as index_cli
-from pyserini_aligner.index import StoredIndex, build_index, read_manifest, store
+from pyserini_aligner.index import StoredIndex, build_index, read_manifest
+from pyserini_aligner.index.commit import _OWNED
+from pyserini_aligner.index.format import MANIFEST
 from pyserini_aligner.index.faults import ENV as FAULT_ENV
 from pyserini_aligner.index.live import AlignerIndex, DeleteReport
 from pyserini_aligner.search.searcher import AlignerSearcher
@@ -105,7 +107,7 @@ def unreferenced(index: Path) -> list[str]:
     """Package-made entries of ``index`` that its manifest does not reference (none after a clean write)."""
     manifest = read_manifest(index)
     wanted = {s.name for s in manifest.segments} | {manifest.codec_dir}
-    stray = [p.name for p in index.iterdir() if store._OWNED.match(p.name) and p.name not in wanted]
+    stray = [p.name for p in index.iterdir() if _OWNED.match(p.name) and p.name not in wanted]
     for seg in manifest.segments:
         stray += [f"{seg.name}/{p.name}" for p in (index / seg.name).iterdir() if p.name not in seg.files]
     return stray
@@ -201,10 +203,10 @@ def test_delete_unknown_ids_is_reported_and_strict_deletes_nothing(tmp_path, ful
 
 def test_adding_a_live_docid_is_refused_and_changes_nothing(tmp_path, full, docs, extra):
     index = copy_index(full, tmp_path / "index")
-    manifest_bytes = (index / store.MANIFEST).read_bytes()
+    manifest_bytes = (index / MANIFEST).read_bytes()
     assert re.match(f"error: .*{docs[7][0]!r}", cli_fails("--index", index, "--add",
                                                           write_jsonl(tmp_path / "dup.jsonl", [extra[0], docs[7]])))
-    assert (index / store.MANIFEST).read_bytes() == manifest_bytes
+    assert (index / MANIFEST).read_bytes() == manifest_bytes
     assert live_docids(index) == live_docids(full)
     AlignerIndex(index).delete([docs[0][0]])  # the next write removes whatever the refused one wrote
     assert unreferenced(index) == []
@@ -228,7 +230,7 @@ def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, mod
 
     index = copy_index(full, tmp_path / "index")
     AlignerIndex(index, encoder=model).add([("1", "one"), ("2", "two"), ("12", NEW_TEXT)])
-    before = (index / store.MANIFEST).read_bytes()
+    before = (index / MANIFEST).read_bytes()
     live = AlignerIndex(index, encoder=model)
     searcher = AlignerSearcher(index, encoder=model)
     calls = {"docids": lambda: live.delete(single), "docs": lambda: live.add(single),
@@ -243,7 +245,7 @@ def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, mod
     for name, call in calls.items():
         with pytest.raises(TypeError, match=rf"^{name.strip()} must be a list .* not a single {type(single).__name__}"):
             call()
-    assert (index / store.MANIFEST).read_bytes() == before  # "1" and "2" are still there
+    assert (index / MANIFEST).read_bytes() == before  # "1" and "2" are still there
     assert {"1", "2", "12"} <= set(live_docids(index))
     assert live.delete(["12"]) == DeleteReport(deleted=1, unknown=[])
     assert {"1", "2"} <= set(live_docids(index)) and "12" not in live_docids(index)
@@ -253,12 +255,12 @@ def test_a_single_string_is_never_taken_for_a_list_of_docids(tmp_path, full, mod
 
 def test_updates_that_change_nothing_commit_nothing(tmp_path, full, model):
     index = copy_index(full, tmp_path / "index")
-    before = (index / store.MANIFEST).read_bytes()
+    before = (index / MANIFEST).read_bytes()
     live = AlignerIndex(index, encoder=model)
     assert live.add([]).generation == live.upsert(iter([])).generation == read_manifest(index).generation
     assert live.delete([]) == DeleteReport(deleted=0, unknown=[])
     assert live.delete(["no-such-doc"]) == DeleteReport(deleted=0, unknown=["no-such-doc"])
-    assert (index / store.MANIFEST).read_bytes() == before and unreferenced(index) == []
+    assert (index / MANIFEST).read_bytes() == before and unreferenced(index) == []
 
 
 def test_adding_with_another_model_is_refused(tmp_path, full, model, extra):

@@ -6,7 +6,8 @@ import pytest
 
 from harness_support import harness_run
 
-from pyserini_aligner.index.store import SALIENCE, VECTORS, StoredIndex
+from pyserini_aligner.index.format import SALIENCE, VECTORS
+from pyserini_aligner.index.reader import StoredIndex
 
 
 def test_pruning_baselines_table(tmp_path, tmp_path_factory, scifact_small):

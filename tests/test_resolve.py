@@ -40,7 +40,7 @@ def test_every_shipped_name_loads_its_own_checkpoint(model, monkeypatch):
     """"aligner-mix" is the default checkpoint trained further: same model settings and frozen layers, other
     trained weights; its name reaches Pyserini's CLIs as "aligner" does."""
     from pyserini_aligner.checkpoints import SHIPPED
-    from pyserini_aligner.integration.hooks import _argv_uses_aligner
+    from pyserini_aligner.pyserini_patches.hooks import _argv_uses_aligner
     from pyserini_aligner.train.config import init_model_fields
 
     mix = load_model("aligner-mix")

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from pyserini_aligner.alignment import alignment_scores
-from pyserini_aligner.index import IndexFormatError, derive_index, store
+from pyserini_aligner.index import IndexFormatError, derive_index
+from pyserini_aligner.index.format import DOCIDS, FAISS_INDEX, MANIFEST, SALIENCE, SMALL_FILE, read_manifest
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
 from pyserini_aligner.search.encoding import pad_encoded
 
@@ -52,10 +54,10 @@ def variant(request, tmp_path_factory, index_dir, default_index, model, data):
     folder = index_dir
     if derive == "default":
         folder = default_index
-        knobs = dict(nprobe=store.StoredIndex(folder).codec_spec.nlist)
+        knobs = dict(nprobe=StoredIndex(folder).codec_spec.nlist)
     elif derive is not None:
         folder = tmp_path_factory.getbasetemp() / f"variant-{request.param}"
-        if not (folder / store.MANIFEST).is_file():
+        if not (folder / MANIFEST).is_file():
             derive_index(index_dir, folder, progress=False, **derive)
     queries = data[1]
     want = ExhaustiveScorer(folder, encoder=model).batch_search([q["text"] for q in queries],
@@ -206,24 +208,24 @@ def test_model_mismatch_errors(index_dir, model):
 def test_corrupt_or_missing_files_are_named(tmp_path, index_dir, model):
     broken = tmp_path / "broken"
     shutil.copytree(index_dir, broken)
-    (seg,) = store.read_manifest(broken).segments
+    (seg,) = read_manifest(broken).segments
     seg_dir = broken / seg.name
-    size = (seg_dir / store.FAISS_INDEX).stat().st_size
-    assert size > store.SMALL_FILE  # not checksummed on open: FAISS itself must report the damage
-    (seg_dir / store.FAISS_INDEX).write_bytes(b"garbage".ljust(size, b"\0"))
+    size = (seg_dir / FAISS_INDEX).stat().st_size
+    assert size > SMALL_FILE  # not checksummed on open: FAISS itself must report the damage
+    (seg_dir / FAISS_INDEX).write_bytes(b"garbage".ljust(size, b"\0"))
     with pytest.raises(IndexFormatError, match=r"seg-.*/faiss\.index: FAISS cannot read it"):
         AlignerSearcher(broken, encoder=model)
-    (seg_dir / store.FAISS_INDEX).unlink()
+    (seg_dir / FAISS_INDEX).unlink()
     with pytest.raises(FileNotFoundError, match=r"index file missing: .*faiss\.index"):
         AlignerSearcher(broken, encoder=model)
-    shutil.copy(index_dir / seg.name / store.FAISS_INDEX, seg_dir / store.FAISS_INDEX)
-    with open(seg_dir / store.SALIENCE, "ab") as handle:
+    shutil.copy(index_dir / seg.name / FAISS_INDEX, seg_dir / FAISS_INDEX)
+    with open(seg_dir / SALIENCE, "ab") as handle:
         handle.write(b"\0" * 4)
     with pytest.raises(IndexFormatError, match=r"doc_salience\.f32: \d+ bytes, the manifest implies"):
         AlignerSearcher(broken, encoder=model)
-    shutil.copy(index_dir / seg.name / store.SALIENCE, seg_dir / store.SALIENCE)
-    lines = (seg_dir / store.DOCIDS).read_text().splitlines()
-    (seg_dir / store.DOCIDS).write_text("\n".join(lines[:-1]) + "\n")
+    shutil.copy(index_dir / seg.name / SALIENCE, seg_dir / SALIENCE)
+    lines = (seg_dir / DOCIDS).read_text().splitlines()
+    (seg_dir / DOCIDS).write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(IndexFormatError, match=r"docids\.txt: \d+ bytes, the manifest implies|docids\.txt: checksum"):
         AlignerSearcher(broken, encoder=model)
 
@@ -312,7 +314,7 @@ def test_faiss_and_torch_backends_agree_on_the_default_index(default_index, mode
 def test_two_segments_on_two_devices_rank_like_one(two_segment_index, model, data):
     """An index of two segments sharing one codec, spread over two (CPU) devices, ranks as on one device and as the
     FAISS backend does; the exhaustive scorer agrees with a deep search."""
-    assert len(store.read_manifest(two_segment_index).segments) == 2
+    assert len(read_manifest(two_segment_index).segments) == 2
     queries, ids = [q["text"] for q in data[1]], [q["id"] for q in data[1]]
     two = AlignerSearcher(two_segment_index, encoder=model, backend="torch", devices=["cpu", "cpu"])
     assert two.engine.rows_held == [N_DOCS // 2, N_DOCS - N_DOCS // 2]
@@ -323,7 +325,7 @@ def test_two_segments_on_two_devices_rank_like_one(two_segment_index, model, dat
         assert len(runs[0][qid]) == 10
         for other in runs[1:]:
             assert_same_ranking(as_pairs(runs[0][qid]), as_pairs(other[qid]))
-    nlist = store.StoredIndex(two_segment_index).codec_spec.nlist
+    nlist = StoredIndex(two_segment_index).codec_spec.nlist
     deep = AlignerSearcher(two_segment_index, encoder=model, backend="torch", devices=["cpu", "cpu"], nprobe=nlist,
                            k_per_token=1000, max_candidates=N_DOCS).rank(queries[:4], k=10)
     for got, want in zip(deep, ExhaustiveScorer(two_segment_index, encoder=model).rank(queries[:4], k=10)):

@@ -9,7 +9,7 @@ from harness_support import harness_context, harness_run
 from eval.sweeps.__main__ import main
 from eval.sweeps.run import index_bytes
 from pyserini_aligner.index.derive import derive_pruned_index
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.salience import keep_count
 
 

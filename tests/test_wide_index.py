@@ -66,7 +66,7 @@ def test_the_defaults_store_two_bits_a_dimension(wide_index):
     manifest = read_manifest(wide_index)
     stored = StoredIndex(wide_index)
     assert manifest.model_name == "aligner-384" and manifest.dim == 384 and manifest.num_docs == N_DOCS
-    assert stored.codec_spec.refine_m == 96 and manifest.codec.endswith("PQ4,Refine(PQ96)")
+    assert stored.codec_spec.refine_m == 96 and str(manifest.codec).endswith("PQ4,Refine(PQ96)")
     assert 0 < stored.kept.sum() < stored.offsets[-1]  # pruned: β^d keeps a share of the tokens
 
 

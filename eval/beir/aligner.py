@@ -21,7 +21,7 @@ PRUNED = {"doc_prune": 0.2, "query_prune": 0.5}  # the aligner-pruned system: β
 
 def index_key(index_dir: Path) -> dict:
     """What identifies an index's contents (for run cache keys)."""
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
 
     m = read_manifest(index_dir)
     return {"fingerprint": m.model_fingerprint, "doc_prune": m.doc_prune, "prune_redundancy": m.prune_redundancy,
@@ -35,7 +35,7 @@ def full_index(ctx: Context, encoder: str | None = None) -> Path:
     variants are derived from it)."""
     from pyserini_aligner.index import build_index
     from pyserini_aligner.index.builder import model_name_of
-    from pyserini_aligner.index.store import MANIFEST
+    from pyserini_aligner.index.format import MANIFEST
 
     model = ctx.checkpoint(encoder)
     target = ctx.work / f"aligner-{model.fingerprint()[:8]}"
@@ -51,7 +51,7 @@ def pruned_index(ctx: Context, doc_prune: float, redundancy: float | None = DEFA
     """The full index with β^d = ``doc_prune`` of each document's tokens in FAISS, chosen by salience with
     redundancy-aware pruning at cosine ``redundancy`` (None: salience alone); derived once, not re-encoded."""
     from pyserini_aligner.index.derive import derive_pruned_index
-    from pyserini_aligner.index.store import MANIFEST, read_manifest
+    from pyserini_aligner.index.format import MANIFEST, read_manifest
 
     full = full_index(ctx)
     if doc_prune == 1.0:
@@ -68,14 +68,15 @@ def default_index(ctx: Context) -> Path:
     """The index a user gets from ``python -m pyserini_aligner.index`` with its defaults (codec auto, β^d and the
     redundancy rule of the defaults), derived once from the full index's stored tokens instead of encoding again
     (its codec trains on a sample of every document's tokens rather than on the first documents')."""
-    from pyserini_aligner.index.builder import DEFAULT_CODEC, DEFAULT_DOC_PRUNE, derive_index
-    from pyserini_aligner.index.codec import resolve_codec
-    from pyserini_aligner.index.store import MANIFEST, read_manifest
+    from pyserini_aligner.index.builder import derive_index
+    from pyserini_aligner.index.options import DEFAULT_CODEC, DEFAULT_DOC_PRUNE
+    from pyserini_aligner.index.codec_spec import resolve_codec
+    from pyserini_aligner.index.format import MANIFEST, read_manifest
 
     full = full_index(ctx)
     target = full.with_name(f"{full.name}-default")
     source = read_manifest(full)
-    codec = str(resolve_codec(DEFAULT_CODEC, source.dim, source.num_tokens))  # what the defaults pick today
+    codec = resolve_codec(DEFAULT_CODEC, source.dim, source.num_tokens)  # what the defaults pick today
     if not (target / MANIFEST).is_file() or read_manifest(target).codec != codec:
         log.info("deriving the default index %s from %s", target, full)
         derive_index(full, target, doc_prune=DEFAULT_DOC_PRUNE, codec=DEFAULT_CODEC,
@@ -119,7 +120,7 @@ def rescored_runs(ctx: Context, candidates: Hits, strategies, encoder: str | Non
     that checkpoint encodes them, stored in fp16). Cached per strategy; missing ones are computed together."""
     from pyserini_aligner.adapt.select import rescore
     from pyserini_aligner.alignment import parse_strategy
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
 
     index_dir = full_index(ctx, encoder)
     heads = {q: [d for d, _ in ranked[:ctx.candidates]] for q, ranked in candidates.items()}

@@ -18,8 +18,9 @@ from pyserini_aligner.textio import atomic_output
 log = logging.getLogger(__name__)
 
 Hits = dict[str, list[tuple[str, float]]]
-SCORING_MODULES = ("pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.salience",
-                   "pyserini_aligner.kernels", "pyserini_aligner.index.codec", "pyserini_aligner.index.store",
+SCORING_MODULES = ("pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.strategy",
+                   "pyserini_aligner.salience", "pyserini_aligner.kernels", "pyserini_aligner.index.codec",
+                   "pyserini_aligner.index.reader",
                    "pyserini_aligner.search.searcher", "pyserini_aligner.search.options",
                    "pyserini_aligner.search.encoding", "pyserini_aligner.search.candidates",
                    "pyserini_aligner.search.codes", "pyserini_aligner.search.graphs",

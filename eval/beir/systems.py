@@ -60,11 +60,11 @@ def aligner(ctx: Context) -> Hits:
     """AligneR as users get it: the default index (codec auto, β^d of the defaults) with the checkpoint's default
     strategy, searched with the searcher's defaults."""
     from eval.beir.aligner import default_index, search
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
 
     index = default_index(ctx)
     manifest = read_manifest(index)
-    ctx.extras["aligner"] = {"strategy": ctx.strategy, "codec": manifest.codec, "doc_prune": manifest.doc_prune}
+    ctx.extras["aligner"] = {"strategy": ctx.strategy, "codec": str(manifest.codec), "doc_prune": manifest.doc_prune}
     return search(ctx, index, desc="aligner")
 
 

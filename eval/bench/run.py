@@ -15,7 +15,7 @@ from pathlib import Path
 from eval.bench import measure
 from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.data import Dataset
-from pyserini_aligner.index.store import read_manifest
+from pyserini_aligner.index.format import read_manifest
 
 log = logging.getLogger(__name__)
 FAISS_PART = ("faiss.index", "faiss_ids.i64")

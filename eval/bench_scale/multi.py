@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.bench_scale.measure import folder_bytes
     from eval.bench_scale.report import write_report
     from eval.bench_scale.run import judged_queries
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
     from pyserini_aligner.search.backends.choose import choose_placement, resident_bytes
 
     cuda = args.device == "cuda"

@@ -67,7 +67,7 @@ def build(corpus: SyntheticCorpus, n: int, folder: Path, device: str, batch_size
         manifest = build_index(items, index_dir, encoder, doc_prune=DOC_PRUNE, device=device, progress=False,
                                batch_size=batch_size, codec=codec, num_docs_hint=n)
         stats = manifest.build_stats  # seconds per phase, summed over segments
-        return {"docs": manifest.num_docs, "codec": manifest.codec, "tokens": manifest.num_tokens,
+        return {"docs": manifest.num_docs, "codec": str(manifest.codec), "tokens": manifest.num_tokens,
                 "build": {key: round(float(stats[key]), 2) for key in BUILD_STAT_KEYS if key in stats}}
 
     return index_dir, measured_build(folder, index_dir, device, make)
@@ -251,7 +251,7 @@ def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, c
             copies = math.ceil(tile_to / source_row["docs"])
             start = time.perf_counter()
             tiled = tile_index(index_dir, work / "tiled" / "index", copies)
-            row = {"label": size_label(tiled.num_docs), "docs": tiled.num_docs, "codec": tiled.codec,
+            row = {"label": size_label(tiled.num_docs), "docs": tiled.num_docs, "codec": str(tiled.codec),
                    "tiled": {"copies": copies, "source": source_row["label"],
                              "tile_s": round(time.perf_counter() - start, 2)},
                    "bytes_per_passage": source_row["bytes_per_passage"]}

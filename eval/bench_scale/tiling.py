@@ -13,16 +13,18 @@ import os
 import shutil
 from pathlib import Path
 
-from pyserini_aligner.index import store
+from pyserini_aligner.index.commit import new_name, write_manifest
+from pyserini_aligner.index.format import DOCIDS, Manifest, read_manifest
+from pyserini_aligner.index.io import file_record
 
 
-def tile_index(src_dir: str | os.PathLike, dst_dir: str | os.PathLike, copies: int) -> store.Manifest:
+def tile_index(src_dir: str | os.PathLike, dst_dir: str | os.PathLike, copies: int) -> Manifest:
     """Write at ``dst_dir`` (a new folder) an index whose segments are ``src_dir``'s repeated ``copies`` times;
     returns its manifest. Nothing under ``src_dir`` is written; removing ``src_dir`` breaks the tiled index."""
     if copies < 1:
         raise ValueError(f"tile_index: copies must be >= 1, got {copies}")
     src, dst = Path(src_dir).absolute(), Path(dst_dir).absolute()
-    source = store.read_manifest(src)
+    source = read_manifest(src)
     dst.mkdir(parents=True)
     try:
         return _write_tiles(src, dst, source, copies)
@@ -31,26 +33,26 @@ def tile_index(src_dir: str | os.PathLike, dst_dir: str | os.PathLike, copies: i
         raise
 
 
-def _write_tiles(src: Path, dst: Path, source: store.Manifest, copies: int) -> store.Manifest:
+def _write_tiles(src: Path, dst: Path, source: Manifest, copies: int) -> Manifest:
     if source.codec_dir:
         os.symlink(src / source.codec_dir, dst / source.codec_dir, target_is_directory=True)
     segments = []
     for copy in range(copies):
         for info in source.segments:
-            name = store.new_name("seg", source.generation)
+            name = new_name("seg", source.generation)
             folder = dst / name
             folder.mkdir()
             files = dict(info.files)
             for path in (src / info.name).iterdir():
-                if path.name != store.DOCIDS:
+                if path.name != DOCIDS:
                     os.symlink(path, folder / path.name)
-            docids = (src / info.name / store.DOCIDS).read_text(encoding="utf-8").splitlines()
+            docids = (src / info.name / DOCIDS).read_text(encoding="utf-8").splitlines()
             suffix = f"~t{copy}" if copy else ""
-            (folder / store.DOCIDS).write_text("".join(f"{docid}{suffix}\n" for docid in docids), encoding="utf-8")
-            if store.DOCIDS in files:
-                files[store.DOCIDS] = store.file_record(folder / store.DOCIDS)
+            (folder / DOCIDS).write_text("".join(f"{docid}{suffix}\n" for docid in docids), encoding="utf-8")
+            if DOCIDS in files:
+                files[DOCIDS] = file_record(folder / DOCIDS)
             segments.append(dataclasses.replace(info, name=name, files=files))
     manifest = dataclasses.replace(source, segments=segments, created="",
                                    corpus=f"{source.corpus or src} tiled x{copies}")
-    store.write_manifest(dst, manifest)
+    write_manifest(dst, manifest)
     return manifest

@@ -24,7 +24,8 @@ import torch
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip
 from eval.bench_scale.exact import encode_tokens, exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
-from pyserini_aligner.index.codec import ResidualCodec, resolve_codec
+from pyserini_aligner.index.codec import ResidualCodec
+from pyserini_aligner.index.codec_spec import resolve_codec
 from pyserini_aligner.resolve import load_model
 
 TRAIN_SIZE = 100_000  # residuals the PQ codebooks train on (the build's default)

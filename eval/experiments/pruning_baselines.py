@@ -41,7 +41,7 @@ Run = dict[str, list[str]]  # qid -> docids, best first
 
 def idf_salience(ctx: Context, index_dir: Path, batch: int = 1024) -> np.ndarray:
     """[T] float32: IDF of each stored token's wordpiece id, document frequencies over the index's corpus."""
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
 
     store, model = StoredIndex(index_dir), ctx.model
     texts = {doc.docid: doc.contents for doc in ctx.dataset.docs()}
@@ -69,7 +69,7 @@ def idf_salience(ctx: Context, index_dir: Path, batch: int = 1024) -> np.ndarray
 
 def method_salience(ctx: Context, full: Path, method: str, seed: int) -> np.ndarray:
     """[T] float32 token scores of ``method`` (not "learned") over the full index's stored tokens."""
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
 
     count = read_manifest(full).num_tokens
     if method == "random":
@@ -92,27 +92,29 @@ def _link_or_copy(source: str, target: str) -> None:
 def rescored_source(ctx: Context, full: Path, method: str, seed: int) -> Path:
     """``<full>-sal-<method>[-<seed>]``: a copy of the full index (files hard-linked where possible) whose segments'
     doc_salience.f32 hold ``method``'s scores, each file's record updated in the manifest."""
-    from pyserini_aligner.index import store
+    from pyserini_aligner.index.commit import write_manifest
+    from pyserini_aligner.index.format import LOCK, MANIFEST, SALIENCE, read_manifest
+    from pyserini_aligner.index.io import file_record
 
     target = full.with_name(f"{full.name}-sal-{method}" + (f"-{seed}" if method == "random" else ""))
-    if (target / store.MANIFEST).is_file():
+    if (target / MANIFEST).is_file():
         return target
     work = target.with_name(target.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(full, work, copy_function=_link_or_copy,
-                    ignore=shutil.ignore_patterns(store.MANIFEST, store.LOCK, ".tmp-*", ".manifest.*"))
-    manifest = store.read_manifest(full)
-    if store.SALIENCE not in (manifest.segments[0].files if manifest.segments else {}):
+                    ignore=shutil.ignore_patterns(MANIFEST, LOCK, ".tmp-*", ".manifest.*"))
+    manifest = read_manifest(full)
+    if SALIENCE not in (manifest.segments[0].files if manifest.segments else {}):
         raise ValueError(f"{full}: codec {manifest.codec} stores no saliences; rescoring needs an fp16 index")
     scores = method_salience(ctx, full, method, seed)
     start = 0
     for segment in manifest.segments:
-        path = work / segment.name / store.SALIENCE
+        path = work / segment.name / SALIENCE
         path.unlink()  # a hard link to the full index's file: never write through it
         scores[start:start + segment.num_tokens].tofile(path)
-        segment.files[store.SALIENCE] = store.file_record(path)
+        segment.files[SALIENCE] = file_record(path)
         start += segment.num_tokens
-    store.write_manifest(work, manifest)  # last: marks the folder complete
+    write_manifest(work, manifest)  # last: marks the folder complete
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)
     return target
@@ -122,7 +124,7 @@ def method_index(ctx: Context, method: str, beta_d: float, seed: int, redundancy
     """The index whose FAISS part holds the β^d top tokens of each document by ``method``'s scores, with
     redundancy-aware pruning at cosine ``redundancy`` (None: scores alone)."""
     from pyserini_aligner.index.builder import derive_index
-    from pyserini_aligner.index.store import MANIFEST
+    from pyserini_aligner.index.format import MANIFEST
 
     if method == "learned":
         return pruned_index(ctx, beta_d, redundancy)
@@ -175,7 +177,7 @@ def overlap10(run: Run, reference: Run) -> float:
 
 def index_bytes(index_dir: Path) -> dict[str, float]:
     """FAISS and whole-index bytes per document."""
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
 
     n = read_manifest(index_dir).num_docs
     files = [p for p in Path(index_dir).rglob("*") if p.is_file()]  # segment folders included

@@ -24,7 +24,8 @@ import torch
 from eval.bench_scale.exact import exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
 from eval.experiments.codec_fidelity import corpus_arguments, exact_reference, ranking, write_report
-from pyserini_aligner.index.codec import ResidualCodec, resolve_codec
+from pyserini_aligner.index.codec import ResidualCodec
+from pyserini_aligner.index.codec_spec import resolve_codec
 
 CENTROID_BYTES = 2  # a token's centroid id (uint16)
 STEP = 1 << 18  # tokens coded at once

@@ -34,7 +34,8 @@ import torch
 from eval.bench_scale.exact import exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
 from eval.experiments.codec_fidelity import TRAIN_SIZE, corpus_arguments, exact_reference, ranking, write_report
-from pyserini_aligner.index.codec import ResidualCodec, pq_encode, resolve_codec, train_pq, unit_rows
+from pyserini_aligner.index.codec import ResidualCodec, pq_encode, train_pq, unit_rows
+from pyserini_aligner.index.codec_spec import resolve_codec
 
 LEVELS = (0, 4, 8, 16, 32)  # residual bytes of the product quantisers every plan draws on (0: the centroid alone)
 CENTROID_BYTES = 2

@@ -8,13 +8,13 @@ from eval.beir.aligner import full_index, pruned_index, rescored_runs, search
 from eval.beir.context import Context
 from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES
-from pyserini_aligner.index import store
+from pyserini_aligner.index.format import FAISS_IDS, FAISS_INDEX, LOCK, MANIFEST, read_manifest
 
 DOC_PRUNES = (1.0, 0.4, 0.2, 0.1)
 PRUNING_HITS = 100  # the pruning sweep reports nDCG@10 and recall@100: the searcher's own candidate budget suffices
 QUERY_PRUNES = (1.0, 0.5, 0.3)
-FAISS_FILES = (store.FAISS_INDEX, store.FAISS_IDS)  # the searched part
-META_FILES = (store.MANIFEST, store.LOCK)  # commit metadata: its length varies with the settings and checksums
+FAISS_FILES = (FAISS_INDEX, FAISS_IDS)  # the searched part
+META_FILES = (MANIFEST, LOCK)  # commit metadata: its length varies with the settings and checksums
 
 
 def ndcg10(ctx: Context, hits) -> float:
@@ -45,7 +45,7 @@ def pruning_sweep(ctx: Context, doc_prunes=DOC_PRUNES, query_prunes=QUERY_PRUNES
     rows = []
     for doc_prune in doc_prunes:
         index_dir = pruned_index(ctx, doc_prune)
-        manifest = store.read_manifest(index_dir)
+        manifest = read_manifest(index_dir)
         sizes = index_bytes(index_dir)
         for query_prune in query_prunes:
             run = search(ctx, index_dir, query_prune, f"aligner β^d={doc_prune:g} β^q={query_prune:g}", hits)

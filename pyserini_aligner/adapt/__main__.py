@@ -125,9 +125,8 @@ def adapt(args: argparse.Namespace) -> int:
                                                     checkpoint_label, rescore_checkpoints)
     from pyserini_aligner.adapt.inputs import labelled_topics
     from pyserini_aligner.adapt.select import choose, rescore, strategy_table
-    from pyserini_aligner.alignment import parse_strategy
     from pyserini_aligner.data import load_topics, read_qrels
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
     from pyserini_aligner.resolve import model_for_index
 
     try:
@@ -151,7 +150,7 @@ def adapt(args: argparse.Namespace) -> int:
         others = []
     qrels = read_qrels(args.qrels)
     topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
-    baseline = Candidate(own, str(parse_strategy(manifest.default_strategy)))  # what the index uses now
+    baseline = Candidate(own, str(manifest.default_strategy))  # what the index uses now
     strategies = list(dict.fromkeys([baseline.strategy, *(str(s) for s in args.strategies)]))
     qids = list(topics)
     candidates = first_stage(args, model, baseline.strategy, topics)
@@ -163,7 +162,7 @@ def adapt(args: argparse.Namespace) -> int:
                                        args.batch_size, progress=not args.quiet)
         runs = candidate_runs(rescored)
     else:
-        from pyserini_aligner.index.store import StoredIndex
+        from pyserini_aligner.index.reader import StoredIndex
 
         stored = rescore(StoredIndex(args.index), model, topics, candidates, strategies, args.batch_size,
                          progress=not args.quiet)
@@ -207,7 +206,7 @@ def first_stage(args: argparse.Namespace, model, strategy_spec: str, topics: dic
 def keep_checkpoint(args: argparse.Namespace, choice: Choice) -> int:
     """The index's checkpoint stays: save the chosen strategy as its default (unless it is the default already, or
     --dry-run)."""
-    from pyserini_aligner.index.store import set_default_strategy
+    from pyserini_aligner.index.commit import set_default_strategy
 
     if args.build_index:
         print(f"no index to build: {args.index}'s checkpoint {choice.chosen.checkpoint} stays")

@@ -128,15 +128,15 @@ def index_command(manifest, target: str | os.PathLike, corpus: str | None, check
     gives ``--codec auto`` (the default), which sizes the codec for the new checkpoint's vectors, unless the
     checkpoint scores with token saliences (``salience``), which only ``--codec fp16`` keeps; ``corpus`` None gives
     the placeholder ``<corpus>``."""
-    from pyserini_aligner.index.builder import DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE
+    from pyserini_aligner.index.options import DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE
     from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
     argv = ["python", "-m", "pyserini_aligner.index", "--corpus", corpus or "<corpus>", "--index", str(target),
             "--encoder", checkpoint]
     if strategy != checkpoint_default:
         argv += ["--strategy", strategy]
-    if manifest.codec == "fp16" or salience:
-        index_type = manifest.index_type if manifest.codec == "fp16" else DEFAULT_INDEX_TYPE
+    if not manifest.codec.compressed or salience:
+        index_type = manifest.index_type if not manifest.codec.compressed else DEFAULT_INDEX_TYPE
         argv += ["--codec", "fp16"] + ([] if index_type == DEFAULT_INDEX_TYPE else ["--index-type", index_type])
     if manifest.doc_prune != DEFAULT_DOC_PRUNE:
         argv += ["--doc-prune", f"{manifest.doc_prune:g}"]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
 from pyserini_aligner.metrics import per_query
 from pyserini_aligner.textio import check_collection
 
@@ -107,22 +107,22 @@ def rescore_texts(model, queries: Mapping[str, str], candidates: Mapping[str, Se
     return runs, count
 
 
-def _start(model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]], strategies: Sequence[str],
-           batch_size: int):
-    """(strategy specs, empty runs, the queries to score, their encodings) for :func:`rescore` and
-    :func:`rescore_texts`."""
-    specs = [str(parse_strategy(s)) for s in strategies]
+def _start(model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
+           strategies: Sequence[str | Strategy], batch_size: int):
+    """(the strategies, parsed once here, the public entry; empty runs keyed by their strings; the queries to score;
+    their encodings) for :func:`rescore` and :func:`rescore_texts`."""
+    specs = [parse_strategy(s) for s in strategies]
     for docids in candidates.values():
         check_collection(docids, "candidates of a query")
     qids = [q for q in candidates if q in queries]
-    runs: dict[str, Hits] = {s: {q: [] for q in qids} for s in specs}  # empty query or no candidates: no hits
+    runs: dict[str, Hits] = {str(s): {q: [] for q in qids} for s in specs}  # empty query or no candidates: no hits
     live = [q for q in qids if queries[q].strip() and len(candidates[q])]
     texts = [queries[q] for q in live]
     encoded = dict(zip(live, model.encode(texts, is_query=True, batch_size=batch_size))) if live else {}
     return specs, runs, live, encoded
 
 
-def _rank(model, e, documents, docids: list[str], specs: list[str], runs: dict[str, Hits], qid: str) -> None:
+def _rank(model, e, documents, docids: list[str], specs: list[Strategy], runs: dict[str, Hits], qid: str) -> None:
     """Rank ``docids`` (padded ``documents``: vectors [n, L, d], mask, salience) for encoded query ``e`` under every
     strategy into ``runs``; equal scores keep the order of ``docids``."""
     d, d_mask, d_sal = documents
@@ -134,7 +134,7 @@ def _rank(model, e, documents, docids: list[str], specs: list[str], runs: dict[s
         scores = alignment_scores(q, q_mask, d, d_mask, spec, q_sal if use_salience else None,
                                   d_sal if use_salience else None)[0].numpy()
         order = np.lexsort((np.arange(len(docids)), -scores))
-        runs[spec][qid] = [(docids[i], float(scores[i])) for i in order]
+        runs[str(spec)][qid] = [(docids[i], float(scores[i])) for i in order]
 
 
 def strategy_table(qrels: Qrels, runs: Mapping[Hashable, Hits], metric: str = METRIC) -> dict:

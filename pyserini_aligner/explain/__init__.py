@@ -141,7 +141,7 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
     the documents' text (default: the corpus the manifest records, if it records one). encoder: as AlignerSearcher's.
     searcher_args go to AlignerSearcher (k_per_token, max_candidates, ...).
     """
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
 
     if docids is not None:
         check_collection(docids, "docids")
@@ -151,7 +151,7 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
         raise ValueError(f"index {index_dir} stores only vectors and its manifest ({Path(index_dir) / 'manifest.json'}) "
                          "records no corpus; pass the corpus it was built from (--corpus <JsonCollection file | "
                          "ir_datasets id>)")
-    strategy = parse_strategy(strategy if strategy is not None else store.manifest.default_strategy)
+    strategy = store.manifest.default_strategy if strategy is None else parse_strategy(strategy)
     if docids:
         from pyserini_aligner.resolve import model_for_index
 
@@ -177,5 +177,5 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
         positions = np.arange(store.offsets[row], store.offsets[row + 1])
         out.append(explain_document(model, query, texts[docid], store.token_vectors(positions).numpy(),
                                     store.token_salience(positions), strategy, docid=docid, rank=rank,
-                                    min_cosine=MIN_COSINE if store.codec is None else None))
+                                    min_cosine=None if store.manifest.codec.compressed else MIN_COSINE))
     return out

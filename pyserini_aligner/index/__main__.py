@@ -10,14 +10,15 @@ from pathlib import Path
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.cli import (HelpFormatter, UsageError, add_quiet_flag, device, fraction, positive_int,
                                   positive_number, run_main, strategy)
-from pyserini_aligner.index.codec import DEFAULT_PQ_M, FP16, AutoCodec
+from pyserini_aligner.index.codec_spec import DEFAULT_PQ_M, FP16, AutoCodec
 from pyserini_aligner.index.builder import build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distributed, dist_context
 from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, BuildOptions,
                                             codec_arg)
 from pyserini_aligner.index.shards import shard_corpus
-from pyserini_aligner.index.store import read_manifest, set_default_strategy
+from pyserini_aligner.index.commit import set_default_strategy
+from pyserini_aligner.index.format import read_manifest
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 OFF = "off"  # --prune-redundancy off: prune by salience alone
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> None:
     """Build, derive, verify or update the index the flags name. Every write removes what it had written when it
     fails or is interrupted."""
     if args.verify:
-        from pyserini_aligner.index.store import StoredIndex
+        from pyserini_aligner.index.reader import StoredIndex
 
         StoredIndex(args.index, verify=True)
         print(f"{args.index}: every file matches its checksum")

@@ -1,4 +1,4 @@
-"""Streaming build of an index (layout in :mod:`pyserini_aligner.index.store`).
+"""Streaming build of an index (layout in :mod:`pyserini_aligner.index.format`).
 
 A compressed build (the default) trains its codec once on the token vectors of the first documents, then encodes
 the corpus chunk by chunk on the model's device, prunes, compresses and appends the codes of each chunk to one new
@@ -9,13 +9,9 @@ inside it (readers keep their snapshot) and never touches a folder that is not a
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import shutil
-import signal
-import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -27,24 +23,20 @@ import torch
 from tqdm.auto import tqdm
 
 from pyserini_aligner.checkpoints import SHIPPED
-from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.codec import (SMALL_CORPUS_TOKENS, AutoCodec, CodecSpec,
-                                          ResidualCodec, resolve_codec)
-from pyserini_aligner.index.corpus import Location
-from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE,  # noqa: F401
-                                            BuildOptions, build_options)
+from pyserini_aligner.index.codec import ResidualCodec
+from pyserini_aligner.index.codec_spec import SMALL_CORPUS_TOKENS, AutoCodec, CodecSpec, resolve_codec
+from pyserini_aligner.index.commit import check_target, new_name, write_index
+from pyserini_aligner.index.corpus import DocidRegistry, checked_items
+from pyserini_aligner.index.format import (MANIFEST, Manifest, SegmentInfo, check_factory_string,
+                                           faiss_factory_string, read_manifest)
+from pyserini_aligner.index.options import BuildOptions, build_options
+from pyserini_aligner.index.reader import StoredIndex, load_codec
 from pyserini_aligner.index.segment import SegmentWriter, write_codec
-from pyserini_aligner.index.store import check_factory_string, faiss_factory_string
 from pyserini_aligner.resolve import load_model
-from pyserini_aligner.textio import is_blank
 
 log = logging.getLogger(__name__)
 
 CODEC_POINTS_PER_CENTROID = 32  # k-means sample: this many tokens per coarse centroid (all tokens when fewer)
-BLANK_EXAMPLES = 5  # docids named in the warning about documents skipped for blank text
-_V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
-             "docids.txt", "token_centroids.u16", "token_residuals.u8", "kept.bits", "codec_centroids.i8",
-             "codec_scales.f32", "codec_codebooks.f32")
 
 
 def model_name_of(encoder) -> str:
@@ -56,69 +48,6 @@ def model_name_of(encoder) -> str:
         return name if name in SHIPPED or not Path(name).exists() else str(Path(name).resolve())
     model = getattr(encoder, "model", encoder)
     return str(getattr(model, "name_or_path", "") or "")
-
-
-class DocidRegistry:
-    """Refuses duplicate or malformed docids; remembers where each docid was first seen, compactly, and counts the
-    documents skipped for blank text (``blank``, the first few in ``blank_docids``)."""
-
-    def __init__(self, existing: Iterable[str] = ()):
-        self.first: dict[str, int] = {docid: -1 for docid in existing}
-        self.sources: list[str] = []
-        self._source_ids: dict[str, int] = {}
-        self.blank = 0
-        self.blank_docids: list[str] = []
-
-    def _pack(self, where: Location) -> int:
-        source, number, unit = where
-        key = f"{unit}\0{source}"
-        if key not in self._source_ids:
-            self._source_ids[key] = len(self.sources)
-            self.sources.append(key)
-        return (self._source_ids[key] << 40) | number
-
-    def _unpack(self, packed: int) -> str:
-        if packed < 0:
-            return "the index"
-        unit, source = self.sources[packed >> 40].split("\0", 1)
-        return str(Location(source, packed & ((1 << 40) - 1), unit))
-
-    def add(self, docid, where: Location) -> None:
-        if not isinstance(docid, str) or not docid or any(c.isspace() for c in docid):
-            raise ValueError(f"{where}: docid {docid!r} must be a non-empty string without spaces, tabs or line "
-                             "breaks (TREC runs separate fields by white space)")
-        packed = self._pack(where)
-        first = self.first.setdefault(docid, packed)
-        if first != packed:
-            raise ValueError(f"duplicate docid {docid!r}: first at {self._unpack(first)}, again at {where}")
-
-
-def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str]]:
-    """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
-
-    A document whose text is blank (empty, white space, NUL, zero-width or other invisible characters only) has
-    nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
-    for position, item in enumerate(islice(corpus, max_docs), 1):
-        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-            raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
-                             f"got {item!r:.80}")
-        where = item[2] if len(item) == 3 else Location("corpus", position, "document")
-        if not isinstance(where, Location):
-            raise TypeError(f"corpus item {position}: location must be a Location, got {type(where).__name__}")
-        docid, text = item[0], item[1]
-        docids.add(docid, where)
-        if not isinstance(text, str):
-            raise ValueError(f"{where}: text of docid {docid!r} must be a string, got {type(text).__name__}")
-        if is_blank(text):
-            docids.blank += 1
-            if len(docids.blank_docids) < BLANK_EXAMPLES:
-                docids.blank_docids.append(docid)
-            continue
-        yield docid, text
-    if docids.blank:
-        log.warning("skipped %d document(s) with no text (empty, white space or invisible characters only), not "
-                    "indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
-                    ", ..." if docids.blank > len(docids.blank_docids) else "")
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
@@ -199,21 +128,15 @@ def codec_source(path: str | os.PathLike) -> tuple[ResidualCodec, Path, dict]:
     """(trained codec, its folder, its file records) of a compressed index folder, or of the codec folder inside
     one (``<index>/codec-*``), for ``codec_from``."""
     path = Path(path)
-    index_dir = path if (path / store.MANIFEST).is_file() or not (path.parent / store.MANIFEST).is_file() \
+    index_dir = path if (path / MANIFEST).is_file() or not (path.parent / MANIFEST).is_file() \
         else path.parent
-    manifest = store.read_manifest(index_dir)
+    manifest = read_manifest(index_dir)
     if index_dir != path and manifest.codec_dir != path.name:
         raise ValueError(f"codec_from {path}: not the codec folder of index {index_dir} (it uses "
                          f"{manifest.codec_dir})")
-    codec = store.load_codec(index_dir, manifest)
-    if codec is None:
+    if not manifest.codec.compressed:
         raise ValueError(f"codec_from {path}: that index stores fp16 vectors and has no codec")
-    return codec, index_dir / manifest.codec_dir, manifest.codec_files
-
-
-def codec_of_index(index_dir: str | os.PathLike) -> ResidualCodec:
-    """The trained codec of another (compressed) index or codec folder, for ``codec_from``."""
-    return codec_source(index_dir)[0]
+    return load_codec(index_dir, manifest), index_dir / manifest.codec_dir, manifest.codec_files
 
 
 def copy_codec(source: Path, records: dict, folder: Path) -> dict:
@@ -222,147 +145,6 @@ def copy_codec(source: Path, records: dict, folder: Path) -> dict:
     for name in records:
         shutil.copyfile(source / name, folder / name)
     return dict(records)
-
-
-def check_target(target: Path, overwrite: bool, corpus_path: str | os.PathLike | None = None) -> None:
-    """Refuse a target that would lose a user's data: an existing non-empty folder that is not an index of this
-    package (even with ``overwrite``), an index without ``overwrite``, a path under a file, or a folder that holds,
-    equals or lies inside the corpus being indexed."""
-    for parent in target.parents:
-        if parent.exists() and not parent.is_dir():
-            raise NotADirectoryError(f"index path {target}: {parent} is a file, not a folder")
-    if corpus_path is not None and Path(corpus_path).exists():
-        corpus = Path(corpus_path).resolve()
-        resolved = target.resolve()
-        if resolved == corpus or corpus.is_relative_to(resolved) or resolved.is_relative_to(corpus):
-            raise ValueError(f"index path {target} holds, equals or lies inside the corpus {corpus_path}; "
-                             "choose an index folder apart from the corpus")
-    if not target.exists():
-        return
-    if not target.is_dir():
-        raise FileExistsError(f"index target {target} is a file")
-    if not any(target.iterdir()):
-        return
-    if not store.is_index(target):
-        raise FileExistsError(f"index target {target} exists and is not a pyserini-aligner index; it is never "
-                              "replaced (choose a new folder)")
-    if not overwrite:
-        raise FileExistsError(f"index target exists: {target} (pass overwrite=True / --overwrite to replace it)")
-
-
-def _remove_stale_work(target: Path) -> None:
-    """Remove ``.<name>.building-*`` folders of builds into ``target`` whose process is gone (lock not held)."""
-    for work in target.parent.glob(f".{target.name}.building-*"):
-        lock = work / store.LOCK
-        try:
-            handle = open(lock, "a") if work.is_dir() else None
-        except OSError:
-            continue
-        if handle is None:
-            continue
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        shutil.rmtree(work, ignore_errors=True)
-        handle.close()
-
-
-def write_index(target: Path, overwrite: bool, corpus_path, write: Callable[[Path, int], store.Manifest]) -> \
-        store.Manifest:
-    """Run ``write(root, generation) -> Manifest`` (which writes codec and segment folders under ``root``) and commit
-    its manifest: into a temporary folder renamed to ``target`` for a new index, or as a new generation inside an
-    existing index (``overwrite``). Nothing is left behind on failure."""
-    check_target(target, overwrite, corpus_path)
-    if target.exists() and any(target.iterdir()):
-        with store.IndexLock(target):
-            generation = _current_generation(target) + 1
-            _clean_orphans(target)
-            try:
-                manifest = write(target, generation)
-                manifest.generation = generation
-                store.write_manifest(target, manifest)
-            except BaseException:
-                _clean_orphans(target)
-                raise
-            store.remove_unreferenced(target, manifest)
-            for name in _V1_FILES:
-                (target / name).unlink(missing_ok=True)
-        return manifest
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_work(target)
-    held = _hold_signals()
-    try:
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
-        faults.point("work-folder-made")
-    except BaseException:
-        _release_signals(held)
-        raise
-    try:
-        _release_signals(held)  # Ctrl-C while the folder was made is raised here, where the folder is removed
-        lock = open(work / store.LOCK, "a")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            manifest = write(work, 1)
-            manifest.generation = 1
-            store.write_manifest(work, manifest)
-            work.chmod(0o755)
-            faults.point("before-rename")
-            check_target(target, False, corpus_path)
-            if target.exists():
-                target.rmdir()  # an empty folder the user made for the index
-            os.replace(work, target)
-            store.fsync_dir(target.parent)
-        finally:
-            lock.close()
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return manifest
-
-
-_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _hold_signals() -> tuple[dict, list]:
-    """Hold SIGINT and SIGTERM (those with Python-level handlers; only the main thread can) until
-    :func:`_release_signals`: ({signal: its handler}, the signals that arrived meanwhile)."""
-    handlers: dict = {}
-    came: list[int] = []
-    if threading.current_thread() is threading.main_thread():
-        for number in _HELD_SIGNALS:
-            if signal.getsignal(number) is not None:
-                handlers[number] = signal.signal(number, lambda caught, _frame: came.append(caught))
-    return handlers, came
-
-
-def _release_signals(held: tuple[dict, list]) -> None:
-    """Put the handlers of :func:`_hold_signals` back and raise each signal that arrived meanwhile again, so its
-    handler runs now (Ctrl-C: KeyboardInterrupt)."""
-    handlers, came = held
-    for number, handler in handlers.items():
-        signal.signal(number, handler)
-    for number in dict.fromkeys(came):
-        signal.raise_signal(number)
-
-
-def _current_generation(target: Path) -> int:
-    import json
-
-    try:
-        return int(json.loads((target / store.MANIFEST).read_text(encoding="utf-8")).get("generation", 1))
-    except (OSError, ValueError, TypeError):
-        return 1
-
-
-def _clean_orphans(target: Path) -> None:
-    """Under the lock: remove what an interrupted write left in ``target`` (unreferenced segments and codecs)."""
-    try:
-        manifest = store.read_manifest(target)
-    except (OSError, ValueError):
-        return  # an older format: its files are replaced at the end of the overwrite
-    store.remove_unreferenced(target, manifest)
 
 
 def check_max_length(model, max_length: int | None) -> None:
@@ -390,7 +172,7 @@ def check_codec(model, codec: CodecSpec | AutoCodec, index_type: str) -> None:
 
 def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner",
                 options: BuildOptions | None = None, *, corpus_path: str | os.PathLike | None = None,
-                num_docs_hint: int | None = None, **changes) -> store.Manifest:
+                num_docs_hint: int | None = None, **changes) -> Manifest:
     """Encode ``corpus`` and write an index folder at ``index_dir``; returns its manifest.
 
     corpus: (docid, text) or (docid, text, Location) items. encoder: "aligner", a checkpoint folder or an
@@ -416,7 +198,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
     sizes = [x for x in (num_docs_hint, opts.max_docs, _sized(corpus)) if x is not None]
     total = min(sizes) if sizes else None
 
-    def write(root: Path, generation: int) -> store.Manifest:
+    def write(root: Path, generation: int) -> Manifest:
         started = time.perf_counter()
         docids = DocidRegistry()
         bar = tqdm(total=total, unit="doc", desc="index", disable=not opts.progress, smoothing=0.05)
@@ -434,12 +216,12 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                              sum(len(c.docids) for c in chunks))
                     trained = train_codec(spec, chunks, opts.train_size, opts.seed)
                     codec_seconds = time.perf_counter() - begin
-                codec_dir = store.new_name("codec", generation)
+                codec_dir = new_name("codec", generation)
                 codec_files = copy_codec(*source_files, root / codec_dir) if source_files else \
                     write_codec(root / codec_dir, trained)
                 trained = trained.to(model.device)
                 spec = trained.spec
-            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim,
+            info = write_segment(root / new_name("seg", generation), _chain(chunks, stream), dim,
                                  opts.doc_prune, opts.prune_redundancy, trained, opts.index_type, opts.train_size,
                                  opts.seed, opts.progress, bar.update)
         finally:
@@ -506,7 +288,7 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCode
 
 def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_prune: float,
                   prune_redundancy: float | None, codec: ResidualCodec | None, index_type: str, train_size: int,
-                  seed: int, progress: bool, on_chunk: Callable[[int], object] | None = None) -> store.SegmentInfo:
+                  seed: int, progress: bool, on_chunk: Callable[[int], object] | None = None) -> SegmentInfo:
     """Prune, compress and write encoded ``chunks`` as one new segment at ``folder``; ``on_chunk(documents)`` is
     called after each chunk. ValueError when there are no documents."""
     writer = SegmentWriter(folder, dim, doc_prune, prune_redundancy, codec,
@@ -529,30 +311,30 @@ def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_pr
 
 
 def new_manifest(model, encoder, spec: CodecSpec, options: BuildOptions, codec_dir: str | None, codec_files: dict,
-                 segments: list) -> store.Manifest:
+                 segments: list) -> Manifest:
     """The manifest of a freshly built index (generation set by :func:`write_index`)."""
     from pyserini_aligner import __version__
 
-    return store.Manifest(
+    return Manifest(
         model_name=options.model_name if options.model_name is not None else model_name_of(encoder),
         model_fingerprint=model.fingerprint(), dim=model.config.dim, doc_prune=float(options.doc_prune),
         index_type=str(spec) if spec.compressed else faiss_factory_string(options.index_type),
-        default_strategy=model.config.default_strategy, codec=str(spec), prune_redundancy=options.prune_redundancy,
+        default_strategy=model.config.default_strategy, codec=spec, prune_redundancy=options.prune_redundancy,
         doc_maxlen=options.max_length, corpus=options.corpus_name, codec_dir=codec_dir, codec_files=codec_files,
         segments=segments, package_version=__version__)
 
 
 def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, options: BuildOptions | None = None,
-                 **changes) -> store.Manifest:
+                 **changes) -> Manifest:
     """A new index from an existing fp16 one without re-encoding: the same stored tokens with another β^d
     (recomputed from the stored saliences and vectors), FAISS factory string and/or codec; returns the new
     manifest. options: the new index's settings (default: the source's, :meth:`BuildOptions.of_index`: its β^d,
     FAISS factory string and redundancy threshold, codec fp16); ``changes``: BuildOptions fields as keyword
     arguments, applied over them (``derive_index(src, dst, doc_prune=0.5)``). The options of encoding (max_length,
     batch_size, max_docs, codec_from) and of the manifest (model_name, corpus_name: the source's) play no part."""
-    source = store.StoredIndex(source_dir)
+    source = StoredIndex(source_dir)
     old = source.manifest
-    if source.codec is not None:
+    if old.codec.compressed:
         raise ValueError(f"cannot derive from {source_dir}: its tokens are compressed ({old.codec}); derive from an "
                          "fp16 index (build with --codec fp16)")
     opts = build_options(options, BuildOptions.of_index(old), **changes)
@@ -573,7 +355,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, op
             yield EncodedChunk([source.docids[r] for r in part], vectors.to(dev), mask.to(dev), salience.to(dev),
                                0, 0.0)
 
-    def write(root: Path, generation: int) -> store.Manifest:
+    def write(root: Path, generation: int) -> Manifest:
         trained, codec_dir, codec_files = None, None, {}
         if spec.compressed:
             rng = np.random.default_rng(seed)
@@ -583,14 +365,14 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, op
             mask = torch.ones(1, len(sample), dtype=torch.bool, device=dev)
             trained = train_codec(spec, [EncodedChunk([], sample[None], mask, mask.float(), 0, 0.0)],
                                   train_size, seed)
-            codec_dir = store.new_name("codec", generation)
+            codec_dir = new_name("codec", generation)
             codec_files = write_codec(root / codec_dir, trained)
             trained = trained.to(dev)
         segments = []
         for seg_info, base in zip(old.segments, source.row_base):
             rows = np.arange(base, base + seg_info.num_docs)
             rows = rows[source.live[rows]]
-            writer = SegmentWriter(root / store.new_name("seg", generation), old.dim, doc_prune, redundancy,
+            writer = SegmentWriter(root / new_name("seg", generation), old.dim, doc_prune, redundancy,
                                    trained, faiss_factory_string(index_type) if not spec.compressed else str(spec))
             try:
                 for chunk in tqdm(chunks_of(rows), total=(len(rows) + 255) // 256, desc="derive", unit="chunk",
@@ -602,7 +384,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, op
                 raise
             info.num_truncated, info.num_empty = seg_info.num_truncated, seg_info.num_empty
             segments.append(info)
-        return dataclasses.replace(old, doc_prune=float(doc_prune), codec=str(spec), codec_dir=codec_dir,
+        return dataclasses.replace(old, doc_prune=float(doc_prune), codec=spec, codec_dir=codec_dir,
                                    codec_files=codec_files, segments=segments, created="",
                                    index_type=str(spec) if spec.compressed else faiss_factory_string(index_type),
                                    prune_redundancy=redundancy)

@@ -8,9 +8,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from itertools import islice
+from typing import Iterable, Iterator, NamedTuple
 
-from pyserini_aligner.textio import json_records, text_lines
+from pyserini_aligner.textio import is_blank, json_records, text_lines
 
 
 class Location(NamedTuple):
@@ -26,6 +27,7 @@ class Location(NamedTuple):
 
 CorpusItem = tuple[str, str, Location]
 JSON_SUFFIXES = (".jsonl", ".json")
+BLANK_EXAMPLES = 5  # docids named in the warning about documents skipped for blank text
 log = logging.getLogger(__name__)
 
 
@@ -35,7 +37,7 @@ class CorpusError(ValueError):
 
 def _is_index_folder(folder: Path) -> bool:
     """A pyserini-aligner index, or the temporary folder of a build into one (``.<name>.building-*``)."""
-    from pyserini_aligner.index.store import is_index
+    from pyserini_aligner.index.format import is_index
 
     return is_index(folder) or (folder.name.startswith(".") and ".building-" in folder.name)
 
@@ -169,3 +171,66 @@ def count_corpus(spec: str | os.PathLike) -> int | None:
         return int(_open_ir_dataset(str(spec)).docs_count())
     except Exception:  # an id ir_datasets cannot count (or open) here: no total, the reader reports the error
         return None
+
+
+class DocidRegistry:
+    """Refuses duplicate or malformed docids; remembers where each docid was first seen, compactly, and counts the
+    documents skipped for blank text (``blank``, the first few in ``blank_docids``)."""
+
+    def __init__(self, existing: Iterable[str] = ()):
+        self.first: dict[str, int] = {docid: -1 for docid in existing}
+        self.sources: list[str] = []
+        self._source_ids: dict[str, int] = {}
+        self.blank = 0
+        self.blank_docids: list[str] = []
+
+    def _pack(self, where: Location) -> int:
+        source, number, unit = where
+        key = f"{unit}\0{source}"
+        if key not in self._source_ids:
+            self._source_ids[key] = len(self.sources)
+            self.sources.append(key)
+        return (self._source_ids[key] << 40) | number
+
+    def _unpack(self, packed: int) -> str:
+        if packed < 0:
+            return "the index"
+        unit, source = self.sources[packed >> 40].split("\0", 1)
+        return str(Location(source, packed & ((1 << 40) - 1), unit))
+
+    def add(self, docid, where: Location) -> None:
+        if not isinstance(docid, str) or not docid or any(c.isspace() for c in docid):
+            raise ValueError(f"{where}: docid {docid!r} must be a non-empty string without spaces, tabs or line "
+                             "breaks (TREC runs separate fields by white space)")
+        packed = self._pack(where)
+        first = self.first.setdefault(docid, packed)
+        if first != packed:
+            raise ValueError(f"duplicate docid {docid!r}: first at {self._unpack(first)}, again at {where}")
+
+
+def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str]]:
+    """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
+
+    A document whose text is blank (empty, white space, NUL, zero-width or other invisible characters only) has
+    nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
+    for position, item in enumerate(islice(corpus, max_docs), 1):
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
+                             f"got {item!r:.80}")
+        where = item[2] if len(item) == 3 else Location("corpus", position, "document")
+        if not isinstance(where, Location):
+            raise TypeError(f"corpus item {position}: location must be a Location, got {type(where).__name__}")
+        docid, text = item[0], item[1]
+        docids.add(docid, where)
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: text of docid {docid!r} must be a string, got {type(text).__name__}")
+        if is_blank(text):
+            docids.blank += 1
+            if len(docids.blank_docids) < BLANK_EXAMPLES:
+                docids.blank_docids.append(docid)
+            continue
+        yield docid, text
+    if docids.blank:
+        log.warning("skipped %d document(s) with no text (empty, white space or invisible characters only), not "
+                    "indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
+                    ", ..." if docids.blank > len(docids.blank_docids) else "")

@@ -29,12 +29,14 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.dist import (DEFAULT_TIMEOUT_S, Collectives, DistContext, dist_context, join_group,
                                    lost_rank_message)
-from pyserini_aligner.index import store
+from pyserini_aligner.index.commit import new_name
+from pyserini_aligner.index.format import DOCIDS, Manifest, SegmentInfo
+from pyserini_aligner.index.reader import _read_docids
 from pyserini_aligner.index.builder import (DocidRegistry, check_codec, check_max_length, checked_items,
                                             codec_source, copy_codec, encode_chunks,
                                             new_manifest, record_codec_training, sample_for_codec, train_codec,
                                             write_index, write_segment)
-from pyserini_aligner.index.codec import CodecSpec
+from pyserini_aligner.index.codec_spec import CodecSpec
 from pyserini_aligner.index.options import BuildOptions, build_options
 from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
@@ -128,7 +130,7 @@ def _device_for(device: str, ctx: DistContext) -> str:
 
 def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligner",
                       options: BuildOptions | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                      **changes) -> store.Manifest | None:
+                      **changes) -> Manifest | None:
     """Build one index of ``corpus`` (a JsonCollection path or an ir_datasets id) with every rank of the torchrun
     job this process belongs to; all ranks call it with the same arguments. Returns the manifest on rank 0, None on
     the others; raises (on every rank) when any rank fails. ``options`` and ``changes`` as in
@@ -171,7 +173,7 @@ def _slice(corpus: str, rank: int, world: int, max_docs: int | None, total: int 
     return items, start, end, total
 
 
-def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, timeout_s: float) -> store.Manifest:
+def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, timeout_s: float) -> Manifest:
     """Rank 0: train and broadcast the codec, encode slice 0, wait for the others, check docids, commit."""
     world = job.ctx.world_size
     stage = {"announced": False, "gathered": False}
@@ -180,7 +182,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
         stage["announced"] = True
         job.broadcast(payload)
 
-    def write(root: Path, generation: int) -> store.Manifest:
+    def write(root: Path, generation: int) -> Manifest:
         started = time.perf_counter()
         job.root = root
         model = load_model(encoder, opts.device)
@@ -199,7 +201,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
             spec = CodecSpec()
             if not (isinstance(codec, CodecSpec) and not codec.compressed):
                 chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
-                codec_dir = store.new_name("codec", generation)
+                codec_dir = new_name("codec", generation)
                 if source:
                     trained = source[0]
                     codec_files = copy_codec(source[1], source[2], root / codec_dir)
@@ -218,7 +220,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
                 own[0] += count
                 bar.update(own[0] + job.progress() - bar.n)
 
-            info = write_segment(root / store.new_name("seg", generation), _chain(chunks, stream), dim,
+            info = write_segment(root / new_name("seg", generation), _chain(chunks, stream), dim,
                                  opts.doc_prune, opts.prune_redundancy,
                                  None if trained is None else trained.to(model.device), opts.index_type,
                                  opts.train_size, opts.seed, progress=False, on_chunk=advance)
@@ -235,9 +237,9 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
         failed = [f"rank {r} failed: {o[1]}" for r, o in enumerate(outcomes) if not o[0]]
         if failed:
             raise RuntimeError("; ".join(failed))
-        infos = [store.SegmentInfo(**o[1]) for o in outcomes]
+        infos = [SegmentInfo(**o[1]) for o in outcomes]
         bounds = [shard_range_text(r, world, total) for r in range(world)]
-        check_unique_docids([(f"rank {r} ({bounds[r]})", store._read_docids(root / i.name / store.DOCIDS,
+        check_unique_docids([(f"rank {r} ({bounds[r]})", _read_docids(root / i.name / DOCIDS,
                                                                              i.num_docs), None)
                              for r, i in enumerate(infos)])
         for rank in range(world):
@@ -332,7 +334,7 @@ def _follow(job: _Job, corpus: str, encoder, opts: BuildOptions) -> None:
             done[0] += count
             status.write(state="running", done=done[0])
 
-        info = write_segment(job.root / store.new_name("seg", header["generation"]), stream, model.config.dim,
+        info = write_segment(job.root / new_name("seg", header["generation"]), stream, model.config.dim,
                              opts.doc_prune, opts.prune_redundancy, trained, opts.index_type, opts.train_size,
                              opts.seed, progress=False, on_chunk=advance)
         info.num_empty = registry.blank

@@ -21,8 +21,12 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.builder import DocidRegistry, EncodedChunk, checked_items, encode_chunks, train_codec
+from pyserini_aligner.index import faults
+from pyserini_aligner.index.builder import EncodedChunk, encode_chunks, train_codec
+from pyserini_aligner.index.commit import IndexLock, commit, new_name, remove_unreferenced
+from pyserini_aligner.index.corpus import DocidRegistry, checked_items
+from pyserini_aligner.index.format import Manifest, read_manifest
+from pyserini_aligner.index.reader import Segment, StoredIndex
 from pyserini_aligner.index.segment import SegmentWriter, write_codec, write_files
 from pyserini_aligner.resolve import check_index_model, load_model
 from pyserini_aligner.textio import check_collection
@@ -43,11 +47,11 @@ class AlignerIndex:
     def __init__(self, index_dir: str | os.PathLike, encoder=None, device: str | None = None, batch_size: int = 32,
                  progress: bool = False):
         self.index_dir = Path(index_dir)
-        store.read_manifest(self.index_dir)  # fail early on a missing or foreign folder
+        read_manifest(self.index_dir)  # fail early on a missing or foreign folder
         self.encoder, self.device, self.batch_size, self.progress = encoder, device, batch_size, progress
         self._model = None
 
-    def _model_for(self, manifest: store.Manifest):
+    def _model_for(self, manifest: Manifest):
         if self._model is None:
             encoder = self.encoder if self.encoder is not None else manifest.model_name
             if not encoder:
@@ -55,30 +59,25 @@ class AlignerIndex:
             self._model = check_index_model(load_model(encoder, self.device), manifest, self.index_dir)
         return self._model
 
-    def _begin(self) -> tuple[store.Manifest, store.StoredIndex]:
-        manifest = store.read_manifest(self.index_dir)
-        store.remove_unreferenced(self.index_dir, manifest)
-        return manifest, store.StoredIndex(self.index_dir)
+    def _begin(self) -> tuple[Manifest, StoredIndex]:
+        manifest = read_manifest(self.index_dir)
+        remove_unreferenced(self.index_dir, manifest)
+        return manifest, StoredIndex(self.index_dir)
 
-    def _commit(self, manifest: store.Manifest) -> store.Manifest:
-        store.write_manifest(self.index_dir, manifest)
-        store.remove_unreferenced(self.index_dir, manifest)
-        return manifest
-
-    def add(self, docs: Iterable, upsert: bool = False) -> store.Manifest:
+    def add(self, docs: Iterable, upsert: bool = False) -> Manifest:
         """Encode ``docs`` ((docid, text) or (docid, text, Location) items) into a new segment and commit it.
         A docid already live is refused unless ``upsert``, which replaces that document. A document with blank text
         is skipped with a warning (upserted, its earlier version is deleted). ``docs`` must be a collection of
         items: a single str is refused (TypeError). Nothing to add or replace commits nothing."""
         check_collection(docs, "docs")
-        with store.IndexLock(self.index_dir):
+        with IndexLock(self.index_dir):
             manifest, current = self._begin()
             model = self._model_for(manifest)
             generation = manifest.generation + 1
             live = {d for row, d in enumerate(current.docids) if current.live[row]}
             registry = DocidRegistry(() if upsert else live)
-            codec = current.codec.to(model.device) if current.codec is not None else None
-            writer = SegmentWriter(self.index_dir / store.new_name("seg", generation), manifest.dim,
+            codec = current.codec.to(model.device) if manifest.codec.compressed else None
+            writer = SegmentWriter(self.index_dir / new_name("seg", generation), manifest.dim,
                                    manifest.doc_prune, manifest.prune_redundancy, codec,
                                    manifest.index_type)
             try:
@@ -100,9 +99,9 @@ class AlignerIndex:
                 info.num_empty = registry.blank
                 manifest.segments.append(info)
             manifest.generation = generation
-            return self._commit(manifest)
+            return commit(self.index_dir, manifest)
 
-    def upsert(self, docs: Iterable) -> store.Manifest:
+    def upsert(self, docs: Iterable) -> Manifest:
         """Add ``docs``, replacing the live documents with the same ids."""
         return self.add(docs, upsert=True)
 
@@ -110,7 +109,7 @@ class AlignerIndex:
         """Tombstone the live documents ``docids``, a collection of docids (a single str is refused with TypeError,
         never read as its characters); unknown ids are reported (ValueError with ``strict``)."""
         check_collection(docids, "docids")
-        with store.IndexLock(self.index_dir):
+        with IndexLock(self.index_dir):
             manifest, current = self._begin()
             wanted = list(dict.fromkeys(docids))
             unknown = [d for d in wanted if current.row_of(d) is None]
@@ -121,10 +120,10 @@ class AlignerIndex:
                 generation = manifest.generation + 1
                 self._tombstone(manifest, current, known, generation)
                 manifest.generation = generation
-                self._commit(manifest)
+                commit(self.index_dir, manifest)
             return DeleteReport(len(known), unknown)
 
-    def _tombstone(self, manifest: store.Manifest, current: store.StoredIndex, docids: list[str],
+    def _tombstone(self, manifest: Manifest, current: StoredIndex, docids: list[str],
                    generation: int) -> None:
         """Write new tombstone files for the segments holding live ``docids`` and record them in ``manifest``."""
         rows = np.array([current.row_of(d) for d in docids], dtype=np.int64)
@@ -139,11 +138,11 @@ class AlignerIndex:
             info.deletes, info.num_deleted = name, int(deleted.sum())
             faults.point("tombstone")
 
-    def compact(self, retrain_codec: bool = False, seed: int = 0, train_size: int = 100_000) -> store.Manifest:
+    def compact(self, retrain_codec: bool = False, seed: int = 0, train_size: int = 100_000) -> Manifest:
         """Rewrite the live documents of every segment into one segment; with ``retrain_codec`` (compressed
         indexes), re-quantise them with a codec trained on their decoded vectors. Reports the codec's reconstruction
         error on the live tokens before and after in the log and in the segment's ``build_stats``."""
-        with store.IndexLock(self.index_dir):
+        with IndexLock(self.index_dir):
             manifest, current = self._begin()
             for info in manifest.segments:
                 if "reconstruction_mse" in info.build_stats:
@@ -153,7 +152,7 @@ class AlignerIndex:
             codec = current.codec
             new_codec, codec_dir, codec_files = codec, manifest.codec_dir, manifest.codec_files
             if retrain_codec:
-                if codec is None:
+                if not manifest.codec.compressed:
                     raise ValueError("retrain_codec needs a compressed index; an fp16 index has no codec")
                 rows = np.flatnonzero(current.live)
                 positions = current.token_layout(rows)[0]
@@ -164,9 +163,9 @@ class AlignerIndex:
                 mask = torch.ones(1, len(vectors), dtype=torch.bool)
                 new_codec = train_codec(codec.spec, [EncodedChunk([], vectors[None], mask, mask.float(), 0, 0.0)],
                                         train_size, seed)
-                codec_dir = store.new_name("codec", generation)
+                codec_dir = new_name("codec", generation)
                 codec_files = write_codec(self.index_dir / codec_dir, new_codec)
-            writer = SegmentWriter(self.index_dir / store.new_name("seg", generation), manifest.dim,
+            writer = SegmentWriter(self.index_dir / new_name("seg", generation), manifest.dim,
                                    manifest.doc_prune, manifest.prune_redundancy, new_codec, manifest.index_type)
             truncated = empty = 0
             try:
@@ -185,10 +184,10 @@ class AlignerIndex:
             segment.num_truncated, segment.num_empty = truncated, empty
             manifest.segments, manifest.generation = [segment], generation
             manifest.codec_dir, manifest.codec_files = codec_dir, codec_files
-            return self._commit(manifest)
+            return commit(self.index_dir, manifest)
 
     @staticmethod
-    def _copy(writer: SegmentWriter, current: store.StoredIndex, seg: store.Segment, number: int, local: np.ndarray,
+    def _copy(writer: SegmentWriter, current: StoredIndex, seg: Segment, number: int, local: np.ndarray,
               codec, new_codec, retrain: bool) -> None:
         docids = [seg.docids[i] for i in local]
         starts, lengths = seg.offsets[local], seg.lengths[local]

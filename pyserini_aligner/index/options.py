@@ -8,8 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyserini_aligner.index.codec import (AUTO_CODEC, DEFAULT_PQ_M, FP16, AutoCodec,
-                                          CodecSpec, codec_choice)
+from pyserini_aligner.index.codec_spec import AUTO_CODEC, DEFAULT_PQ_M, FP16, AutoCodec, CodecSpec, codec_choice
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
 
 DEFAULT_INDEX_TYPE = "Flat"

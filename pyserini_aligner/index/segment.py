@@ -1,4 +1,4 @@
-"""Writing one immutable segment (layout in :mod:`pyserini_aligner.index.store`) from batches of encoded documents.
+"""Writing one immutable segment (layout in :mod:`pyserini_aligner.index.format`) from batches of encoded documents.
 
 Each batch is pruned (β^d, redundancy-aware) and, with a compressed codec, assigned to centroids and PQ-coded on the
 device it arrives on; only codes reach the disk, appended as they come, so a build writes no fp16 intermediate and
@@ -15,9 +15,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.index import faults, store
-from pyserini_aligner.index.store import new_faiss_index
-from pyserini_aligner.index.codec import PQ_CENTROIDS, ResidualCodec, quantize_centroids
+from pyserini_aligner.index import faults
+from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES, DOCIDS,
+                                           FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT, KEPT_BITS,
+                                           OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS, SegmentInfo,
+                                           faiss_error_message)
+from pyserini_aligner.index.io import file_record
+from pyserini_aligner.index.reader import _memmap
+from pyserini_aligner.index.format import new_faiss_index
+from pyserini_aligner.index.codec import ResidualCodec, quantize_centroids
+from pyserini_aligner.index.codec_spec import PQ_CENTROIDS
 
 _ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
 
@@ -56,10 +63,10 @@ def write_codec(folder: Path, codec: ResidualCodec) -> dict[str, dict]:
     it has them); returns the file records."""
     folder.mkdir(parents=True, exist_ok=False)
     values, scales = quantize_centroids(codec.centroids)
-    files = {store.CODEC_CENTROIDS: values.tobytes(), store.CODEC_SCALES: scales.tobytes(),
-             store.CODEC_CODEBOOKS: codec.codebooks.cpu().numpy().astype(np.float32).tobytes()}
+    files = {CODEC_CENTROIDS: values.tobytes(), CODEC_SCALES: scales.tobytes(),
+             CODEC_CODEBOOKS: codec.codebooks.cpu().numpy().astype(np.float32).tobytes()}
     if codec.refine_books is not None:
-        files[store.CODEC_REFINE_BOOKS] = codec.refine_books.cpu().numpy().astype(np.float32).tobytes()
+        files[CODEC_REFINE_BOOKS] = codec.refine_books.cpu().numpy().astype(np.float32).tobytes()
     return write_files(folder, files)
 
 
@@ -80,10 +87,10 @@ class SegmentWriter:
         self.folder, self.dim, self.doc_prune, self.redundancy = folder, dim, doc_prune, redundancy
         self.codec, self.index_type = codec, index_type
         folder.mkdir(parents=True, exist_ok=False)
-        names = ([store.TOKEN_CENTROIDS, store.TOKEN_RESIDUALS, store.KEPT_BITS] if codec is not None
-                 else [store.VECTORS, store.SALIENCE, store.KEPT])
-        self.sinks = {name: _Sink(folder / name) for name in names + [store.OFFSETS, store.DOCIDS]}
-        self.sinks[store.OFFSETS].write(np.zeros(1, dtype=np.int64).tobytes())
+        names = ([TOKEN_CENTROIDS, TOKEN_RESIDUALS, KEPT_BITS] if codec is not None
+                 else [VECTORS, SALIENCE, KEPT])
+        self.sinks = {name: _Sink(folder / name) for name in names + [OFFSETS, DOCIDS]}
+        self.sinks[OFFSETS].write(np.zeros(1, dtype=np.int64).tobytes())
         self.num_docs = self.num_tokens = self.num_kept = self.num_truncated = 0
         self._bits_carry = np.zeros(0, dtype=bool)
         self._ivf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centroid, doc row, code) of kept tokens
@@ -139,20 +146,20 @@ class SegmentWriter:
             begin = time.perf_counter()
             owner = np.repeat(np.arange(len(lengths), dtype=np.int32) + self.num_docs, lengths)
             self._ivf.append((ids[kept], owner[kept], list_codes))
-            self.sinks[store.TOKEN_CENTROIDS].write(ids.astype(np.uint16).tobytes())
-            self.sinks[store.TOKEN_RESIDUALS].write(residuals.astype(np.uint8).tobytes())
+            self.sinks[TOKEN_CENTROIDS].write(ids.astype(np.uint16).tobytes())
+            self.sinks[TOKEN_RESIDUALS].write(residuals.astype(np.uint8).tobytes())
             bits = np.concatenate([self._bits_carry, kept])
             whole = len(bits) // 8 * 8
-            self.sinks[store.KEPT_BITS].write(np.packbits(bits[:whole]).tobytes())
+            self.sinks[KEPT_BITS].write(np.packbits(bits[:whole]).tobytes())
             self._bits_carry = bits[whole:]
         else:
             x = torch.as_tensor(vectors)
-            self.sinks[store.VECTORS].write(x.to(torch.float16).cpu().numpy().tobytes())
+            self.sinks[VECTORS].write(x.to(torch.float16).cpu().numpy().tobytes())
             sal = torch.as_tensor(salience) if salience is not None else torch.ones(len(x))
-            self.sinks[store.SALIENCE].write(sal.float().cpu().numpy().tobytes())
-            self.sinks[store.KEPT].write(kept.tobytes())
-        self.sinks[store.OFFSETS].write((self.num_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
-        self.sinks[store.DOCIDS].write("".join(f"{docid}\n" for docid in docids).encode("utf-8"))
+            self.sinks[SALIENCE].write(sal.float().cpu().numpy().tobytes())
+            self.sinks[KEPT].write(kept.tobytes())
+        self.sinks[OFFSETS].write((self.num_tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
+        self.sinks[DOCIDS].write("".join(f"{docid}\n" for docid in docids).encode("utf-8"))
         self.num_docs += len(docids)
         self.num_tokens += int(lengths.sum())
         self.num_kept += int(kept.sum())
@@ -160,11 +167,11 @@ class SegmentWriter:
         self.seconds["write_s"] += time.perf_counter() - begin
         faults.point("segment-add")
 
-    def finish(self, train_size: int = 100_000, seed: int = 0, progress: bool = False) -> store.SegmentInfo:
+    def finish(self, train_size: int = 100_000, seed: int = 0, progress: bool = False) -> SegmentInfo:
         """Close the streamed files and write the inverted lists (compressed) or the FAISS index (fp16)."""
         begin = time.perf_counter()
         if self.codec is not None and len(self._bits_carry):
-            self.sinks[store.KEPT_BITS].write(np.packbits(self._bits_carry).tobytes())
+            self.sinks[KEPT_BITS].write(np.packbits(self._bits_carry).tobytes())
         files = {name: sink.close() for name, sink in self.sinks.items()}
         if self.codec is not None:
             files.update(self._write_ivf())
@@ -174,7 +181,7 @@ class SegmentWriter:
         if self._error_tokens:
             self.seconds["reconstruction_mse"] = self._error / self._error_tokens
         faults.point("segment-finish")
-        return store.SegmentInfo(name=self.folder.name, num_docs=self.num_docs, num_tokens=self.num_tokens,
+        return SegmentInfo(name=self.folder.name, num_docs=self.num_docs, num_tokens=self.num_tokens,
                                  num_kept=self.num_kept, num_truncated=self.num_truncated,
                                  files=files, build_stats=dict(self.seconds))
 
@@ -193,9 +200,9 @@ class SegmentWriter:
         self._ivf = []
         order = np.argsort(ids, kind="stable")
         offsets = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=nlist))]).astype(np.int64)
-        return write_files(self.folder, {store.IVF_OFFSETS: offsets.tobytes(),
-                                         store.IVF_DOCS: docs[order].astype(np.int32).tobytes(),
-                                         store.IVF_CODES: np.ascontiguousarray(codes[order]).tobytes()})
+        return write_files(self.folder, {IVF_OFFSETS: offsets.tobytes(),
+                                         IVF_DOCS: docs[order].astype(np.int32).tobytes(),
+                                         IVF_CODES: np.ascontiguousarray(codes[order]).tobytes()})
 
     def _write_faiss(self, train_size: int, seed: int, progress: bool) -> dict[str, dict]:
         """faiss_ids.i64 and faiss.index over the kept tokens of the fp16 files just written."""
@@ -203,8 +210,8 @@ class SegmentWriter:
         from tqdm.auto import tqdm
 
         total = self.num_tokens
-        vectors = store._memmap(self.folder / store.VECTORS, np.float16, (total, self.dim))
-        kept = store._memmap(self.folder / store.KEPT, np.bool_, (total,))
+        vectors = _memmap(self.folder / VECTORS, np.float16, (total, self.dim))
+        kept = _memmap(self.folder / KEPT, np.bool_, (total,))
         faiss_ids = np.flatnonzero(np.asarray(kept)).astype(np.int64)
         index = new_faiss_index(self.dim, self.index_type)
         if not index.is_trained:
@@ -214,13 +221,13 @@ class SegmentWriter:
                 index.train(np.ascontiguousarray(vectors[faiss_ids[sample]], dtype=np.float32))
             except RuntimeError as err:
                 raise ValueError(f"index_type {self.index_type!r}: FAISS training on {count} kept token vectors "
-                                 f"failed ({store.faiss_error_message(err)}); use a smaller index or more "
+                                 f"failed ({faiss_error_message(err)}); use a smaller index or more "
                                  "documents") from None
         for start in tqdm(range(0, len(faiss_ids), _ADD_CHUNK), desc="faiss add", unit="chunk",
                           disable=not progress):
             index.add(np.ascontiguousarray(vectors[faiss_ids[start:start + _ADD_CHUNK]], dtype=np.float32))
         del vectors, kept
-        faiss.write_index(index, str(self.folder / store.FAISS_INDEX))
-        records = write_files(self.folder, {store.FAISS_IDS: faiss_ids.tobytes()})
-        records[store.FAISS_INDEX] = store.file_record(self.folder / store.FAISS_INDEX)
+        faiss.write_index(index, str(self.folder / FAISS_INDEX))
+        records = write_files(self.folder, {FAISS_IDS: faiss_ids.tobytes()})
+        records[FAISS_INDEX] = file_record(self.folder / FAISS_INDEX)
         return records

@@ -21,7 +21,9 @@ from typing import Iterable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from pyserini_aligner.index import store
+from pyserini_aligner.index.commit import new_name
+from pyserini_aligner.index.format import Manifest
+from pyserini_aligner.index.reader import StoredIndex
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def _link_tree(source: Path, target: Path) -> int:
     return copied
 
 
-def check_compatible(inputs: Sequence[Path], manifests: Sequence[store.Manifest]) -> None:
+def check_compatible(inputs: Sequence[Path], manifests: Sequence[Manifest]) -> None:
     """ValueError naming the input and the field where an input disagrees with the first one."""
     base = manifests[0]
     base_crcs = {name: record.get("crc32") for name, record in base.codec_files.items()}
@@ -113,7 +115,7 @@ def check_compatible(inputs: Sequence[Path], manifests: Sequence[store.Manifest]
 
 
 def merge_indexes(inputs: Sequence[str | os.PathLike], index_dir: str | os.PathLike, overwrite: bool = False,
-                  progress: bool = True) -> store.Manifest:
+                  progress: bool = True) -> Manifest:
     """Merge the indexes ``inputs`` (shards of one corpus, in order) into a new index at ``index_dir`` without
     re-encoding; returns its manifest. Segment files are hard-linked (copied where the file system refuses), so
     the inputs may be deleted afterwards. ValueError naming the input and field when they are not compatible."""
@@ -131,21 +133,21 @@ def merge_indexes(inputs: Sequence[str | os.PathLike], index_dir: str | os.PathL
                              f"{path}")
     if len(set(paths)) != len(paths):
         raise ValueError("--inputs: an index is named twice")
-    stores = [store.StoredIndex(p) for p in paths]  # checks each manifest and the small files (docids included)
+    stores = [StoredIndex(p) for p in paths]  # checks each manifest and the small files (docids included)
     manifests = [s.manifest for s in stores]
     check_compatible(paths, manifests)
     check_unique_docids([(str(p), s.docids, s.deleted) for p, s in zip(paths, stores)])
     corpora = {m.corpus for m in manifests}
 
-    def write(root: Path, generation: int) -> store.Manifest:
+    def write(root: Path, generation: int) -> Manifest:
         codec_dir, copied = None, 0
         if manifests[0].codec_dir:
-            codec_dir = store.new_name("codec", generation)
+            codec_dir = new_name("codec", generation)
             copied += _link_tree(paths[0] / manifests[0].codec_dir, root / codec_dir)
         segments = []
         todo = [(path, info) for path, m in zip(paths, manifests) for info in m.segments]
         for path, info in tqdm(todo, total=len(todo), unit="segment", desc="merge", disable=not progress):
-            name = store.new_name("seg", generation)
+            name = new_name("seg", generation)
             copied += _link_tree(path / info.name, root / name)
             segments.append(dataclasses.replace(info, name=name))
         if copied:

@@ -1,7 +1,7 @@
 """``python -m pyserini_aligner.search --index <dir> --topics <file|ir_datasets id> --output run.trec``
 
 Pyserini's search flags plus AligneR's knobs; an unknown flag is an error. ``python -m pyserini.search[.lucene]
---index <aligner index>`` lands here too (see ``pyserini_aligner.integration.hooks``), less the Lucene-only flags
+--index <aligner index>`` lands here too (see ``pyserini_aligner.pyserini_patches.hooks``), less the Lucene-only flags
 that it drops with a warning (``LUCENE_ONLY_FLAGS`` there).
 """
 from __future__ import annotations

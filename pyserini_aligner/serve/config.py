@@ -60,7 +60,7 @@ class ServeConfig:
 
     def check(self, source: dict[str, str] | None = None) -> "ServeConfig":
         """Raise ConfigError naming the flag (``source``: field -> its flag or variable) for a bad entry."""
-        from pyserini_aligner.index.store import is_index
+        from pyserini_aligner.index.format import is_index
 
         where = {"indexes": "--index", "bm25": "--bm25", "qrels": "--qrels", "batch_wait_ms": "--batch-wait-ms",
                  "max_batch": "--max-batch", "reload_s": "--reload-interval",

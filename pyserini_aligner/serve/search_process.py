@@ -72,7 +72,7 @@ def index_info(searcher) -> dict[str, Any]:
     size = sum(record["bytes"] for info in manifest.segments for record in info.files.values())
     size += sum(record["bytes"] for record in manifest.codec_files.values())
     return {"documents": searcher.num_docs, "generation": manifest.generation, "segments": len(manifest.segments),
-            "codec": manifest.codec, "model": manifest.model_name, "size_bytes": size, "device": searcher.device,
+            "codec": str(manifest.codec), "model": manifest.model_name, "size_bytes": size, "device": searcher.device,
             "strategy": str(searcher.strategy), "depth": searcher.max_candidates}
 
 

@@ -85,7 +85,7 @@ def watch_generation(process: SearchProcess, path: Path, name: str, interval_s: 
     """Reopen the index of ``process`` whenever the manifest at ``path`` names a generation other than the one it
     serves, checked every ``interval_s`` seconds (a thread); a manifest that cannot be read keeps the generation open
     and is logged."""
-    from pyserini_aligner.index.store import read_manifest
+    from pyserini_aligner.index.format import read_manifest
 
     def watch() -> None:
         while True:
@@ -357,7 +357,7 @@ class Registry:
 
     def get(self, name: str) -> ServedIndex | None:
         """The served index ``name``; an AligneR index folder not yet served is opened under its path."""
-        from pyserini_aligner.index.store import is_index
+        from pyserini_aligner.index.format import is_index
 
         served = self._served.get(name)
         if served is not None or not isinstance(name, str) or not is_index(name):

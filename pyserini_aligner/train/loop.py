@@ -25,7 +25,6 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import alignment_scores, parse_strategy
-from pyserini_aligner.checkpoints.make_default import SEED
 from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel, load_backbone
 from pyserini_aligner.resolve import UNTRAINED, load_model
 from pyserini_aligner.train.config import TrainConfig
@@ -33,6 +32,7 @@ from pyserini_aligner.train.data import BatchSampler, load_bundle, select
 from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, held_out_kl, ranking_kl
 from pyserini_aligner.train.teacher import WordpieceBM25, in_units_of, zscore_fusion
 from pyserini_aligner.train.validate import encode_ids, evaluate, pad_ids, score_all
+from pyserini_aligner.untrained import SEED
 
 log = logging.getLogger(__name__)
 STATE_FILE = "state.pt"

@@ -247,7 +247,7 @@ def check_search_flags(name: str, argv: list[str]) -> dict[str, int]:
 
 _PYSERINI_MAIN: dict[str, CodeType] = {}  # Pyserini's own __main__ code, run under guard_pyserini_main
 _GUARDED_MAINS = ("pyserini.search.faiss.__main__", "pyserini.search.hybrid.__main__")
-_STUB = "from pyserini_aligner.integration.hooks import {function} as _aligner_main\n_aligner_main({args})"
+_STUB = "from pyserini_aligner.pyserini_patches.hooks import {function} as _aligner_main\n_aligner_main({args})"
 
 
 def main_code(name: str, inner) -> CodeType | None:
@@ -433,7 +433,7 @@ def running_a_command() -> bool:
 def exec_hooked(name: str, inner, module: ModuleType) -> None:
     """Execute a hooked module with its hook around it."""
     if name == "pyserini.search":
-        from pyserini_aligner.integration import help_cache
+        from pyserini_aligner.pyserini_patches import help_cache
 
         command = help_cache.help_request()
         if command and help_cache.print_cached(command):
@@ -457,7 +457,7 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
             inner.exec_module(module)
         return
     if name.startswith("pyserini.server.") or name == "pyserini.encode.optional._uniir":
-        from pyserini_aligner.serve.pyserini_server import exec_server_module
+        from pyserini_aligner.pyserini_patches.server import exec_server_module
 
         exec_server_module(name, inner, module)
         return

@@ -1,0 +1,340 @@
+"""Checked read access to one committed generation of an index (:class:`StoredIndex`), segment by segment
+(:class:`Segment`), with the trained codec of a compressed index (:func:`load_codec`) and reusable scratch memory
+for gathering token vectors (:class:`Workspace`). Layout and manifest: :mod:`.format`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pyserini_aligner.index.codec_spec import PQ_CENTROIDS, CodecSpec
+from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES,
+                                           DOCIDS, FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT,
+                                           KEPT_BITS, MANIFEST, OFFSETS, SALIENCE, SMALL_FILE, TOKEN_CENTROIDS,
+                                           TOKEN_RESIDUALS, VECTORS, IndexFormatError, Manifest, SegmentInfo,
+                                           faiss_error_message, read_manifest)
+from pyserini_aligner.index.io import file_record
+
+
+def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Read-only memmap (an empty array for zero-size files, which numpy cannot map)."""
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+def _expected_sizes(seg: SegmentInfo, dim: int, pq_m: int, nlist: int, residual_m: int = 0) -> dict[str, int]:
+    n, t, k = seg.num_docs, seg.num_tokens, seg.num_kept
+    sizes = {OFFSETS: 8 * (n + 1)}
+    if pq_m:
+        sizes.update({TOKEN_CENTROIDS: 2 * t, TOKEN_RESIDUALS: t * (residual_m or pq_m), KEPT_BITS: (t + 7) // 8,
+                      IVF_OFFSETS: 8 * (nlist + 1), IVF_DOCS: 4 * k, IVF_CODES: k * pq_m})
+    else:
+        sizes.update({VECTORS: 2 * t * dim, SALIENCE: 4 * t, KEPT: t, FAISS_IDS: 8 * k})
+    if seg.deletes:
+        sizes[seg.deletes] = (n + 7) // 8
+    return sizes
+
+
+def _check_files(folder: Path, records: dict, sizes: dict[str, int], verify_all: bool) -> dict[str, Path]:
+    """Check presence, size (against the manifest's counts) and, for small files or ``verify_all``, the CRC32."""
+    paths = {}
+    for name, record in records.items():
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"index file missing: {path}")
+        size = path.stat().st_size
+        expected = sizes.get(name, record.get("bytes"))
+        if size != record.get("bytes") or size != expected:
+            raise IndexFormatError(f"{path}: {size} bytes, the manifest implies {expected} "
+                                   "(truncated or corrupt index file; rebuild the index)")
+        if (verify_all or size <= SMALL_FILE) and file_record(path)["crc32"] != record.get("crc32"):
+            raise IndexFormatError(f"{path}: checksum mismatch (corrupt index file; rebuild the index)")
+        paths[name] = path
+    missing = sorted(set(sizes) - set(records))
+    if missing:
+        raise IndexFormatError(f"{folder}: the manifest records no file(s) {missing}")
+    return paths
+
+
+class Segment:
+    """Read access to one segment's files (memory-mapped token data, docids, offsets, tombstones)."""
+
+    def __init__(self, root: Path, info: SegmentInfo, manifest: Manifest, pq_m: int, nlist: int,
+                 verify_all: bool = False, residual_m: int = 0):
+        """pq_m: bytes of a list entry's code; residual_m: bytes of a token's residual code (0: pq_m)."""
+        self.info, self.folder = info, root / info.name
+        sizes = _expected_sizes(info, manifest.dim, pq_m, nlist, residual_m)
+        paths = _check_files(self.folder, info.files, sizes, verify_all)
+        n, t, k, d = info.num_docs, info.num_tokens, info.num_kept, manifest.dim
+        self.offsets = np.fromfile(paths[OFFSETS], dtype=np.int64)
+        lengths = np.diff(self.offsets)
+        if self.offsets[0] != 0 or self.offsets[-1] != t or (lengths < 0).any():
+            raise IndexFormatError(f"{paths[OFFSETS]}: offsets are not a non-decreasing run from 0 to {t} "
+                                   "(corrupt index file)")
+        self.lengths = lengths
+        self.deleted = np.zeros(n, dtype=bool)
+        if info.deletes:
+            self.deleted = np.unpackbits(np.fromfile(paths[info.deletes], dtype=np.uint8), count=n).astype(bool)
+            if int(self.deleted.sum()) != info.num_deleted:
+                raise IndexFormatError(f"{paths[info.deletes]}: {int(self.deleted.sum())} tombstones, the manifest "
+                                       f"says {info.num_deleted}")
+        if pq_m:
+            self.centroid_ids = _memmap(paths[TOKEN_CENTROIDS], np.uint16, (t,))
+            self.residuals = _memmap(paths[TOKEN_RESIDUALS], np.uint8, (t, residual_m or pq_m))
+            self.kept_bits = np.fromfile(paths[KEPT_BITS], dtype=np.uint8)
+            self.ivf_offsets = np.fromfile(paths[IVF_OFFSETS], dtype=np.int64)
+            if self.ivf_offsets[0] != 0 or self.ivf_offsets[-1] != k or (np.diff(self.ivf_offsets) < 0).any():
+                raise IndexFormatError(f"{paths[IVF_OFFSETS]}: not a non-decreasing run from 0 to {k} (corrupt)")
+            self.ivf_docs = _memmap(paths[IVF_DOCS], np.int32, (k,))
+            self.ivf_codes = _memmap(paths[IVF_CODES], np.uint8, (k, pq_m))
+            self.vectors = self.salience = None
+        else:
+            self.vectors = _memmap(paths[VECTORS], np.float16, (t, d))
+            self.salience = _memmap(paths[SALIENCE], np.float32, (t,))
+            self.kept_bool = _memmap(paths[KEPT], np.bool_, (t,))
+            self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
+            if k and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= t):
+                raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {t})")
+        self.docids = _read_docids(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
+
+    @property
+    def kept(self) -> np.ndarray:
+        """bool [T]: tokens indexed for candidate generation."""
+        if self.vectors is not None:
+            return np.asarray(self.kept_bool)
+        return np.unpackbits(self.kept_bits, count=self.info.num_tokens).astype(bool)
+
+    def faiss_index(self):
+        """The segment's FAISS index (fp16 segments), checked against the manifest."""
+        import faiss
+
+        path = self.folder / FAISS_INDEX
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as err:
+            raise IndexFormatError(f"{path}: FAISS cannot read it ({faiss_error_message(err)})") from None
+        if index.ntotal != self.info.num_kept:
+            raise IndexFormatError(f"{path}: FAISS index holds {index.ntotal} vectors, the manifest says "
+                                   f"{self.info.num_kept}")
+        return index
+
+
+def _read_docids(path: Path, count: int) -> list[str]:
+    if not path.is_file():
+        raise FileNotFoundError(f"index file missing: {path}")
+    try:
+        docids = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as err:
+        raise IndexFormatError(f"{path}: not UTF-8 text ({err})") from None
+    if docids and docids[-1] == "":
+        docids.pop()
+    if len(docids) != count:
+        raise IndexFormatError(f"{path}: {len(docids)} docids, the manifest says {count}")
+    return docids
+
+
+def load_codec(index_dir: Path, manifest: Manifest, verify_all: bool = False):
+    """The index's ResidualCodec (None for fp16 indexes)."""
+    import torch
+
+    from pyserini_aligner.index.codec import ResidualCodec, dequantize_centroids
+
+    spec = manifest.codec
+    if not spec.compressed:
+        return None
+    if not manifest.codec_dir:
+        raise IndexFormatError(f"{index_dir / MANIFEST}: a compressed index needs field 'codec_dir'")
+    folder = index_dir / manifest.codec_dir
+    sizes = {CODEC_CENTROIDS: spec.nlist * manifest.dim, CODEC_SCALES: 4 * spec.nlist,
+             CODEC_CODEBOOKS: 4 * manifest.dim * PQ_CENTROIDS}
+    if spec.refine_m:
+        sizes[CODEC_REFINE_BOOKS] = 4 * manifest.dim * PQ_CENTROIDS
+    paths = _check_files(folder, manifest.codec_files, sizes, verify_all)
+    centroids = np.fromfile(paths[CODEC_CENTROIDS], dtype=np.int8).reshape(spec.nlist, manifest.dim)
+    scales = np.fromfile(paths[CODEC_SCALES], dtype=np.float32)
+    books = np.fromfile(paths[CODEC_CODEBOOKS], dtype=np.float32).reshape(spec.pq_m, PQ_CENTROIDS, -1)
+    refine = (torch.from_numpy(np.fromfile(paths[CODEC_REFINE_BOOKS], dtype=np.float32)
+                               .reshape(spec.refine_m, PQ_CENTROIDS, -1)) if spec.refine_m else None)
+    return ResidualCodec(dequantize_centroids(centroids, scales), torch.from_numpy(books), refine)
+
+
+class StoredIndex:
+    """Read access to one committed generation of an index: all its segments as one row space.
+
+    Document rows run over the segments in manifest order (deleted rows included; ``live`` marks the others), and
+    token positions likewise. A reader that opens while a writer commits retries on the newer manifest, so it never
+    sees a mixed state. ``verify=True`` also checks the CRC32 of the large token files.
+    """
+
+    def __init__(self, index_dir: str | os.PathLike, verify: bool = False):
+        self.index_dir = Path(index_dir)
+        for attempt in range(5):
+            try:
+                self._open(verify)
+                break
+            except (FileNotFoundError, IndexFormatError):
+                if attempt == 4 or not (self.index_dir / MANIFEST).is_file():
+                    raise
+                previous = getattr(self, "manifest", None)
+                if previous is not None and read_manifest(self.index_dir).generation == previous.generation:
+                    raise  # a real defect, not a concurrent commit
+                time.sleep(0.05)
+
+    def _open(self, verify: bool) -> None:
+        self.manifest = m = read_manifest(self.index_dir)
+        spec = m.codec
+        self.codec = load_codec(self.index_dir, m, verify)
+        self.segments = [Segment(self.index_dir, info, m, spec.pq_m, spec.nlist, verify, spec.refine_m)
+                         for info in m.segments]
+        counts = [s.info.num_docs for s in self.segments]
+        tokens = [s.info.num_tokens for s in self.segments]
+        self.row_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.token_base = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        self.offsets = np.concatenate([[0]] + [s.offsets[1:] + base for s, base in
+                                                zip(self.segments, self.token_base)]).astype(np.int64)
+        self.lengths = np.diff(self.offsets)
+        self.deleted = np.concatenate([s.deleted for s in self.segments]) if self.segments else np.zeros(0, bool)
+        self.live = ~self.deleted
+        self.live.flags.writeable = False  # one generation's documents: the count below stays true
+        self._num_live = int(self.live.sum())
+        self.docids = [docid for s in self.segments for docid in s.docids]
+        self._docid_rows: dict[str, int] | None = None
+        self._kept = None
+
+    @property
+    def codec_spec(self) -> CodecSpec:
+        """The index's codec (``manifest.codec``); ``codec_spec.compressed`` tells whether ``codec`` is set."""
+        return self.manifest.codec
+
+    @property
+    def num_docs(self) -> int:
+        """Document rows (deleted rows included; see ``live``)."""
+        return len(self.docids)
+
+    @property
+    def num_live(self) -> int:
+        """Documents not deleted."""
+        return self._num_live
+
+    def verify(self) -> None:
+        """Check every file's CRC32 (IndexFormatError naming the first corrupt file)."""
+        StoredIndex(self.index_dir, verify=True)
+
+    def row_of(self, docid: str) -> int | None:
+        """Row of live document ``docid`` (None when absent or deleted)."""
+        if self._docid_rows is None:
+            self._docid_rows = {d: row for row, d in enumerate(self.docids) if self.live[row]}
+        return self._docid_rows.get(docid)
+
+    @property
+    def kept(self) -> np.ndarray:
+        """bool [T] over all segments: tokens indexed for candidate generation."""
+        if self._kept is None:
+            self._kept = np.concatenate([s.kept for s in self.segments]) if self.segments else np.zeros(0, bool)
+        return self._kept
+
+    @property
+    def faiss_ids(self) -> np.ndarray:
+        """int64 [K]: global positions of the indexed tokens, in segment order."""
+        return np.flatnonzero(self.kept)
+
+    def doc_of_token(self, positions: np.ndarray) -> np.ndarray:
+        """Document row of each global token position (int64 array, same shape)."""
+        return np.searchsorted(self.offsets, positions, side="right") - 1
+
+    def _by_segment(self, positions: np.ndarray):
+        """(segment number, local positions, indices into ``positions``) for each segment holding some of them."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(self.segments) == 1:
+            yield 0, positions, slice(None)
+            return
+        seg_of = np.searchsorted(self.token_base, positions, side="right") - 1
+        for number in np.unique(seg_of):
+            where = np.flatnonzero(seg_of == number)
+            yield int(number), positions[where] - self.token_base[number], where
+
+    def token_codes(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(centroid ids [t] uint16, residual codes [t, R] uint8) at global ``positions`` (compressed indexes)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        ids = np.empty(len(positions), dtype=np.uint16)
+        codes = np.empty((len(positions), self.codec_spec.residual_m), dtype=np.uint8)
+        for number, local, where in self._by_segment(positions):
+            seg = self.segments[number]
+            ids[where], codes[where] = seg.centroid_ids[local], seg.residuals[local]
+        return ids, codes
+
+    def token_vectors(self, positions: np.ndarray, device="cpu"):
+        """float32 tensor [t, d] of the stored (decoded) vectors at global token ``positions`` [t]."""
+        import torch
+
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.codec_spec.compressed:
+            return self.codec.decode(*self.token_codes(positions), device=device)
+        out = np.empty((len(positions), self.manifest.dim), dtype=np.float32)
+        for number, local, where in self._by_segment(positions):
+            out[where] = self.segments[number].vectors[local]
+        return torch.from_numpy(out).to(device)
+
+    def token_salience(self, positions: np.ndarray) -> np.ndarray:
+        """float32 [t] stored saliences (ones for a compressed index, which stores none)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.codec_spec.compressed:
+            return np.ones(len(positions), dtype=np.float32)
+        out = np.empty(len(positions), dtype=np.float32)
+        for number, local, where in self._by_segment(positions):
+            out[where] = self.segments[number].salience[local]
+        return out
+
+    def token_layout(self, rows: np.ndarray, kept_only: bool = False):
+        """Token positions of documents ``rows``, flattened: (positions [t], owner [t] = index into rows,
+        within [t] = rank inside its document, lengths [len(rows)])."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, lengths = self.offsets[rows], self.lengths[rows]
+        owner = np.repeat(np.arange(len(rows)), lengths)
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        positions = np.repeat(starts, lengths) + within
+        if kept_only:
+            keep = self.kept[positions]
+            positions, owner = positions[keep], owner[keep]
+            lengths = np.bincount(owner, minlength=len(rows))
+            within = np.arange(len(positions)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return positions, owner, within, lengths
+
+    def gather(self, rows: np.ndarray, kept_only: bool = False, workspace: "Workspace | None" = None):
+        """Token vectors of documents ``rows`` as padded tensors.
+
+        Returns (vectors [B, m, d] float32, mask [B, m] bool, salience [B, m] float32); m = longest selected doc.
+        ``kept_only`` selects only the indexed tokens. With a ``workspace``, vectors is a view into its memory, valid
+        until the workspace's next use (saves page-faulting a fresh buffer on every call).
+        """
+        import torch
+
+        positions, owner, within, lengths = self.token_layout(rows, kept_only)
+        batch, width, d = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1), self.manifest.dim
+        vectors = workspace.take(batch, width, d) if workspace is not None else torch.empty(batch, width, d)
+        vectors.zero_()
+        vectors[torch.from_numpy(owner), torch.from_numpy(within)] = self.token_vectors(positions)
+        salience = np.zeros((batch, width), dtype=np.float32)
+        salience[owner, within] = self.token_salience(positions)
+        mask = torch.arange(width)[None, :] < torch.from_numpy(np.asarray(lengths))[:, None]
+        return vectors, mask, torch.from_numpy(salience)
+
+
+class Workspace:
+    """Reusable float32 scratch memory for :meth:`StoredIndex.gather` (one user at a time)."""
+
+    def __init__(self):
+        self._buffer = None
+
+    def take(self, *shape: int):
+        """A float32 tensor of ``shape`` over this workspace's memory (contents undefined)."""
+        import torch
+
+        size = int(np.prod(shape))
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = torch.empty(size)
+        return self._buffer[:size].view(*shape)

@@ -1,1 +1,0 @@
-"""Glue between pyserini-aligner and Pyserini's own modules and command lines."""
