@@ -198,8 +198,9 @@ class AlignerSearcher:
         graphed = self._graphed if model is getattr(self, "model", None) else None
         if model.device.type == "cuda" and graphed is None:
             graphed = self._capture_query_encoder(model)
+        width = int(store.lengths[store.live].max()) if store.num_live else 1  # the longest live document
         scoring = Scoring(strategy, self.refine_with, model.scores_with_salience, self.query_prune,
-                          int(store.lengths.max()) if store.num_docs else 1)  # documents pad to it in every shard
+                          width)  # documents pad to it in every shard
         previous = getattr(self, "engine", None)
         self.engine = open_backend(store, self.backend, self.devices, scoring, k_per_token=self.k_per_token,
                                    nprobe=self.nprobe, ef_search=self.ef_search, segments=self.segments,
@@ -312,7 +313,7 @@ class AlignerSearcher:
         nprobe = self.nprobe or self._default_nprobe
         if self.store.codec is not None:
             nlist = self.store.codec_spec.nlist
-            mean_list = max(self.manifest.num_kept / max(nlist, 1), 1.0)
+            mean_list = max(self.store.num_live_kept / max(nlist, 1), 1.0)  # deleted entries are never probed
             nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
         return per_token, nprobe, wide, limit
 
