@@ -240,6 +240,18 @@ def assert_same_ranking(got: list[tuple[str, float]], want: list[tuple[str, floa
     assert np.allclose([s for _, s in got], [s for _, s in want], rtol=rtol, atol=atol)
 
 
+def assert_same_run(got: Path, want: Path, atol: float = 2e-6) -> None:
+    """Two TREC run files: the same queries, each with the same docids in the same order (:func:`assert_same_ranking`)
+    and scores equal to float32 rounding as printed (6 decimals: a last bit of difference can change the sixth).
+    Runs of other processes or devices are compared so, never as text."""
+    from pyserini_aligner.trec import read_run
+
+    ours, theirs = read_run(got), read_run(want)
+    assert list(ours) == list(theirs)
+    for qid, hits in theirs.items():
+        assert_same_ranking(list(ours[qid].items()), list(hits.items()), atol=atol)
+
+
 def cli_error(main, *args) -> str:
     """The one line that a command line's ``main`` (run in this process on ``args``) prints when it fails with exit
     status 1, the run-time error convention; asserts that it does."""

@@ -23,7 +23,7 @@ from pyserini_aligner.index.live import AlignerIndex, DeleteReport
 from pyserini_aligner.search.searcher import AlignerSearcher
 from pyserini_aligner.trec import read_run
 
-from conftest import cli_error, killed_at, run_module
+from conftest import assert_same_ranking, cli_error, killed_at, make_beir_folder, run_module
 
 SCIFACT = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"  # set by conftest.py
 N_DOCS, N_EXTRA, WORDS = 80, 30, 40
@@ -31,7 +31,7 @@ NEW_TEXT = "Honeybee colony collapse disorder linked to neonicotinoid pesticide 
 
 
 def read_scifact() -> tuple[list[tuple[str, str]], list[str]]:
-    """(the first N_DOCS + N_EXTRA SciFact docs cut to WORDS words, the first 10 test queries)."""
+    """(the first N_DOCS + N_EXTRA SciFact docs cut to WORDS words, every test query)."""
     with zipfile.ZipFile(SCIFACT) as archive:
         docs = []
         with archive.open("scifact/corpus.jsonl") as lines:
@@ -42,7 +42,7 @@ def read_scifact() -> tuple[list[tuple[str, str]], list[str]]:
                     break
         test_qids = {row.split("\t")[0] for row in archive.read("scifact/qrels/test.tsv").decode().splitlines()[1:]}
         queries = [json.loads(line) for line in archive.read("scifact/queries.jsonl").decode().splitlines()]
-    return docs, [q["text"] for q in queries if q["_id"] in test_qids][:10]
+    return docs, [q["text"] for q in queries if q["_id"] in test_qids]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def extra(scifact):
 
 @pytest.fixture(scope="module")
 def queries(scifact):
-    return scifact[1]
+    return scifact[1][:10]
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +170,34 @@ def test_delete_then_compact_equals_build_without(tmp_path, grown, full, model, 
         assert (ours_dir / name).read_bytes() == (theirs_dir / name).read_bytes(), name
     assert ranking(index, model, queries) == expected
     assert unreferenced(index) == []
+
+
+@pytest.mark.parametrize("codec", ["IVF256,PQ8", "fp16"])
+def test_adds_and_deletes_rank_as_a_rebuild(tmp_path, model, scifact, codec):
+    """300 SciFact documents: the first half built, the second half added, every fourth document of both segments
+    deleted. Every SciFact test query ranks at k=100, through both backends (FAISS and torch), as over a rebuild of
+    the live documents from their stored codes or vectors (the index compacted into one segment without
+    tombstones: a build from the texts encodes them in other batches, where a vector can differ in its last bit):
+    deleted rows never take one of a probe's entries, and the depth (nprobe from the live inverted-list entries)
+    and the refinement width are those of the live documents."""
+    folder = make_beir_folder(tmp_path / "beir", n_docs=300, words=WORDS)
+    records = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
+    corpus = [(r["_id"], f"{r['title']} {r['text']}") for r in records]
+    index = tmp_path / "live"
+    build_index(corpus[:150], index, model, progress=False, model_name="aligner", codec=codec)
+    AlignerIndex(index, encoder=model).add(corpus[150:])
+    gone = {docid for docid, _ in corpus[::4]}
+    assert AlignerIndex(index, encoder=model).delete(sorted(gone)).deleted == len(gone)
+    rebuilt = copy_index(index, tmp_path / "rebuilt")
+    AlignerIndex(rebuilt).compact()
+    assert len(read_manifest(rebuilt).segments) == 1 and StoredIndex(rebuilt).live.all()
+    assert live_docids(index) == live_docids(rebuilt) == [doc for doc, _ in corpus if doc not in gone]
+    for backend in ("faiss", "torch"):
+        got = AlignerSearcher(index, encoder=model, backend=backend).rank(scifact[1], 100)
+        want = AlignerSearcher(rebuilt, encoder=model, backend=backend).rank(scifact[1], 100)
+        assert all(len(hits) == 100 for hits in want)
+        for ours, theirs in zip(got, want):
+            assert_same_ranking(ours, theirs)
 
 
 # ---------------------------------------------------------------- upsert

@@ -70,6 +70,7 @@ def test_compressed_probe_matches_faiss_search(tmp_path, model):
     from pyserini_aligner.index import build_index, read_json_collection
     from pyserini_aligner.index.live import AlignerIndex
     from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.search.codes import allowed_rows, row_selector
 
     index_dir = tmp_path / "idx"
     build_index(read_json_collection(REPO / "examples" / "quickstart" / "corpus"), index_dir, model, progress=False,
@@ -79,7 +80,7 @@ def test_compressed_probe_matches_faiss_search(tmp_path, model):
     probes = torch.from_numpy(np.random.default_rng(0).standard_normal((40, model.config.dim)).astype(np.float32))
     for per_token, nprobe in ((5, 1), (50, 4), (200, searcher.store.codec_spec.nlist)):
         scores, labels = searcher.engine.probe(probes, per_token, nprobe)
-        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=searcher.engine.live_selector())
+        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=row_selector(allowed_rows(searcher.store)))
         expected_scores, expected_labels = searcher.engine.index.search(probes.numpy(), per_token, params=params)
         assert np.array_equal(labels.numpy(), expected_labels)
         assert np.allclose(scores.numpy(), expected_scores, atol=1e-5)

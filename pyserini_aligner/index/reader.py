@@ -108,6 +108,14 @@ class Segment:
             return np.asarray(self.kept_bool)
         return np.unpackbits(self.kept_bits, count=self.info.num_tokens).astype(bool)
 
+    @property
+    def num_live_kept(self) -> int:
+        """Tokens of the live documents indexed for candidate generation."""
+        if not self.info.num_deleted:
+            return self.info.num_kept
+        per_doc = np.diff(np.concatenate([[0], np.cumsum(self.kept)])[self.offsets])  # [n] kept tokens a document
+        return int(per_doc[~self.deleted].sum())
+
     def faiss_index(self):
         """The segment's FAISS index (fp16 segments), checked against the manifest."""
         import faiss
@@ -204,6 +212,7 @@ class StoredIndex:
         self.docids = [docid for s in self.segments for docid in s.docids]
         self._docid_rows: dict[str, int] | None = None
         self._kept = None
+        self._num_live_kept: int | None = None
 
     @property
     def codec_spec(self) -> CodecSpec:
@@ -219,6 +228,14 @@ class StoredIndex:
     def num_live(self) -> int:
         """Documents not deleted."""
         return self._num_live
+
+    @property
+    def num_live_kept(self) -> int:
+        """Tokens of the live documents indexed for candidate generation (the inverted-list entries, or FAISS index
+        vectors, that a search can return), as a build of only those documents counts them in ``num_kept``."""
+        if self._num_live_kept is None:
+            self._num_live_kept = sum(s.num_live_kept for s in self.segments)
+        return self._num_live_kept
 
     def verify(self) -> None:
         """Check every file's CRC32 (IndexFormatError naming the first corrupt file)."""

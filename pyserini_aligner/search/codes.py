@@ -79,7 +79,7 @@ class CodeShard:
                                .astype(np.int64), self.device)
         self.lengths = self.offsets[1:] - self.offsets[:-1]
         self.kept = _tensor(np.concatenate([s.kept for s in segs]), self.device) if self.refine_kept else None
-        self.live = _tensor(np.concatenate([~s.deleted for s in segs]) if segs else np.zeros(0, bool), self.device)
+        self.allowed = _tensor(allowed_rows(store)[self.row_base:self.row_base + self.num_rows], self.device)
         self._build_ivf(segs, np.concatenate([[0], np.cumsum(rows)]))
 
     def pair_tables(self, paired: bool) -> None:
@@ -133,8 +133,9 @@ class CodeShard:
 
     # ------------------------------------------------------------------ step 1
     def probe(self, probes: Tensor, k_per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
-        """(scores [R, K] float32, global rows [R, K] int64) of each probe's K best live entries in its ``nprobe``
-        nearest lists, best first; −inf / −1 where fewer exist. probes [R, d]."""
+        """(scores [R, K] float32, global rows [R, K] int64) of each probe's K best entries of allowed rows
+        (:func:`allowed_rows`) in its ``nprobe`` nearest lists, best first; −inf / −1 where fewer exist.
+        probes [R, d]."""
         probes = probes.to(self.device, torch.float32)
         nprobe = min(nprobe, self.nlist)
         width = max(1, k_per_token)
@@ -156,13 +157,13 @@ class CodeShard:
 
     def _probe_entries(self, probes: Tensor, cval: Tensor, cidx: Tensor, span: int) -> tuple[Tensor, Tensor]:
         """(scores [r, span] float32, shard-local docs [r, span]) of every entry of each probe's lists, packed list
-        after list (:func:`pyserini_aligner.kernels.probe_entries`; −inf past a probe's entries and for dead
-        documents). probes [r, d], cval / cidx [r, P]: the probed lists' centroid scores and ids; span: the most
+        after list (:func:`pyserini_aligner.kernels.probe_entries`; −inf past a probe's entries and for rows
+        not allowed). probes [r, d], cval / cidx [r, P]: the probed lists' centroid scores and ids; span: the most
         entries a probe has."""
         r, nprobe = cidx.shape
         lut = torch.einsum("rms,mks->rmk", probes.view(r, self.m, -1), self.books).reshape(r, -1)  # [r, M·256]
         if kernels.available(self.device):
-            return kernels.probe_entries(lut, cval, cidx, self.ivf_offsets, self.ivf_codes, self.ivf_docs, self.live,
+            return kernels.probe_entries(lut, cval, cidx, self.ivf_offsets, self.ivf_codes, self.ivf_docs, self.allowed,
                                          torch.ones(r, dtype=torch.bool, device=self.device), span)
         scores = torch.full((r, span), -torch.inf, device=self.device)
         docs = torch.zeros((r, span), dtype=torch.long, device=self.device)
@@ -183,7 +184,7 @@ class CodeShard:
         score = cval.reshape(-1).index_select(0, cell) + residual
         doc = self.ivf_docs.index_select(0, pos).long()
         at = torch.arange(total, device=self.device) - first[owner * nprobe]  # packed position within the probe
-        scores[owner, at] = torch.where(self.live[doc], score, torch.full_like(score, -torch.inf))
+        scores[owner, at] = torch.where(self.allowed[doc], score, torch.full_like(score, -torch.inf))
         docs[owner, at] = doc
         return scores, docs
 
@@ -381,6 +382,34 @@ class CodeShard:
                 out[a:a + len(sums)] = 1.0 / row_norms(sums).clamp_min(1e-12)
             self._inverse_norms = out
         return self._inverse_norms
+
+
+def allowed_rows(store: StoredIndex) -> np.ndarray:
+    """bool [rows]: the document rows of ``store`` that a search may return (the live ones). Candidate generation
+    masks the other rows while it probes, in every backend (:meth:`CodeShard.probe`, :func:`row_selector` for FAISS's
+    scans, :func:`allowed_entries` for the token indexes of fp16 segments), so that they never take one of a probe's
+    K entries nor lower its K-th score: an index with deleted documents ranks as a build without them."""
+    return store.live
+
+
+def allowed_entries(store: StoredIndex, number: int, allowed: np.ndarray) -> np.ndarray | None:
+    """bool [K]: the entries of fp16 segment ``number``'s FAISS index (its kept tokens, by FAISS id) that belong to
+    ``allowed`` rows [rows]; None when every one does."""
+    seg = store.segments[number]
+    rows = store.doc_of_token(seg.faiss_ids + store.token_base[number])
+    entries = allowed[rows]
+    return None if entries.all() else entries
+
+
+def row_selector(allowed: np.ndarray):
+    """FAISS's selector (``IDSelectorBitmap``) of the ids i where ``allowed`` [N] (bool) is True, for a search's
+    ``SearchParameters.sel``: FAISS skips the other ids while it scans. The selector holds its bitmap."""
+    import faiss
+
+    bitmap = np.packbits(allowed, bitorder="little")
+    selector = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bitmap))
+    selector.referenced_objects = [bitmap]
+    return selector
 
 
 def probe_parts(entries: np.ndarray, budget: int):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pyserini_aligner.search.codes import row_selector
+
 _BLOCK_ELEMENTS = 1 << 24  # scores computed at once (64 MiB of float32)
 
 
@@ -30,19 +32,38 @@ def flat_vectors(index) -> np.ndarray | None:
     return faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
 
 
-def search_index(index, probes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def search_index(index, probes: np.ndarray, k: int,
+                 allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(scores [R, k] float32, labels [R, k] int64) as ``index.search(probes, k)``: each probe's k largest inner
     products, best first, label −1 where the index holds fewer than k vectors. A flat inner-product index is
-    searched with torch's products and FAISS's heaps (see the module); any other index by FAISS."""
+    searched with torch's products and FAISS's heaps (see the module); any other index by FAISS. ``allowed`` [ntotal]
+    (bool) or None (all): only the vectors it allows are searched (the others never take one of the k places)."""
     vectors = flat_vectors(index)
     if vectors is None:
-        return index.search(probes, k)
-    return flat_search(vectors, probes, k)
+        if allowed is None:
+            return index.search(probes, k)
+        return index.search(probes, k, params=selected(index, row_selector(allowed)))
+    return flat_search(vectors, probes, k, allowed)
 
 
-def flat_search(vectors: np.ndarray, probes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def selected(index, selector):
+    """FAISS search parameters of ``index`` (its nprobe for an IVF index, its efSearch for HNSW) with ``selector``."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return faiss.SearchParametersIVF(sel=selector, nprobe=ivf.nprobe)
+    hnsw = faiss.downcast_index(index)
+    if isinstance(hnsw, faiss.IndexHNSW):
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=hnsw.hnsw.efSearch)
+    return faiss.SearchParameters(sel=selector)
+
+
+def flat_search(vectors: np.ndarray, probes: np.ndarray, k: int,
+                allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(scores [R, k] float32, positions [R, k] int64) of each probe's k largest inner products with the rows of
-    ``vectors`` [N, d] float32, best first (−inf scores and −1 positions past N). probes [R, d] float32."""
+    ``vectors`` [N, d] float32 (only those that ``allowed`` [N] allows, when given), best first (−inf scores and −1
+    positions past them). probes [R, d] float32."""
     import faiss
 
     if k < 1:
@@ -62,6 +83,8 @@ def flat_search(vectors: np.ndarray, probes: np.ndarray, k: int) -> tuple[np.nda
     step = max(1024, _BLOCK_ELEMENTS // rows)
     for first in range(0, len(base), step):
         block = (query @ base[first:first + step].T).numpy()  # [rows, width], C-contiguous
+        if allowed is not None:
+            block[:, ~allowed[first:first + step]] = -np.inf  # never enters a heap
         heaps.addn(block.shape[1], faiss.swig_ptr(block), first, 0, rows)
     heaps.reorder()  # best first
     positions[~np.isfinite(scores) | (scores <= np.finfo(np.float32).min)] = -1

@@ -69,7 +69,7 @@ class StaticPlan:
         if kernels.available(probes.device):
             # the probe's entries packed list after list, in at most nprobe × the longest list's places
             score, docs = kernels.probe_entries(lut, cval, cidx, shard.ivf_offsets, shard.ivf_codes, shard.ivf_docs,
-                                                shard.live, valid, self.nprobe * self.cap)
+                                                shard.allowed, valid, self.nprobe * self.cap)
         else:
             score, docs = self._probe_torch(lut, cval, cidx, valid)
         flat = score.reshape(r, -1)
@@ -99,7 +99,7 @@ class StaticPlan:
             for m in range(1, shard.m):  # CodeShard.probe's order of additions
                 residual = residual + looked[..., m]
             entry = shard.ivf_docs[pos].long()
-            ok = (span < lengths) & shard.live[entry] & valid[part].view(-1, 1, 1)
+            ok = (span < lengths) & shard.allowed[entry] & valid[part].view(-1, 1, 1)
             score[part] = torch.where(ok, cval[part].unsqueeze(-1) + residual, torch.full_like(residual, -math.inf))
             docs[part] = entry
         return score, docs

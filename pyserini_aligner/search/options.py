@@ -189,7 +189,7 @@ class SearchOptions:
         nprobe = self.nprobe or DEPTH_DEFAULTS[device_kind(self.device)][1]
         if store.codec is not None:
             nlist = store.codec_spec.nlist
-            mean_list = max(store.manifest.num_kept / max(nlist, 1), 1.0)
+            mean_list = max(store.num_live_kept / max(nlist, 1), 1.0)  # deleted entries are never probed
             nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
         return Depth(per_token, nprobe, wide, limit)
 

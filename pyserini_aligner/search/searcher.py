@@ -99,8 +99,9 @@ class AlignerSearcher:
             raise ValueError(f"query_max_length {options.query_max_length} exceeds the model's {positions} positions")
         strategy = options.strategy or parse_strategy(store.manifest.default_strategy)  # the index's own
         graphed = graphed_query_encoder(model, options.query_max_length, self.graphed)
+        width = int(store.lengths[store.live].max()) if store.num_live else 1  # the longest live document
         scoring = Scoring(strategy, options.refine_with, model.scores_with_salience, options.query_prune,
-                          int(store.lengths.max()) if store.num_docs else 1)  # documents pad to it in every shard
+                          width)  # documents pad to it in every shard
         previous = self.engine
         engine = open_backend(store, options, scoring, searcher_class=type(self), encoder=self.encoder_arg)
         close_backend(previous)  # worker processes of the last generation

@@ -13,6 +13,7 @@ from pyserini_aligner.index.store import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
 from pyserini_aligner.search.candidates import merge_probes
+from pyserini_aligner.search.codes import allowed_entries, allowed_rows, row_selector
 from pyserini_aligner.search.flat import search_index
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
@@ -30,17 +31,18 @@ class FaissIVF(Staged):
         self.index = store.codec.faiss_index(parts)
         self.codes = SegmentCodes([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
             if store.segments else None
-        self._selector = None
+        allowed = allowed_rows(store)
+        self._selector = None if allowed.all() else row_selector(allowed)  # FAISS skips the other rows' entries
 
     def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
         """The coarse step (each probe's nprobe nearest centroids) on torch's BLAS, then FAISS scans the chosen
-        lists; deleted documents are skipped."""
+        lists, skipping the entries of rows that are not allowed."""
         import faiss
 
         x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
         params = faiss.SearchParametersIVF(nprobe=nprobe)
-        if not self.store.live.all():
-            params.sel = self.live_selector()
+        if self._selector is not None:
+            params.sel = self._selector
         lists_scores, lists = search_index(self.index.quantizer, x, nprobe)
         distances = np.empty((len(x), per_token), dtype=np.float32)
         labels = np.empty((len(x), per_token), dtype=np.int64)
@@ -48,15 +50,6 @@ class FaissIVF(Staged):
                                         faiss.swig_ptr(lists_scores), faiss.swig_ptr(distances),
                                         faiss.swig_ptr(labels), False, params)
         return torch.from_numpy(distances), torch.from_numpy(labels)
-
-    def live_selector(self):
-        """FAISS's selector of the live documents' rows (made once per generation)."""
-        import faiss
-
-        if self._selector is None:
-            self._bitmap = np.packbits(self.store.live, bitorder="little")
-            self._selector = faiss.IDSelectorBitmap(len(self.store.live), faiss.swig_ptr(self._bitmap))
-        return self._selector
 
     def interaction(self, q, q_mask, rows, valid) -> Tensor:
         return self.codes.interaction(q, q_mask, rows, valid)
@@ -75,6 +68,8 @@ class FaissFlat(Staged):
                  k_per_token: int):
         self.store, self.scoring, self.device, self.num_rows = store, scoring, torch.device("cpu"), store.num_docs
         self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
+        allowed = allowed_rows(store)
+        self._allowed = [allowed_entries(store, number, allowed) for number in range(len(store.segments))]
         self._workspace = Workspace()
         self._set_params(store, nprobe, ef_search, k_per_token)
 
@@ -98,12 +93,11 @@ class FaissFlat(Staged):
     def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
         x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
         parts = []
-        for (index, base), seg in zip(self.index, self.store.segments):
-            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)))
+        for (index, base), seg, allowed in zip(self.index, self.store.segments, self._allowed):
+            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)), allowed)
             found = labels >= 0  # a FAISS label is a position in the segment's faiss_ids, not a token position
             positions = seg.faiss_ids[np.where(found, labels, 0)] if index.ntotal else np.zeros_like(labels)
             rows = np.where(found, self.store.doc_of_token(positions + base), -1)
-            rows = np.where((rows >= 0) & self.store.live[np.maximum(rows, 0)], rows, -1)
             distances = np.where(rows >= 0, distances, -np.inf).astype(np.float32)
             parts.append((torch.from_numpy(distances), torch.from_numpy(rows)))
         return merge_probes(parts, per_token) if len(parts) > 1 else parts[0]

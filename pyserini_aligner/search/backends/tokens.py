@@ -16,6 +16,7 @@ from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.index.store import StoredIndex
 from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, no_clock
 from pyserini_aligner.search.options import Depth
+from pyserini_aligner.search.codes import allowed_rows
 
 _DECODE_CHUNK = 1 << 18  # tokens decoded at once when loading
 _MAX_ELEMENTS = 1 << 27  # bound on the largest intermediate tensor (similarities, padded candidate tokens)
@@ -36,7 +37,7 @@ class TorchTokenIndex:
             vectors[start:start + len(positions)] = store.token_vectors(positions, self.device).to(self.dtype)
         offsets = torch.from_numpy(np.asarray(store.offsets, dtype=np.int64)).to(self.device)
         kept = np.asarray(store.faiss_ids, dtype=np.int64)
-        kept = torch.from_numpy(kept[store.live[store.doc_of_token(kept)]]).to(self.device)  # live documents only
+        kept = torch.from_numpy(kept[allowed_rows(store)[store.doc_of_token(kept)]]).to(self.device)  # probed rows only
         self.num_docs = store.num_docs
         self.kept_vectors = vectors if len(kept) == total else vectors[kept]
         self.kept_docs = torch.searchsorted(offsets, kept, right=True) - 1  # doc row of each kept token
