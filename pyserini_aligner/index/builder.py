@@ -96,8 +96,8 @@ class DocidRegistry:
 def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str]]:
     """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
 
-    A document whose text is blank (empty, white space, NUL, zero-width or other invisible characters only) has
-    nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
+    A document whose text is blank (no letter or digit: empty, white space, NUL, zero-width or other invisible
+    characters, punctuation or symbols only; :func:`~pyserini_aligner.textio.is_blank`) has nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
     for position, item in enumerate(islice(corpus, max_docs), 1):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
             raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
@@ -116,8 +116,8 @@ def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry)
             continue
         yield docid, text
     if docids.blank:
-        log.warning("skipped %d document(s) with no text (empty, white space or invisible characters only), not "
-                    "indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
+        log.warning("skipped %d document(s) with no text (no letter or digit: empty, white space, punctuation or "
+                    "invisible characters only), not indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
                     ", ..." if docids.blank > len(docids.blank_docids) else "")
 
 
@@ -294,7 +294,11 @@ def write_index(target: Path, overwrite: bool, corpus_path, write: Callable[[Pat
     _remove_stale_work(target)
     held = _hold_signals()
     try:
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+        try:
+            work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+        except OSError as error:  # named by the user's path, not the hidden build folder's
+            raise OSError(f"index path {target}: can't create a folder in {target.parent} "
+                          f"({error.strerror or error})") from None
         faults.point("work-folder-made")
     except BaseException:
         _release_signals(held)
@@ -494,13 +498,13 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCode
         chunks.append(chunk)
         docs, buffered = docs + len(chunk.docids), buffered + chunk.num_tokens
         spec, need = size()
+    tokens = int(round(buffered / max(docs, 1) * total)) if total else None  # the corpus's, as sized
     if buffered < need:  # the stream ended inside the sample: size the codec from what it holds
         tokens = int(round(buffered / max(docs, 1) * max(total, docs))) if total else buffered
         spec = resolve_codec(codec, dim, tokens, max_bytes_per_token)
-        if isinstance(codec, AutoCodec) and tokens < SMALL_CORPUS_TOKENS:
-            log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
-                        "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist,
-                        tokens * dim * 2 / 1e6)
+    if isinstance(codec, AutoCodec) and tokens is not None and tokens < SMALL_CORPUS_TOKENS:
+        log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
+                    "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist, tokens * dim * 2 / 1e6)
     return chunks, spec
 
 

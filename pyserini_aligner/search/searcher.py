@@ -35,7 +35,7 @@ from pyserini_aligner.salience import prune_mask
 from pyserini_aligner.search.backends import Queries, Scoring, check_backend, default_backend, open_backend
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
 from pyserini_aligner.search.workers import text_parts
-from pyserini_aligner.textio import check_collection, is_blank
+from pyserini_aligner.textio import check_collection, check_unique_ids, is_blank
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +268,7 @@ class AlignerSearcher:
         check_collection(q_ids, "q_ids")
         if len(queries) != len(q_ids):
             raise ValueError(f"{len(queries)} queries but {len(q_ids)} q_ids")
+        check_unique_ids(q_ids, "q_ids")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         dense, prf = dense_result_classes()
@@ -326,6 +327,7 @@ class AlignerSearcher:
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
         if not live or self.store.num_live == 0:
             return query_vectors, hits
+        k = min(k, self.store.num_live)  # no more hits than live documents: a huge k must not size the buffers
         clock = self._clock()
         found = self.engine.search_texts([texts[i] for i in live], k, threads, vectors)
         if found is not None:

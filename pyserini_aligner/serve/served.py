@@ -32,17 +32,19 @@ def query_text(query: Any, max_chars: int) -> str:
     if not isinstance(query, str):
         raise RequestError("query must be a string or an object with a string query_txt")
     if is_blank(query):
-        raise RequestError("query is empty")
+        raise RequestError("query is empty (no letter or digit)")
     if len(query) > max_chars:
         raise RequestError(f"query is {len(query)} characters long; at most {max_chars} are accepted")
     return query
 
 
-def check_hits(k: Any, size: int, name: str) -> int:
+def check_hits(k: Any) -> int:
+    """A request's ``hits``: an integer >= 1 (more than the index holds gives them all, as the searchers and the
+    command lines do)."""
     if isinstance(k, bool) or not isinstance(k, int):
         raise RequestError(f"hits must be an integer, got {k!r}")
-    if not 1 <= k <= size:
-        raise RequestError(f"hits must be between 1 and {size} (the documents of index {name}), got {k}")
+    if k < 1:
+        raise RequestError(f"hits must be an integer >= 1, got {k}")
     return k
 
 
@@ -122,7 +124,7 @@ class ServedIndex:
     def search(self, query: Any, k: int, qid: str = "") -> dict[str, Any]:
         """Pyserini's search answer: {"query": {"qid", "query_txt"}, "candidates": [...]}."""
         text = query_text(query, self.config.max_query_chars)
-        found = self.hits(text, check_hits(k, self.size, self.name))
+        found = self.hits(text, min(check_hits(k), max(self.size, 1)))
         return {"query": {"qid": qid, "query_txt": text}, "candidates": candidates(self, found)}
 
     def document_or_none(self, docid: str) -> dict[str, str] | None:
@@ -194,7 +196,7 @@ class ServedAligner(ServedIndex):
         """:meth:`search` for an event loop: awaits the batch without holding a thread (the document texts, read from
         Lucene, are fetched in a worker thread)."""
         text = query_text(query, self.config.max_query_chars)
-        found = await self.batcher.submit_async(text, check_hits(k, self.size, self.name))
+        found = await self.batcher.submit_async(text, min(check_hits(k), max(self.size, 1)))
         answer = {"query": {"qid": qid, "query_txt": text}}
         if self.docs is None:
             return {**answer, "candidates": candidates(self, found)}
