@@ -129,7 +129,8 @@ def test_a_huge_k_through_pyserini_hybrid(index, topics, tmp_path):
     from pyserini_aligner.bm25 import build_lucene_index
     from pyserini_aligner.data import Doc
 
-    lucene = build_lucene_index([Doc(d["id"], d["contents"]) for d in scifact_docs(N_DOCS, 48)], tmp_path / "lucene")
+    docs = [Doc(d["id"], "", d["contents"]) for d in scifact_docs(N_DOCS, 48)]
+    lucene = build_lucene_index(docs, tmp_path / "lucene")
     result = run("-m", "pyserini.search.hybrid", "dense", "--index", index, "--encoder", "aligner", "sparse",
                  "--index", lucene, "fusion", "--alpha", "0.1", "run", "--topics", topics, "--output",
                  tmp_path / "hybrid.trec", "--hits", HUGE)
@@ -153,7 +154,7 @@ def test_pyserini_faiss_flags_that_do_not_apply_to_aligner(index, topics, tmp_pa
                  "--output", flagged, "--query-prefix", "query: ", "--pooling", "mean", "--l2-norm")
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in messages(result.stderr) if line.startswith("warning:")]
-    assert warnings == ["warning: ignoring flags that do not apply to the AligneR encoder: --query-prefix query: "
+    assert warnings == ["warning: ignoring flags that do not apply to the AligneR encoder: --query-prefix 'query: ' "
                         "--pooling mean --l2-norm"]
     assert read_run(flagged) == read_run(plain)
 
@@ -217,10 +218,13 @@ def test_serve_ports_ready_line_hit_cap_and_bm25_checks(index, tmp_path):
         ready = re.search(r"^INFO pyserini_aligner.serve: serving REST on http://127\.0\.0\.1:(\d+)$",
                           lines[-1].strip() if lines else "")
         assert ready and int(ready.group(1)) > 0, "".join(lines)[-3000:]
-        answer = requests.get(f"http://127.0.0.1:{ready.group(1)}/v1/indexes/sci/search",
-                              params={"query": QUERIES["q1"], "hits": 10 ** 9}, timeout=120)
+        answer = requests.post(f"http://127.0.0.1:{ready.group(1)}/v1/indexes/sci/search",
+                               json={"query": QUERIES["q1"], "hits": 10 ** 9}, timeout=120)
         assert answer.status_code == 200, answer.text
-        assert len(answer.json()["candidates"]) == N_DOCS
+        from pyserini_aligner.search import AlignerSearcher
+
+        want = [hit.docid for hit in AlignerSearcher(index).search(QUERIES["q1"], k=N_DOCS)]
+        assert [hit["docid"] for hit in answer.json()["candidates"]] == want
     finally:
         timer.cancel()
         server.terminate()

@@ -314,7 +314,9 @@ def complete_aligner_flags(name: str, argv: list[str]) -> list[str]:
     if aligner_index or _is_aligner_encoder(encoder or ""):
         _, ignored = split_lucene_only(dense, ALIGNER_IGNORED_FLAGS)
         if ignored:
-            print(f"warning: ignoring flags that do not apply to the AligneR encoder: {' '.join(ignored)}",
+            import shlex
+
+            print(f"warning: ignoring flags that do not apply to the AligneR encoder: {shlex.join(ignored)}",
                   file=sys.stderr)
     return argv
 
