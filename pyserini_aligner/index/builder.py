@@ -97,7 +97,8 @@ def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry)
     """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
 
     A document whose text is blank (no letter or digit: empty, white space, NUL, zero-width or other invisible
-    characters, punctuation or symbols only; :func:`~pyserini_aligner.textio.is_blank`) has nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
+    characters, punctuation or symbols only; :func:`~pyserini_aligner.textio.is_blank`) has nothing to index: it is
+    skipped, counted in ``docids.blank`` and named in one warning at the end."""
     for position, item in enumerate(islice(corpus, max_docs), 1):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
             raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
