@@ -35,6 +35,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(number: int, frame) -> None:
+    """SIGTERM handler of :func:`run_main`."""
     raise Terminated()
 
 
@@ -61,7 +62,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def port(text: str) -> int:
+def port_number(text: str) -> int:
     """argparse ``type``: a TCP port, 0 to 65535 (0: any free port, chosen by the system)."""
     try:
         value = int(text)

@@ -311,7 +311,7 @@ def complete_aligner_flags(name: str, argv: list[str]) -> list[str]:
               file=sys.stderr)
         at = argv.index("dense") + 1 if hybrid else len(argv)
         argv = [*argv[:at], "--encoder", encoder, *argv[at:]]
-    if aligner_index or _is_aligner_encoder(encoder or ""):
+    if aligner_index or (encoder is not None and _is_aligner_encoder(encoder)):
         _, ignored = split_lucene_only(dense, ALIGNER_IGNORED_FLAGS)
         if ignored:
             import shlex

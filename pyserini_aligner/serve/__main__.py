@@ -11,7 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, device, non_negative, port, positive_int, run_main
+from pyserini_aligner.cli import (HelpFormatter, add_quiet_flag, device, non_negative, port_number, positive_int,
+                                  run_main)
 from pyserini_aligner.serve.config import (DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUERY_CHARS,
                                            DEFAULT_RELOAD_S, ENV_CONCURRENCY, ConfigError, ServeConfig, configure,
                                            parse_pair)
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                         help="with --mcp: stdio (the client starts the server) or http")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=port, default=None,
+    parser.add_argument("--port", type=port_number, default=None,
                         help="port to listen on, 0 for any free port (default: 8081 for --rest, 8000 for --mcp, as "
                              "Pyserini's)")
     add_quiet_flag(parser)
