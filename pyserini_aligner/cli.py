@@ -8,7 +8,9 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 USAGE_EXIT = 2  # a flag value or combination that can't work (argparse's own status)
 ERROR_EXIT = 1  # the command failed while it ran
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+TERMINATED_EXIT = 143  # 128 + SIGTERM, as a shell reports a process ended by kill
 RUN_TIME_ERRORS = (ValueError, OSError, RuntimeError, ImportError)  # one line, no traceback; others are bugs
 _NOISY_LOGGERS = ("faiss", "faiss.loader", "matplotlib", "urllib3", "httpx", "filelock")
 
@@ -24,6 +27,16 @@ _NOISY_LOGGERS = ("faiss", "faiss.loader", "matplotlib", "urllib3", "httpx", "fi
 class UsageError(ValueError):
     """A flag value or combination that can't work, found after argparse parsed the flags: one line naming the flag
     and exit status 2, as argparse's own errors."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt (a subclass of it), so that whatever
+    cleans up after Ctrl-C (a build's temporary folder, a temporary run file) cleans up after it too."""
+
+
+def _raise_terminated(number: int, frame) -> None:
+    """SIGTERM handler of :func:`run_main`."""
+    raise Terminated()
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -46,6 +59,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse ``type``: a TCP port, 0 to 65535 (0: any free port, chosen by the system)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
     return value
 
 
@@ -175,14 +199,20 @@ def run_main(parse: Callable[[list[str] | None], argparse.Namespace],
       (``error: <message>``);
     - 1 for a run-time error (ValueError, OSError, RuntimeError, ImportError): ``error: <message>`` on one line, no
       traceback (any other exception is a bug, and shows its traceback);
-    - 130 for Ctrl-C (``interrupted``).
+    - 130 for Ctrl-C (``interrupted``), 143 for SIGTERM (``terminated``; handled as Ctrl-C while the command runs
+      in the main thread).
     """
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         args = parse(argv)
         configure_logging(bool(getattr(args, "quiet", False)), timestamps)
         return command(args) or 0
     except SystemExit as stop:  # --help, argparse's usage error (already printed), or the command's own exit
         return exit_status(stop.code)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return TERMINATED_EXIT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT
@@ -192,3 +222,6 @@ def run_main(parse: Callable[[list[str] | None], argparse.Namespace],
     except RUN_TIME_ERRORS as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return ERROR_EXIT
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

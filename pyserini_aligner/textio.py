@@ -8,21 +8,22 @@ import os
 import unicodedata
 import uuid
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterable, Iterator, Sequence
 
 
 class InputError(ValueError):
     """Bad input file; the message names the file and line."""
 
 
-_BLANK_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})  # controls (NUL), zero-width/format, separators
-_FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")  # Hangul fillers and the blank Braille pattern
+_FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers: blank, though of a letter's category
 
 
 def is_blank(text: str) -> bool:
-    """True for a text with nothing to index or search: only white space, control characters (NUL), format
-    characters (zero-width spaces and joiners, BOM, soft hyphen, direction marks) and blank fillers."""
-    return all(c.isspace() or c in _FILLERS or unicodedata.category(c) in _BLANK_CATEGORIES for c in text)
+    """True for a text with nothing to index or search: no letter or digit (of any script; Unicode categories L and
+    N), only white space, control characters (NUL), format characters (zero-width spaces and joiners, BOM, soft
+    hyphen, direction marks), blank fillers, punctuation and symbols. Indexed, a document "..." would be the tokens of
+    its punctuation and special tokens, which match every query's."""
+    return not any(unicodedata.category(c)[0] in "LN" and c not in _FILLERS for c in text)
 
 
 def check_collection(value, name: str) -> None:
@@ -31,6 +32,17 @@ def check_collection(value, name: str) -> None:
     if isinstance(value, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a list or other collection, not a single {type(value).__name__}; "
                         f"wrap one item in a list: [{value!r:.60}]")
+
+
+def check_unique_ids(ids: Sequence[str], name: str) -> None:
+    """ValueError naming the first id of ``ids`` (query ids of a batch) given twice: results are keyed by id, so the
+    later query's would silently replace the earlier one's."""
+    first: dict[str, int] = {}
+    for position, value in enumerate(ids):
+        if value in first:
+            raise ValueError(f"{name}: {value!r} is given twice (positions {first[value]} and {position}); each query "
+                             "needs its own id, else its results would replace the other's")
+        first[value] = position
 
 
 def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:

@@ -34,17 +34,23 @@ def check_qid(qid: str, where: str) -> str:
 
 def check_tsv_qids(path: str | os.PathLike) -> None:
     """:func:`check_qid` on the query id (text before the first tab) of every line of a TSV topics file, for topics
-    that Pyserini's own readers parse (they take such ids as they are); lines without a tab are left to them."""
+    that Pyserini's own readers parse (they take such ids as they are, and a repeated id silently replaces the
+    earlier query: refused here as :func:`read_topics_file` refuses it); lines without a tab are left to them."""
+    lines: dict[str, int] = {}
     for number, line in text_lines(path):
         if "\t" in line:
-            check_qid(line.split("\t", 1)[0].strip(), f"{path}, line {number}")
+            _note_line(lines, check_qid(line.split("\t", 1)[0].strip(), f"{path}, line {number}"), path, number)
 
 
-def _add(topics: Topics, lines: dict[str, int], qid: str, text: str, path, number: int) -> None:
-    check_qid(qid, f"{path}, line {number}")
+def _note_line(lines: dict[str, int], qid: str, path, number: int) -> None:
+    """Record that ``qid`` is given on line ``number``; InputError naming both lines when it was given before."""
     if qid in lines:
         raise InputError(f"{path}, line {number}: query id {qid!r} already given on line {lines[qid]}")
     lines[qid] = number
+
+
+def _add(topics: Topics, lines: dict[str, int], qid: str, text: str, path, number: int) -> None:
+    _note_line(lines, check_qid(qid, f"{path}, line {number}"), path, number)
     topics[qid] = text
 
 

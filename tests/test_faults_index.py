@@ -222,7 +222,8 @@ def test_blank_documents_are_skipped_with_a_warning(tmp_path, model, caplog):
     with caplog.at_level("WARNING"):
         manifest = build_index(docs[:4] + blank + docs[4:], tmp_path / "idx", model, progress=False,
                                model_name="aligner")
-    assert ("skipped 6 document(s) with no text (empty, white space or invisible characters only), not indexed: "
+    assert ("skipped 6 document(s) with no text (no letter or digit: empty, white space, punctuation or invisible "
+            "characters only), not indexed: "
             "blank-empty, blank-spaces, blank-nul, blank-zero-width, blank-format, ...") in caplog.text
     assert StoredIndex(tmp_path / "idx").docids == [d for d, _ in docs]
     assert manifest.num_docs == 8 and manifest.num_empty == 6

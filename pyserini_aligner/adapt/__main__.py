@@ -79,7 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _signed(value: float) -> str:
+NO_TEST = ": one query gives no test"
+
+
+def _signed(choice: Choice, candidate, note: str = "") -> str:
+    """The t-statistic of ``candidate``'s gain as printed: "n/a" (and ``note``) for one query, which has no spread
+    to test against."""
+    value = choice.t_values[candidate]
+    if choice.queries < 2:
+        return "n/a" + note
     return f"{value:+.2f}" if abs(value) != float("inf") else ("+inf" if value > 0 else "-inf")
 
 
@@ -90,7 +98,7 @@ def format_table(choice: Choice) -> str:
     lines = [f"{'checkpoint':<{width}} {'strategy':<14} {METRIC:>8} {'gain':>8} {'t':>6} {'p':>7}   "
              f"({choice.queries} queries)"]
     for c, value in choice.means.items():
-        cells = ("", "", "") if c == choice.baseline else (f"{choice.gain(c):+.4f}", _signed(choice.t_values[c]),
+        cells = ("", "", "") if c == choice.baseline else (f"{choice.gain(c):+.4f}", _signed(choice, c),
                                                           f"{choice.p_values[c]:.4f}")
         marks = [m for m, on in (("current", c == choice.baseline), ("chosen", c == choice.chosen)) if on]
         lines.append(f"{c.checkpoint:<{width}} {c.strategy:<14} {value:>8.4f} {cells[0]:>8} {cells[1]:>6} "
@@ -104,12 +112,12 @@ def verdict(choice: Choice, alpha: float, min_gain: float) -> str:
     rule = f"max-T over the {tried} pairs tried"
     if choice.changed:
         c = choice.chosen
-        return (f"replacing {choice.baseline}: {c} gains {choice.gain(c):+.4f} (t = {_signed(choice.t_values[c])}) "
+        return (f"replacing {choice.baseline}: {c} gains {choice.gain(c):+.4f} (t = {_signed(choice, c, NO_TEST)}) "
                 f"with p = {choice.p_values[c]:.4f} (>= {min_gain:g} and p <= {alpha:g}; {rule})")
     if best == choice.baseline:
         return f"keeping {choice.baseline}: no candidate beats it"
     return (f"keeping {choice.baseline}: the best, {best}, gains {choice.gain():+.4f} (t = "
-            f"{_signed(choice.t_values[best])}) with p = {choice.p_values[best]:.4f} (needs >= {min_gain:g} and "
+            f"{_signed(choice, best, NO_TEST)}) with p = {choice.p_values[best]:.4f} (needs >= {min_gain:g} and "
             f"p <= {alpha:g}; {rule})")
 
 

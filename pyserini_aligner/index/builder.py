@@ -276,13 +276,13 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCode
         chunks.append(chunk)
         docs, buffered = docs + len(chunk.docids), buffered + chunk.num_tokens
         spec, need = size()
+    tokens = int(round(buffered / max(docs, 1) * total)) if total else None  # the corpus's, as sized
     if buffered < need:  # the stream ended inside the sample: size the codec from what it holds
         tokens = int(round(buffered / max(docs, 1) * max(total, docs))) if total else buffered
         spec = resolve_codec(codec, dim, tokens, max_bytes_per_token)
-        if isinstance(codec, AutoCodec) and tokens < SMALL_CORPUS_TOKENS:
-            log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
-                        "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist,
-                        tokens * dim * 2 / 1e6)
+    if isinstance(codec, AutoCodec) and tokens is not None and tokens < SMALL_CORPUS_TOKENS:
+        log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
+                    "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist, tokens * dim * 2 / 1e6)
     return chunks, spec
 
 

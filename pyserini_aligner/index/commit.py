@@ -182,7 +182,11 @@ def write_index(target: Path, overwrite: bool, corpus_path, write: Callable[[Pat
     _remove_stale_work(target)
     held = _hold_signals()
     try:
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+        try:
+            work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+        except OSError as error:  # named by the user's path, not the hidden build folder's
+            raise OSError(f"index path {target}: can't create a folder in {target.parent} "
+                          f"({error.strerror or error})") from None
         faults.point("work-folder-made")
     except BaseException:
         _release_signals(held)

@@ -211,8 +211,9 @@ class DocidRegistry:
 def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str]]:
     """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
 
-    A document whose text is blank (empty, white space, NUL, zero-width or other invisible characters only) has
-    nothing to index: it is skipped, counted in ``docids.blank`` and named in one warning at the end."""
+    A document whose text is blank (no letter or digit: empty, white space, NUL, zero-width or other invisible
+    characters, punctuation or symbols only; :func:`~pyserini_aligner.textio.is_blank`) has nothing to index: it is
+    skipped, counted in ``docids.blank`` and named in one warning at the end."""
     for position, item in enumerate(islice(corpus, max_docs), 1):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
             raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
@@ -231,6 +232,6 @@ def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry)
             continue
         yield docid, text
     if docids.blank:
-        log.warning("skipped %d document(s) with no text (empty, white space or invisible characters only), not "
-                    "indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
+        log.warning("skipped %d document(s) with no text (no letter or digit: empty, white space, punctuation or "
+                    "invisible characters only), not indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),
                     ", ..." if docids.blank > len(docids.blank_docids) else "")

@@ -38,6 +38,12 @@ LUCENE_ONLY_FLAGS: dict[str, int | str] = {
     "--stopwords": 1, "--fields": "+", "--dismax": 0, "--dismax.tiebreaker": 1, "--remove-duplicates": 0,
 }
 
+# Query-encoder flags of ``python -m pyserini.search.faiss`` (and the dense section of ``hybrid``) that an AligneR
+# encoder has no use for: it keeps one unit vector per query token (no pooling, no normalisation to ask for), adds
+# its own query marker (no prefix) and uses its model's tokenizer. With AligneR in the path they are named in one
+# warning line; the run is the one without them. Flag -> number of values it takes.
+ALIGNER_IGNORED_FLAGS: dict[str, int | str] = {"--query-prefix": 1, "--pooling": 1, "--l2-norm": 0, "--tokenizer": 1}
+
 
 def is_aligner_index(path: str | os.PathLike) -> bool:
     """True when ``path`` is a folder holding a pyserini-aligner index manifest."""
@@ -62,13 +68,14 @@ def is_aligner_checkpoint(path: str | os.PathLike) -> bool:
     return isinstance(data, dict) and _CHECKPOINT_KEYS <= data.keys()
 
 
-def split_lucene_only(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``argv`` less the LUCENE_ONLY_FLAGS and their values, and what was taken out."""
+def split_lucene_only(argv: list[str], flags: dict[str, int | str] = LUCENE_ONLY_FLAGS
+                      ) -> tuple[list[str], list[str]]:
+    """``argv`` less the ``flags`` (LUCENE_ONLY_FLAGS) and their values, and what was taken out."""
     kept, dropped, position = [], [], 0
     while position < len(argv):
         arg = argv[position]
         name, has_value = arg.split("=", 1)[0], "=" in arg
-        arity = LUCENE_ONLY_FLAGS.get(name)
+        arity = flags.get(name)
         if arity is None:
             kept.append(arg)
             position += 1
@@ -133,7 +140,15 @@ def register_checkpoint_encoders(encode: ModuleType, folders: list[str]) -> None
 
 
 def _is_aligner_encoder(encoder) -> bool:
+    """An AligneR query encoder object, or a name Pyserini would make one of (a shipped checkpoint, a folder)."""
+    if isinstance(encoder, (str, os.PathLike)):
+        return str(encoder) in SHIPPED or is_aligner_checkpoint(encoder)
     return type(encoder).__module__ == "pyserini_aligner.encoders"
+
+
+def missing_index(where: str) -> str:
+    """The error for an index folder that does not exist (``where``: its flag or argument and its value)."""
+    return f"{where}: no such folder (an AligneR index is a folder written by python -m pyserini_aligner.index)"
 
 
 def patch_faiss_searcher(searcher_module: ModuleType) -> None:
@@ -146,7 +161,10 @@ def patch_faiss_searcher(searcher_module: ModuleType) -> None:
             from pyserini_aligner.search.searcher import AlignerSearcher
 
             return AlignerSearcher.from_pyserini(index_dir, *args, **{**_SEARCHER_KNOBS, **kwargs})
-        if _is_aligner_encoder(args[0] if args else kwargs.get("query_encoder")):
+        aligner_encoder = _is_aligner_encoder(args[0] if args else kwargs.get("query_encoder"))
+        if aligner_encoder and isinstance(index_dir, (str, os.PathLike)) and not Path(index_dir).exists():
+            raise ValueError(missing_index(f"index_dir {str(index_dir)!r}"))
+        if aligner_encoder:
             raise ValueError(f"{index_dir} is not a pyserini-aligner index: the aligner encoder gives one vector per "
                              "token and needs an index built by python -m pyserini_aligner.index (a plain FAISS "
                              "index needs a single-vector --encoder)")
@@ -177,6 +195,21 @@ def _argv_uses_aligner() -> bool:
     or an AligneR checkpoint folder (hybrid runs have two --index flags)."""
     return (any(encoder in SHIPPED for encoder in _argv_encoders()) or bool(_argv_checkpoints())
             or any(is_aligner_index(index) for index in _argv_indexes()))
+
+
+def _argv_misspelt_index(name: str) -> bool:
+    """The dense --index of ``python -m pyserini.search.faiss`` / ``hybrid`` (``name``) names neither a path nor one
+    of Pyserini's prebuilt FAISS indexes (a misspelt folder, AligneR's or not): Pyserini would fail on it with a
+    traceback, or print "Unrecognized index name" and exit 0, leaving an earlier run in place."""
+    argv = sys.argv[1:]
+    if name == "pyserini.search.hybrid.__main__":
+        argv = command_sections(argv, ("dense", "sparse", "fusion", "run")).get("dense", [])
+    index = flag_value(argv, "--index")
+    if index is None or Path(index).exists():
+        return False
+    from pyserini.prebuilt_index_info import FAISS_INDEX_INFO
+
+    return index not in FAISS_INDEX_INFO and index not in _PYSERINI_FAISS_ALIASES
 
 
 def _asks_help() -> bool:
@@ -221,19 +254,19 @@ def check_search_flags(name: str, argv: list[str]) -> dict[str, int]:
     where = "dense " if hybrid else ""
     index, encoder = flag_value(dense, "--index"), flag_value(dense, "--encoder")
     if index is not None and not Path(index).exists():
-        raise UsageError(f"{where}--index {index}: no such folder (an AligneR index is a folder written by python "
-                         "-m pyserini_aligner.index)")
+        raise UsageError(missing_index(f"{where}--index {index}"))
     if (index is not None and is_aligner_index(index) and encoder is not None and encoder not in SHIPPED
             and not Path(encoder).is_dir() and not in_hub_cache(encoder)):
         raise UsageError(f"{where}--encoder {encoder}: not a shipped AligneR checkpoint ({', '.join(SHIPPED)}), "
                          "a checkpoint folder or a model in the local Hugging Face cache")
     sparse_index = flag_value(sparse, "--index")
-    if sparse_index is not None and is_aligner_index(sparse_index):
-        raise UsageError(f"sparse --index {sparse_index} is an AligneR index; give it as the dense index (dense "
-                         f"--index {sparse_index} --encoder aligner) and a Lucene index as the sparse one")
-    if sparse_index is not None and Path(sparse_index).is_dir() and not any(Path(sparse_index).glob("segments_*")):
-        raise UsageError(f"sparse --index {sparse_index} is not a Lucene index (it holds no segments_N file); "
-                         "build one with python -m pyserini.index.lucene")
+    if sparse_index is not None:
+        from pyserini_aligner.serve.config import lucene_index_problem
+
+        problem = lucene_index_problem(sparse_index, f"dense --index {sparse_index} --encoder aligner",
+                                       "the sparse one")
+        if problem:
+            raise UsageError(f"sparse --index {sparse_index} {problem}")
     knobs: dict[str, int] = {}
     max_length = flag_value(dense, "--max-length")
     if max_length is not None and (encoder in SHIPPED or is_aligner_checkpoint(encoder or "")
@@ -245,6 +278,51 @@ def check_search_flags(name: str, argv: list[str]) -> dict[str, int]:
     return knobs
 
 
+def index_model_name(index: str) -> str:
+    """The model an AligneR index was built with, as its manifest records it ("" for an in-memory model)."""
+    try:
+        name = json.loads((Path(index) / MANIFEST).read_text(encoding="utf-8")).get("model_name")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return name if isinstance(name, str) else ""
+
+
+def complete_aligner_flags(name: str, argv: list[str]) -> list[str]:
+    """``argv`` of ``python -m pyserini.search.faiss`` / ``hybrid`` (``name``) with AligneR in the path, completed:
+    without ``--encoder`` (and without ``--encoded-queries``), an AligneR dense index is searched with the model it
+    records, as ``--encoder <model>`` (one note on stderr; Pyserini alone looks for pre-encoded queries of the topics
+    and fails); query-encoder flags that an AligneR encoder ignores (:data:`ALIGNER_IGNORED_FLAGS`) are named in one
+    warning line. UsageError for ``--encoded-queries`` with an AligneR index (its queries are encoded per token by
+    the index's model)."""
+    hybrid = name == "pyserini.search.hybrid.__main__"
+    sections = command_sections(argv, ("dense", "sparse", "fusion", "run")) if hybrid else {"dense": argv}
+    dense, where = sections.get("dense", []), "dense " if hybrid else ""
+    index, encoder = flag_value(dense, "--index"), flag_value(dense, "--encoder")
+    aligner_index = index is not None and is_aligner_index(index)
+    if aligner_index and flag_value(dense, "--encoded-queries") is not None:
+        raise UsageError(f"{where}--encoded-queries: an AligneR index is searched with one vector per query token, "
+                         "encoded by its own model from the query text; leave --encoded-queries out")
+    if aligner_index and encoder is None:
+        encoder = index_model_name(index)
+        if not encoder:
+            raise UsageError(f"{where}--index {index} records no model name (built with an in-memory model): give "
+                             "--encoder with the checkpoint folder it was built with")
+        print(f"pyserini-aligner: {where}--encoder {encoder}, the model index {index} was built with",
+              file=sys.stderr)
+        at = argv.index("dense") + 1 if hybrid else len(argv)
+        argv = [*argv[:at], "--encoder", encoder, *argv[at:]]
+    if aligner_index or (encoder is not None and _is_aligner_encoder(encoder)):
+        _, ignored = split_lucene_only(dense, ALIGNER_IGNORED_FLAGS)
+        if ignored:
+            import shlex
+
+            print(f"warning: ignoring flags that do not apply to the AligneR encoder: {shlex.join(ignored)}",
+                  file=sys.stderr)
+    return argv
+
+
+# names that FaissSearcher.from_prebuilt_index maps to prebuilt indexes besides those of FAISS_INDEX_INFO
+_PYSERINI_FAISS_ALIASES = ("msmarco-passage-tct_colbert-hnsw", "wikipedia-dpr-dkrr-nq")
 _PYSERINI_MAIN: dict[str, CodeType] = {}  # Pyserini's own __main__ code, run under guard_pyserini_main
 _GUARDED_MAINS = ("pyserini.search.faiss.__main__", "pyserini.search.hybrid.__main__")
 _STUB = "from pyserini_aligner.pyserini_patches.hooks import {function} as _aligner_main\n_aligner_main({args})"
@@ -257,7 +335,8 @@ def main_code(name: str, inner) -> CodeType | None:
       exit status kept;
     - ``pyserini.search`` (deprecated alias): the same interpreter (``sys.executable``) runs
       ``pyserini.search.lucene`` and its exit status is passed on (Pyserini runs a bare ``python`` and drops it);
-    - ``pyserini.search.faiss`` / ``hybrid`` with an AligneR index or encoder: Pyserini's code under
+    - ``pyserini.search.faiss`` / ``hybrid`` with an AligneR index or encoder, or a dense index that does not exist
+      (:func:`_argv_misspelt_index`): Pyserini's code under
       :func:`guard_pyserini_main`; with ``--help``, Pyserini's help and a line on the ``aligner`` encoder
       (:func:`pyserini_help`);
     - ``pyserini.encode`` with an AligneR encoder: refused (:func:`refuse_pyserini_encode`).
@@ -268,7 +347,7 @@ def main_code(name: str, inner) -> CodeType | None:
             return compile(_STUB.format(function="run_plugin_search", args=""), "<pyserini-aligner>", "exec")
     elif name == "pyserini.search.__main__":
         return compile(_STUB.format(function="forward_to_lucene", args=""), "<pyserini-aligner>", "exec")
-    elif name in _GUARDED_MAINS and (_asks_help() or _argv_uses_aligner()):
+    elif name in _GUARDED_MAINS and (_asks_help() or _argv_uses_aligner() or _argv_misspelt_index(name)):
         _PYSERINI_MAIN[name] = inner.get_code(name)
         function = "pyserini_help" if _asks_help() else "guard_pyserini_main"
         return compile(_STUB.format(function=function, args=f"{name!r}, globals()"), "<pyserini-aligner>", "exec")
@@ -391,6 +470,7 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
             check_output_path(output)
         if topics and Path(topics).suffix.lower() in TSV_SUFFIXES and Path(topics).is_file():
             check_tsv_qids(topics)
+        sys.argv[1:] = complete_aligner_flags(name, sys.argv[1:])
         _SEARCHER_KNOBS.update(check_search_flags(name, sys.argv[1:]))
         _atomic_output_writers(pyserini.output_writer)
         checkpoints = _argv_checkpoints()

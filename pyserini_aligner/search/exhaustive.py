@@ -15,7 +15,7 @@ from pyserini_aligner.search.codes import CodeShard
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.search.encoding import compute_threads
 from pyserini_aligner.search.searcher import dense_result_classes
-from pyserini_aligner.textio import check_collection, is_blank
+from pyserini_aligner.textio import check_collection, check_unique_ids, is_blank
 
 _BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (query tokens × document tokens)
 
@@ -118,6 +118,7 @@ class ExhaustiveScorer:
         check_collection(q_ids, "q_ids")
         if len(queries) != len(q_ids):
             raise ValueError(f"{len(queries)} queries but {len(q_ids)} q_ids")
+        check_unique_ids(q_ids, "q_ids")
         dense, _ = dense_result_classes()
         results = {}
         with compute_threads(threads):

@@ -32,7 +32,7 @@ from pyserini_aligner.search.backends.base import Scoring, step_clock
 from pyserini_aligner.search.backends.choose import close_backend, front_end, open_backend
 from pyserini_aligner.search.encoding import check_threads, graphed_query_encoder
 from pyserini_aligner.search.options import Depth, SearchOptions, pyserini_device, search_options
-from pyserini_aligner.textio import check_collection, is_blank
+from pyserini_aligner.textio import check_collection, check_unique_ids, is_blank
 
 # options read at each search (the depth, the batch): changed by configure without reopening the backend
 SEARCH_TIME = frozenset({"max_candidates", "interaction_candidates", "batch_size"})
@@ -236,6 +236,7 @@ class AlignerSearcher:
         check_collection(q_ids, "q_ids")
         if len(queries) != len(q_ids):
             raise ValueError(f"{len(queries)} queries but {len(q_ids)} q_ids")
+        check_unique_ids(q_ids, "q_ids")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         dense, prf = dense_result_classes()
@@ -277,6 +278,7 @@ class AlignerSearcher:
         query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
         if not live or self.store.num_live == 0:
             return query_vectors, hits
+        k = min(k, self.store.num_live)  # no more hits than live documents: a huge k must not size the buffers
         clock = step_clock(self.timings, self.model.device)
         live_vectors, live_hits = self.front.search_texts([texts[i] for i in live], self.depth(k), k, threads,
                                                           vectors, clock)

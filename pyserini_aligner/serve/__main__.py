@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from pyserini_aligner.cli import HelpFormatter, add_quiet_flag, device, non_negative, positive_int, run_main
+from pyserini_aligner.cli import (HelpFormatter, add_quiet_flag, device, non_negative, port_number, positive_int,
+                                  run_main)
 from pyserini_aligner.serve.config import (DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUERY_CHARS,
                                            DEFAULT_RELOAD_S, ENV_CONCURRENCY, ConfigError, ServeConfig, configure,
                                            parse_pair)
 
 DEFAULT_CONCURRENCY = 256  # requests searched at once (worker threads); the rest wait without a thread
+log = logging.getLogger("pyserini_aligner.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                         help="with --mcp: stdio (the client starts the server) or http")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=positive_int, default=None,
-                        help="port to listen on (default: 8081 for --rest, 8000 for --mcp, as Pyserini's)")
+    parser.add_argument("--port", type=port_number, default=None,
+                        help="port to listen on, 0 for any free port (default: 8081 for --rest, 8000 for --mcp, as "
+                             "Pyserini's)")
     add_quiet_flag(parser)
     return parser
 
@@ -73,6 +77,23 @@ def parse_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> S
         parser.error(str(error))
 
 
+def listening_socket(config):
+    """The socket of uvicorn ``config`` (its host and port; port 0: a free port the system chooses), bound as uvicorn
+    binds one and listening: connections wait in its backlog until the server takes them."""
+    sock = config.bind_socket()
+    sock.listen(config.backlog)
+    return sock
+
+
+def listen_rest(config) -> list:
+    """:func:`listening_socket` of ``config``, after a line on stderr with its address: ``INFO
+    pyserini_aligner.serve: serving REST on http://HOST:PORT`` (the port chosen, for ``--port 0``)."""
+    sock = listening_socket(config)
+    host, bound = sock.getsockname()[:2]
+    log.info("serving REST on http://%s:%d", f"[{host}]" if ":" in host else host, bound)
+    return [sock]
+
+
 def serve_rest(host: str, port: int, concurrency: int) -> None:
     import asyncio
 
@@ -82,7 +103,8 @@ def serve_rest(host: str, port: int, concurrency: int) -> None:
 
     async def serve() -> None:
         anyio.to_thread.current_default_thread_limiter().total_tokens = concurrency
-        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        await uvicorn.Server(config).serve(sockets=listen_rest(config))
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(serve())
@@ -115,7 +137,11 @@ def serve_rest_workers(config: ServeConfig, host: str, port: int, concurrency: i
                 watch_generation(process, Path(path), name, config.reload_s)
         os.environ.update(dataclasses.replace(config, sockets=sockets).environment())
         os.environ[ENV_CONCURRENCY] = str(concurrency)
-        uvicorn.run("pyserini.server.rest.app:app", host=host, port=port, workers=workers, log_level="warning")
+        from uvicorn.supervisors import Multiprocess
+
+        rest = uvicorn.Config("pyserini.server.rest.app:app", host=host, port=port, workers=workers,
+                              log_level="warning")
+        Multiprocess(rest, sockets=listen_rest(rest)).run()  # as uvicorn.run(..., workers=N), the address printed
     finally:
         for process in processes:
             process.close()
@@ -144,7 +170,13 @@ def serve_mcp(transport: str, host: str, port: int, concurrency: int) -> None:
     async def serve() -> None:
         anyio.to_thread.current_default_thread_limiter().total_tokens = concurrency
         if transport == "http":
-            await mcp.run_async("http", show_banner=False, host=host, port=port)
+            chosen, sockets = port, None
+            if port == 0:  # FastMCP's line names the port it is given: bound here, it names the one chosen
+                import uvicorn
+
+                sockets = [listening_socket(uvicorn.Config(mcp, host=host, port=0, log_level="warning"))]
+                chosen = sockets[0].getsockname()[1]
+            await mcp.run_async("http", show_banner=False, host=host, port=chosen, sockets=sockets)
         else:
             await mcp.run_async("stdio", show_banner=False)
 
@@ -165,14 +197,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve(args: argparse.Namespace) -> None:
     """Register the indexes with Pyserini's server and serve them until stopped."""
+    port = args.port if args.port is not None else 8081 if args.rest else 8000  # Pyserini's (0: any free port)
     if args.rest and args.workers > 1:
-        serve_rest_workers(args.config, args.host, args.port or 8081, args.concurrency, args.workers)
+        serve_rest_workers(args.config, args.host, port, args.concurrency, args.workers)
         return
     configure(args.config)
     if args.rest:
-        serve_rest(args.host, args.port or 8081, args.concurrency)
+        serve_rest(args.host, port, args.concurrency)
     else:
-        serve_mcp(args.transport, args.host, args.port or 8000, args.concurrency)
+        serve_mcp(args.transport, args.host, port, args.concurrency)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,6 +77,10 @@ class ServeConfig:
                                       f"(registered: {', '.join(self.indexes) or 'none'})")
                 if not Path(path).exists() and field == "bm25":
                     raise ConfigError(f"{where[field]} {name}={path}: no such Lucene index folder")
+                problem = lucene_index_problem(path, f"{where['indexes']} {name}={path}", where[field]) \
+                    if field == "bm25" else None
+                if problem:
+                    raise ConfigError(f"{where[field]} {name}={path} {problem}")
         for field, low in (("batch_wait_ms", 0.0), ("max_batch", 1), ("reload_s", 0.0), ("max_query_chars", 1)):
             if not getattr(self, field) >= low:
                 raise ConfigError(f"{where[field]} must be >= {low}, got {getattr(self, field)}")
@@ -113,6 +117,19 @@ class ServeConfig:
                 ENV_DEVICE: self.device, ENV_BATCH_WAIT_MS: repr(self.batch_wait_ms),
                 ENV_MAX_BATCH: str(self.max_batch), ENV_RELOAD_S: repr(self.reload_s),
                 ENV_MAX_QUERY_CHARS: str(self.max_query_chars), ENV_SOCKETS: pairs(self.sockets)}
+
+
+def lucene_index_problem(path: str, as_dense: str, sparse: str) -> str | None:
+    """Why ``path`` can't be searched with BM25 (the sparse index of ``pyserini.search.hybrid``, ``--bm25`` here),
+    or None: an AligneR index (``as_dense``: how to give it as the dense index instead; ``sparse``: where the Lucene
+    index goes) or a folder that holds no Lucene index (Lucene would raise a Java IndexNotFoundException)."""
+    from pyserini_aligner.index.store import is_index
+
+    if is_index(path):
+        return f"is an AligneR index; give it as the dense index ({as_dense}) and a Lucene index as {sparse}"
+    if Path(path).is_dir() and not any(Path(path).glob("segments_*")):
+        return "is not a Lucene index (it holds no segments_N file); build one with python -m pyserini.index.lucene"
+    return None
 
 
 def check_name(name: str, where: str) -> None:

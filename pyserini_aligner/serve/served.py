@@ -32,17 +32,19 @@ def query_text(query: Any, max_chars: int) -> str:
     if not isinstance(query, str):
         raise RequestError("query must be a string or an object with a string query_txt")
     if is_blank(query):
-        raise RequestError("query is empty")
+        raise RequestError("query is empty (no letter or digit)")
     if len(query) > max_chars:
         raise RequestError(f"query is {len(query)} characters long; at most {max_chars} are accepted")
     return query
 
 
-def check_hits(k: Any, size: int, name: str) -> int:
+def check_hits(k: Any) -> int:
+    """A request's ``hits``: an integer >= 1 (more than the index holds gives them all: the searcher caps it, as for
+    the command lines)."""
     if isinstance(k, bool) or not isinstance(k, int):
         raise RequestError(f"hits must be an integer, got {k!r}")
-    if not 1 <= k <= size:
-        raise RequestError(f"hits must be between 1 and {size} (the documents of index {name}), got {k}")
+    if k < 1:
+        raise RequestError(f"hits must be an integer >= 1, got {k}")
     return k
 
 
@@ -112,17 +114,13 @@ class ServedIndex:
     def __init__(self, name: str, config: ServeConfig, docs: LuceneDocs | None):
         self.name, self.config, self.docs = name, config, docs
 
-    @property
-    def size(self) -> int:
-        raise NotImplementedError
-
     def hits(self, text: str, k: int) -> list:
         raise NotImplementedError
 
     def search(self, query: Any, k: int, qid: str = "") -> dict[str, Any]:
         """Pyserini's search answer: {"query": {"qid", "query_txt"}, "candidates": [...]}."""
         text = query_text(query, self.config.max_query_chars)
-        found = self.hits(text, check_hits(k, self.size, self.name))
+        found = self.hits(text, check_hits(k))
         return {"query": {"qid": qid, "query_txt": text}, "candidates": candidates(self, found)}
 
     def document_or_none(self, docid: str) -> dict[str, str] | None:
@@ -179,10 +177,6 @@ class ServedAligner(ServedIndex):
                 watch_generation(self.process, self.path, name, config.reload_s)
         self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name, in_flight)
 
-    @property
-    def size(self) -> int:
-        return self.process.info["documents"]
-
     def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Hits per query of one batch (on the batcher's thread, searched by the index's process)."""
         return [[Hit(docid, score) for docid, score in found] for found in self.process.search(queries, k)]
@@ -194,7 +188,7 @@ class ServedAligner(ServedIndex):
         """:meth:`search` for an event loop: awaits the batch without holding a thread (the document texts, read from
         Lucene, are fetched in a worker thread)."""
         text = query_text(query, self.config.max_query_chars)
-        found = await self.batcher.submit_async(text, check_hits(k, self.size, self.name))
+        found = await self.batcher.submit_async(text, check_hits(k))
         answer = {"query": {"qid": qid, "query_txt": text}}
         if self.docs is None:
             return {**answer, "candidates": candidates(self, found)}
@@ -290,10 +284,6 @@ class ServedHybrid(ServedIndex):
         super().__init__(name, dense.config, dense.docs)
         self.dense, self.sparse, self.aligner = dense, sparse, dense
         self.fusion = {"hits": DEFAULT_FUSION_HITS, "alpha": 0.1, "normalization": False, "weight_on_dense": False}
-
-    @property
-    def size(self) -> int:
-        return self.dense.size
 
     def hits(self, text: str, k: int) -> list:
         from pyserini.search.hybrid import HybridSearcher
