@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import shutil
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.index import faults, store
+from pyserini_aligner.index import checksums, faults, store
 from pyserini_aligner.index.store import new_faiss_index
 from pyserini_aligner.index.codec import PQ_CENTROIDS, ResidualCodec, quantize_centroids
 
@@ -23,14 +22,14 @@ _ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
 
 
 class _Sink:
-    """A file written in appends, with its size and CRC32 kept as it grows."""
+    """A file written in appends, with its size and CRC32s (whole file, blocks) kept as it grows."""
 
     def __init__(self, path: Path):
-        self.handle, self.crc, self.size = path.open("wb"), 0, 0
+        self.handle, self.sums = path.open("wb"), checksums.BlockCrc()
 
     def write(self, data: bytes) -> None:
         self.handle.write(data)
-        self.crc, self.size = zlib.crc32(data, self.crc), self.size + len(data)
+        self.sums.update(data)
 
     def close(self) -> dict:
         self.handle.flush()
@@ -38,7 +37,7 @@ class _Sink:
 
         os.fsync(self.handle.fileno())
         self.handle.close()
-        return {"bytes": self.size, "crc32": self.crc}
+        return self.sums.record()
 
 
 def write_files(folder: Path, contents: dict[str, bytes]) -> dict[str, dict]:

@@ -24,8 +24,10 @@ so a reader sees either the old or the new state, never a mix; an open reader ke
         doc_vectors.f16          [T, d]; doc_salience.f32 [T]; kept.bool [T]
         faiss_ids.i64            [K] FAISS label -> segment token position; faiss.index (FAISS ``index_type``)
 
-Small files are checked against their CRC32 whenever the index is opened; the token files on demand
-(:meth:`StoredIndex.verify`, ``python -m pyserini_aligner.index --index DIR --verify``).
+Small files are checked against their CRC32 whenever the index is opened, larger ones block by block when a process
+first opens them (:mod:`pyserini_aligner.index.checksums`; indexes written before block checksums leave them
+unchecked); every file's whole CRC32 on demand (:meth:`StoredIndex.verify`, ``python -m pyserini_aligner.index
+--index DIR --verify``).
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from pyserini_aligner.index import checksums
 
 FORMAT_NAME = "pyserini-aligner"  # also read by pyserini_aligner.integration.hooks.is_aligner_index
 FORMAT_VERSION = 2
@@ -85,7 +89,7 @@ class SegmentInfo:
     num_empty: int = 0  # documents skipped for blank text (not indexed)
     deletes: str | None = None  # tombstone file inside the segment folder
     num_deleted: int = 0
-    files: dict = field(default_factory=dict)  # file name -> {"bytes": int, "crc32": int}
+    files: dict = field(default_factory=dict)  # file name -> {"bytes": int, "crc32": int[, "blocks": {...}]}
     build_stats: dict = field(default_factory=dict)  # seconds spent encoding, pruning, compressing, writing
 
 
@@ -159,12 +163,12 @@ def _crc_text(text: str) -> int:
 
 
 def file_record(path: Path) -> dict:
-    """{"bytes": size, "crc32": CRC32} of a file, read in 16 MiB blocks."""
-    crc, size = 0, 0
+    """{"bytes": size, "crc32": CRC32} of a file, read in 16 MiB blocks (with its block CRC32s past one block)."""
+    sums = checksums.BlockCrc()
     with open(path, "rb") as handle:
         while block := handle.read(1 << 24):
-            crc, size = zlib.crc32(block, crc), size + len(block)
-    return {"bytes": size, "crc32": crc}
+            sums.update(block)
+    return sums.record()
 
 
 def _check_number(path: Path, name: str, value, low: float, high: float, integer: bool = False,
@@ -391,6 +395,8 @@ def _check_files(folder: Path, records: dict, sizes: dict[str, int], verify_all:
                                    "(truncated or corrupt index file; rebuild the index)")
         if (verify_all or size <= SMALL_FILE) and file_record(path)["crc32"] != record.get("crc32"):
             raise IndexFormatError(f"{path}: checksum mismatch (corrupt index file; rebuild the index)")
+        if not verify_all and size > SMALL_FILE and (problem := checksums.bad_block(path, record)):
+            raise IndexFormatError(f"{path}: {problem} (corrupt index file; rebuild the index)")
         paths[name] = path
     missing = sorted(set(sizes) - set(records))
     if missing:
