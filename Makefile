@@ -16,15 +16,21 @@ export IR_DATASETS_HOME ?= $(abspath .cache/ir_datasets)
 install: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
+	@echo "==> [1/5] virtualenv $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[test]"
+	@echo "==> [2/5] torch 2.13.0 (CPU build)"
+	$(BIN)/python -m pip install torch==2.13.0
+	@echo "==> [3/5] pyserini-aligner and its dependencies (Pyserini, FAISS, transformers, ranx, ...)"
+	$(BIN)/python -m pip install -e ".[test]"
+	@echo "==> [4/5] compiling ranx's numba kernels"
 	# ranx compiles its numba kernels on first use and caches them in the virtualenv: once here, not in every process
 	$(BIN)/python -c "from pyserini_aligner.metrics import warm_up; warm_up()"
+	@echo "==> [5/5] saving Pyserini's --help pages"
 	# Pyserini's faiss and hybrid --help print from a copy the first call saves (seconds of JVM start-up): save it now
 	$(BIN)/python -m pyserini.search.faiss --help > /dev/null
 	$(BIN)/python -m pyserini.search.hybrid --help > /dev/null
+	@echo "==> installed: source $(VENV)/bin/activate"
 	touch $@
 
 run: install

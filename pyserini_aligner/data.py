@@ -6,9 +6,11 @@ command (search, adapt, the evaluation harness). A spec is tried as, in order: a
 ``qrels/<split>.tsv``); a missing file (a name with a file suffix, or an absolute/``./`` path: "does not exist");
 an ir_datasets id (``beir/scifact/test``); for topics, finally a Pyserini topics name (``msmarco-passage-dev``).
 
-With ``PYSERINI_ALIGNER_BEIR_DIR`` set to a folder of ``<name>.zip`` BEIR files, those files are linked
-into ir_datasets' cache layout (``$IR_DATASETS_HOME/beir/<name>/source.zip``) before loading, so that
-nothing is downloaded. Without it, ir_datasets' own download path is used unchanged.
+The ``<name>.zip`` BEIR files of a local folder are linked into ir_datasets' cache layout
+(``$IR_DATASETS_HOME/beir/<name>/source.zip``; ``IR_DATASETS_HOME`` defaults to ir_datasets' own ``~/.ir_datasets``)
+before loading, so that nothing is downloaded. The folder is ``$PYSERINI_ALIGNER_BEIR_DIR``, else ``shared/data/beir``
+beside a clone of this project when it holds zips (where the Makefile looks, so a command runs the same inside and
+outside ``make``). Without either, ir_datasets' own download path is used unchanged.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,9 +50,19 @@ def ir_datasets_home() -> Path:
     return Path(os.environ.get("IR_DATASETS_HOME", Path.home() / ".ir_datasets"))
 
 
+def find_beir_dir() -> str | None:
+    """The folder of BEIR zips: ``$PYSERINI_ALIGNER_BEIR_DIR`` if set, else ``../shared/data/beir`` from the root of
+    the clone this package runs from when it holds a ``.zip`` (the Makefile's default), else None."""
+    if os.environ.get(BEIR_DIR_ENV):
+        return os.environ[BEIR_DIR_ENV]
+    beside = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
+    return str(beside) if any(beside.glob("*.zip")) else None
+
+
 def link_beir_sources(beir_dir: str | os.PathLike | None = None) -> list[str]:
-    """Link every ``<beir_dir>/<name>.zip`` to ``$IR_DATASETS_HOME/beir/<name>/source.zip``; returns the names."""
-    beir_dir = beir_dir or os.environ.get(BEIR_DIR_ENV)
+    """Link every ``<beir_dir>/<name>.zip`` (default: :func:`find_beir_dir`) to
+    ``$IR_DATASETS_HOME/beir/<name>/source.zip``; returns the names."""
+    beir_dir = beir_dir or find_beir_dir()
     if not beir_dir:
         return []
     source = Path(beir_dir)
@@ -96,10 +109,26 @@ def _open_ir_dataset(dataset_id: str):
         raise DataError(f"unknown dataset ID {dataset_id!r}: ir_datasets has no such dataset "
                         "(BEIR ids look like 'beir/scifact/test' or 'beir/nfcorpus/dev')") from error
     parts = dataset_id.split("/")
-    if parts[0] == "beir" and len(parts) > 1 and os.environ.get(BEIR_DIR_ENV) and parts[1] not in linked:
+    beir_dir = find_beir_dir()
+    if parts[0] == "beir" and len(parts) > 1 and beir_dir and parts[1] not in linked:
         raise DataError(f"data file missing for {dataset_id!r}: expected "
-                        f"{Path(os.environ[BEIR_DIR_ENV]) / (parts[1] + '.zip')} ({BEIR_DIR_ENV})")
+                        f"{Path(beir_dir) / (parts[1] + '.zip')} ({BEIR_DIR_ENV})")
     return dataset
+
+
+@contextmanager
+def _downloads(dataset_id: str) -> Iterator[None]:
+    """Turn a failed download of a BEIR dataset (no local zip) into a DataError naming the variable to set."""
+    try:
+        yield
+    except OSError as error:
+        parts = dataset_id.split("/")
+        if parts[0] != "beir" or len(parts) < 2 or (ir_datasets_home() / "beir" / parts[1] / "source.zip").exists():
+            raise
+        first = (str(error).splitlines() or [type(error).__name__])[0]
+        raise DataError(f"{dataset_id!r}: no local copy and the download failed ({first}); put {parts[1]}.zip in a "
+                        f"folder and set {BEIR_DIR_ENV} to it (or IR_DATASETS_HOME to an ir_datasets cache that "
+                        "holds it)") from None
 
 
 def is_beir_folder(path: str | os.PathLike) -> bool:
@@ -165,10 +194,11 @@ class Dataset:
         else:
             if not self._ir.has_docs():
                 raise DataError(f"{self.spec!r} has no documents")
-            build_docstore(self._ir)
-            for doc in self._ir.docs_iter():
-                count += 1
-                yield Doc(doc.doc_id, getattr(doc, "title", "") or "", doc.text)
+            with _downloads(self.spec):
+                build_docstore(self._ir)
+                for doc in self._ir.docs_iter():
+                    count += 1
+                    yield Doc(doc.doc_id, getattr(doc, "title", "") or "", doc.text)
         if count == 0:
             raise DataError(f"empty corpus: {self.folder / 'corpus.jsonl' if self.folder else self.spec}")
 
@@ -188,8 +218,9 @@ class Dataset:
             return queries
         if not self._ir.has_queries():
             raise DataError(f"{self.spec!r} has no queries (name a split, e.g. {self.spec}/test)")
-        return {check_qid(query.query_id, f"{self.spec}, query {number}"): query.text
-                for number, query in enumerate(self._ir.queries_iter(), 1)}
+        with _downloads(self.spec):
+            return {check_qid(query.query_id, f"{self.spec}, query {number}"): query.text
+                    for number, query in enumerate(self._ir.queries_iter(), 1)}
 
     def qrels(self) -> dict[str, dict[str, int]]:
         """Query id → {docid: relevance}."""
@@ -201,8 +232,9 @@ class Dataset:
             return read_qrels_file(path, beir=True)
         if not self._ir.has_qrels():
             raise DataError(f"{self.spec!r} has no qrels (name a split, e.g. {self.spec}/test)")
-        for qrel in self._ir.qrels_iter():
-            qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
+        with _downloads(self.spec):
+            for qrel in self._ir.qrels_iter():
+                qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
         return qrels
 
 

@@ -1,6 +1,7 @@
 """Data loading through ir_datasets and local BEIR folders, with clear errors."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -79,3 +80,33 @@ def test_processes_reading_a_corpus_ir_datasets_has_not_stored_yet_all_read_it_w
         out, err = child.communicate(timeout=300)
         assert child.returncode == 0, err
         assert out.split() == ["5183"]
+
+
+def _queries_in_a_fresh_process(package_file, env: dict) -> subprocess.CompletedProcess:
+    """Count the queries of beir/scifact/test in a new interpreter (ir_datasets reads IR_DATASETS_HOME on import)
+    whose pyserini_aligner.data believes it lives at ``package_file``."""
+    code = ("import sys\nfrom pyserini_aligner import data\ndata.__file__ = sys.argv[1]\n"
+            "print(data.find_beir_dir())\nprint(len(data.Dataset('beir/scifact/test').queries()))\n")
+    return subprocess.run([sys.executable, "-c", code, str(package_file)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_beir_zips_beside_the_clone_are_found_without_variables(tmp_path):
+    """Without PYSERINI_ALIGNER_BEIR_DIR, ``shared/data/beir`` beside the clone (the Makefile's default) is used, and
+    IR_DATASETS_HOME may be left unset too; with no zip anywhere, a failed download names the variable to set."""
+    zips = tmp_path / "shared" / "data" / "beir"
+    zips.mkdir(parents=True)
+    (zips / "scifact.zip").symlink_to(os.path.join(os.environ[BEIR_DIR_ENV], "scifact.zip"))
+    env = {k: v for k, v in os.environ.items() if k not in (BEIR_DIR_ENV, "IR_DATASETS_HOME")}
+    env["HOME"] = str(tmp_path / "home")  # ir_datasets' own default cache, ~/.ir_datasets, is empty
+    done = _queries_in_a_fresh_process(tmp_path / "clone" / "pyserini_aligner" / "data.py", env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(zips), "300"]
+    assert (tmp_path / "home" / ".ir_datasets" / "beir" / "scifact" / "source.zip").resolve() == \
+        (zips / "scifact.zip").resolve()
+
+    env.update(HOME=str(tmp_path / "other-home"), HTTPS_PROXY="http://127.0.0.1:9")  # the download fails at once
+    done = _queries_in_a_fresh_process(tmp_path / "a" / "b" / "pyserini_aligner" / "data.py", env)
+    assert done.returncode == 1 and done.stdout.split() == ["None"]
+    assert re.search(rf"DataError: 'beir/scifact/test': no local copy and the download failed .*; put scifact\.zip "
+                     rf"in a folder and set {BEIR_DIR_ENV} to it", done.stderr), done.stderr[-2000:]

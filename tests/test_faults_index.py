@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from pyserini_aligner.index import __main__ as index_cli
-from pyserini_aligner.index import build_index
+from pyserini_aligner.index import build_index, checksums
 from pyserini_aligner.index.commit import write_manifest
 from pyserini_aligner.index.format import MANIFEST
-from pyserini_aligner.index.format import IndexFormatError, read_manifest
+from pyserini_aligner.index.format import SMALL_FILE, IndexFormatError, read_manifest
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
+from pyserini_aligner.search import __main__ as search_cli
 
 from conftest import cli_error, killed_at, scifact_docs
 
@@ -172,6 +173,46 @@ def test_same_size_corruption_of_every_file_is_caught(tmp_path, built):
     (edited / MANIFEST).write_text(text.replace('"doc_prune": 0.2', '"doc_prune": 0.3'))
     with pytest.raises(IndexFormatError, match="checksum"):
         StoredIndex(edited)
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory, model) -> Path:
+    """A default (compressed) index of 300 whole SciFact abstracts: its token codes span several checksum blocks."""
+    target = tmp_path_factory.mktemp("faults_large") / "idx"
+    docs = [(r["id"], r["contents"]) for r in scifact_docs(300)]
+    build_index(docs, target, model, progress=False, model_name="aligner")
+    return target
+
+
+def test_same_size_corruption_of_a_large_file_fails_the_search(tmp_path, large, model):
+    """A flipped byte in the middle of a file over 1 MiB (memory-mapped, not read whole on open) fails the open with
+    one line naming the file, before any ranking; an index written before block checksums still opens."""
+    segment = read_manifest(large).segments[0]
+    name, record = max(segment.files.items(), key=lambda item: item[1]["bytes"])
+    assert record["bytes"] > SMALL_FILE and len(record["blocks"]["crc32"]) > 1
+    broken = tmp_path / "broken"
+    shutil.copytree(large, broken)
+    _flip(broken / segment.name / name)
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(f"q{number}\t{query}\n" for number, query in enumerate(QUERIES)))
+    run = tmp_path / "run.trec"
+    line = cli_error(search_cli.main, "--index", broken, "--topics", topics, "--output", run, "--quiet")
+    middle = record["bytes"] // 2 // checksums.BLOCK * checksums.BLOCK
+    assert line == (f"error: {broken / segment.name / name}: checksum mismatch in bytes {middle}-"
+                    f"{min(middle + checksums.BLOCK, record['bytes'])} (corrupt index file; rebuild the index)")
+    assert not run.exists()
+    with pytest.raises(IndexFormatError, match=re.escape(str(broken / segment.name / name))):
+        AlignerSearcher(broken, encoder=model)
+    old = tmp_path / "old"  # as written before block checksums: opens, its large files unverified
+    shutil.copytree(large, old)
+    manifest = read_manifest(old)
+    for records in [manifest.codec_files] + [seg.files for seg in manifest.segments]:
+        for each in records.values():
+            each.pop("blocks", None)
+    write_manifest(old, manifest)
+    assert "blocks" not in (old / MANIFEST).read_text()
+    assert AlignerSearcher(old, encoder=model).rank(QUERIES, k=5) == AlignerSearcher(large, encoder=model).rank(
+        QUERIES, k=5)
 
 
 def test_false_manifest_fields_are_refused(tmp_path, built):

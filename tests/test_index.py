@@ -15,7 +15,7 @@ import torch
 from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, build_index, derive_index,
                                     read_json_collection, read_manifest, set_default_strategy)
 from pyserini_aligner.index import __main__ as cli
-from pyserini_aligner.index import reader
+from pyserini_aligner.index import checksums, reader
 from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES, DOCIDS,
                                            FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT, KEPT_BITS,
                                            LOCK, MANIFEST, OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS)
@@ -437,7 +437,8 @@ def test_stored_index_errors_name_the_file(tmp_path, index_dir):
 
 
 def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, capsys):
-    """A flipped byte in a small file fails the open; in a large token file, only a verify (API and CLI) finds it."""
+    """A flipped byte fails the open: a small file's CRC32, a large token file's block CRC32s; a verify (API and
+    CLI) finds it too."""
     broken = tmp_path / "broken"
     shutil.copytree(default_index, broken)
     seg_dir = only_segment(broken)
@@ -450,7 +451,12 @@ def test_checksums_catch_flipped_bytes(tmp_path, default_index, monkeypatch, cap
     residuals = seg_dir / TOKEN_RESIDUALS
     monkeypatch.setattr(reader, "SMALL_FILE", residuals.stat().st_size - 1)  # token_residuals.u8 counts as large
     flip_byte(residuals, residuals.stat().st_size // 2)
-    assert StoredIndex(broken).num_docs == N_DOCS  # large files are not read on open
+    size = residuals.stat().st_size
+    assert size > checksums.BLOCK  # large files are checked block by block on open
+    start = size // 2 // checksums.BLOCK * checksums.BLOCK
+    with pytest.raises(IndexFormatError, match=re.escape(f"{residuals}: checksum mismatch in bytes {start}-"
+                                                         f"{min(start + checksums.BLOCK, size)} (corrupt")):
+        StoredIndex(broken)
     with pytest.raises(IndexFormatError, match=re.escape(f"{residuals}: checksum mismatch")):
         StoredIndex(broken, verify=True)
     assert cli.main(["--index", str(broken), "--verify"]) == 1

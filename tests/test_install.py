@@ -80,3 +80,22 @@ def test_editable_install_carries_hook(source_tree, tmp_path):
     assert not _hook_installed(python)
     _pip("--python", str(python), "install", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
     assert _hook_installed(python)
+
+
+def test_make_install_announces_each_step(tmp_path):
+    """`make install` (minutes the first time) says what it is doing before each step, and the big pip installs show
+    pip's own progress (no -q)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "-n", "install", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    steps = [number for number, line in enumerate(lines) if line.startswith('echo "==> [')]
+    assert len(steps) >= 5 and steps[0] == 0
+    commands = [line for line in lines if not line.startswith("echo")]
+    big = [line for line in commands if "pip install" in line and "--upgrade pip" not in line]
+    assert len(big) == 2 and not any(" -q" in line for line in big), big
+    for number, line in enumerate(lines):  # every command after the first step comes after an announcement
+        if not line.startswith("echo") and not line.startswith("touch"):
+            assert any(step < number for step in steps), line

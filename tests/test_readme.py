@@ -5,8 +5,10 @@ Which blocks run:
   the repository's ``examples/quickstart/`` (the block starts with ``cd examples/quickstart``), with this
   interpreter's folder first on ``PATH`` (as an activated virtualenv would have it);
 - every ```python block, verbatim and in README order, each in a fresh namespace of one interpreter, in the folder
-  the quick start left behind (its ``idx`` and ``lucene-idx``).
-Shell examples meant to be read rather than run (make, pip, larger corpora, GPUs) are fenced as ```sh.
+  the quick start left behind (its ``idx`` and ``lucene-idx``);
+- every other ```bash block (the command lines), verbatim and in README order, with ``bash -e`` in a copy of that
+  folder.
+Shell examples that can't run here (make, pip, servers, which ``tests/test_serve.py`` starts) are fenced as ```sh.
 """
 import os
 import re
@@ -96,6 +98,26 @@ def test_python_snippets_run(quick_start):
     assert again.stdout == "True\nDeleteReport(deleted=1, unknown=[])\n"
 
 
+def test_command_lines_run(quick_start, tmp_path):
+    _, folder = quick_start
+    text = README.read_text()
+    quick = blocks(section(text, "Quick start"), "bash")
+    commands = [code for code in blocks(text, "bash") if code not in quick]
+    assert len(commands) >= 5
+    work = tmp_path / "quickstart"
+    shutil.copytree(folder, work)
+    for number, code in enumerate(commands):
+        done = subprocess.run(["bash", "-e", "-c", code], cwd=work, env=env_with_this_python(), capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, (number, code, done.stderr[-3000:])
+    topics = {line.split("\t")[0] for line in (folder / "topics.tsv").read_text().splitlines()}
+    for run in ("bm25.trec", "hybrid.trec", "fused.trec"):  # the fusion example's inputs are made by the ones above
+        assert {line.split()[0] for line in (work / run).read_text().splitlines()} == topics, run
+    assert len({line.split()[0] for line in (work / "run.trec").read_text().splitlines()}) == 7  # idx-mix, last
+    assert (work / "idx-mix" / "manifest.json").is_file()
+    assert "<html" in (work / "explain.html").read_text().lower()
+
+
 def test_example_data_is_derived_from_scifact(tmp_path):
     """examples/quickstart is what its script writes from the BEIR SciFact zip."""
     done = subprocess.run([sys.executable, str(EXAMPLE / "make_example.py"),
@@ -107,9 +129,10 @@ def test_example_data_is_derived_from_scifact(tmp_path):
 
 
 def test_headline_table_matches_results_files():
-    """Each nDCG@10 of the README's BEIR table is the one in the results.md that ``make run`` wrote (the default
-    index against exact scoring: the harness's run of those systems, ``runs/fidelity_<name>``)."""
-    table = section(README.read_text(), "BEIR results")
+    """Each nDCG@10 of the BEIR table of docs/results.md is the one in the results.md that ``make run`` wrote (the
+    default index against exact scoring: the harness's run of those systems, ``runs/fidelity_<name>``)."""
+    text = (REPO / "docs" / "results.md").read_text()
+    table = section(text, "BEIR test sets (`make run`, `make run DATASET=beir/nfcorpus/test`)")
     for column, name in enumerate(("scifact", "nfcorpus")):
         for system in ("bm25", "dense", "aligner", "aligner-exact", "hybrid"):
             run = f"fidelity_{name}" if system in ("aligner", "aligner-exact") else f"beir_{name}_test"

@@ -24,8 +24,9 @@ so a reader sees either the old or the new state, never a mix; an open reader ke
         doc_vectors.f16          [T, d]; doc_salience.f32 [T]; kept.bool [T]
         faiss_ids.i64            [K] FAISS label -> segment token position; faiss.index (FAISS ``index_type``)
 
-Small files are checked against their CRC32 whenever the index is opened; the token files on demand
-(:meth:`.reader.StoredIndex.verify`, ``python -m pyserini_aligner.index --index DIR --verify``). Commits:
+Small files are checked against their CRC32 whenever the index is opened, larger ones block by block when a process
+first opens them (:mod:`.checksums`; indexes written before block checksums leave them unchecked); every file's whole
+CRC32 on demand (:meth:`.reader.StoredIndex.verify`, ``python -m pyserini_aligner.index --index DIR --verify``). Commits:
 :mod:`.commit`; reading the token data: :mod:`.reader`. Kept free of numpy and torch: the manifest is read
 before any of them is needed.
 """
@@ -82,7 +83,7 @@ class SegmentInfo:
     num_empty: int = 0  # documents skipped for blank text (not indexed)
     deletes: str | None = None  # tombstone file inside the segment folder
     num_deleted: int = 0
-    files: dict = field(default_factory=dict)  # file name -> {"bytes": int, "crc32": int}
+    files: dict = field(default_factory=dict)  # file name -> {"bytes": int, "crc32": int[, "blocks": {...}]}
     build_stats: dict = field(default_factory=dict)  # seconds spent encoding, pruning, compressing, writing
 
 

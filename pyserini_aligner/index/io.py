@@ -3,19 +3,18 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zlib
 from pathlib import Path
 
-from pyserini_aligner.index import faults
+from pyserini_aligner.index import checksums, faults
 
 
 def file_record(path: Path) -> dict:
-    """{"bytes": size, "crc32": CRC32} of a file, read in 16 MiB blocks."""
-    crc, size = 0, 0
+    """{"bytes": size, "crc32": CRC32} of a file, read in 16 MiB blocks (with its block CRC32s past one block)."""
+    sums = checksums.BlockCrc()
     with open(path, "rb") as handle:
         while block := handle.read(1 << 24):
-            crc, size = zlib.crc32(block, crc), size + len(block)
-    return {"bytes": size, "crc32": crc}
+            sums.update(block)
+    return sums.record()
 
 
 def fsync_dir(path: Path) -> None:

@@ -16,6 +16,7 @@ from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, COD
                                            KEPT_BITS, MANIFEST, OFFSETS, SALIENCE, SMALL_FILE, TOKEN_CENTROIDS,
                                            TOKEN_RESIDUALS, VECTORS, IndexFormatError, Manifest, SegmentInfo,
                                            faiss_error_message, read_manifest)
+from pyserini_aligner.index import checksums
 from pyserini_aligner.index.io import file_record
 
 
@@ -53,6 +54,8 @@ def _check_files(folder: Path, records: dict, sizes: dict[str, int], verify_all:
                                    "(truncated or corrupt index file; rebuild the index)")
         if (verify_all or size <= SMALL_FILE) and file_record(path)["crc32"] != record.get("crc32"):
             raise IndexFormatError(f"{path}: checksum mismatch (corrupt index file; rebuild the index)")
+        if not verify_all and size > SMALL_FILE and (problem := checksums.bad_block(path, record)):
+            raise IndexFormatError(f"{path}: {problem} (corrupt index file; rebuild the index)")
         paths[name] = path
     missing = sorted(set(sizes) - set(records))
     if missing:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import shutil
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.index import faults
+from pyserini_aligner.index import checksums, faults
 from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES, DOCIDS,
                                            FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT, KEPT_BITS,
                                            OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS, SegmentInfo,
@@ -30,14 +29,14 @@ _ADD_CHUNK = 1 << 16  # vectors per FAISS add() call
 
 
 class _Sink:
-    """A file written in appends, with its size and CRC32 kept as it grows."""
+    """A file written in appends, with its size and CRC32s (whole file, blocks) kept as it grows."""
 
     def __init__(self, path: Path):
-        self.handle, self.crc, self.size = path.open("wb"), 0, 0
+        self.handle, self.sums = path.open("wb"), checksums.BlockCrc()
 
     def write(self, data: bytes) -> None:
         self.handle.write(data)
-        self.crc, self.size = zlib.crc32(data, self.crc), self.size + len(data)
+        self.sums.update(data)
 
     def close(self) -> dict:
         self.handle.flush()
@@ -45,7 +44,7 @@ class _Sink:
 
         os.fsync(self.handle.fileno())
         self.handle.close()
-        return {"bytes": self.size, "crc32": self.crc}
+        return self.sums.record()
 
 
 def write_files(folder: Path, contents: dict[str, bytes]) -> dict[str, dict]:
