@@ -193,8 +193,8 @@ def classify(step: Step, b: int, row: int, kept: Tensor) -> dict:
         cause = "candidate limit" if rank is not None else "probe depth"
     proxy = float(step.proxy[b, rank]) if rank is not None else -float("inf")
     return {"cause": cause, "proxy_rank": rank, "proxy": finite(proxy), "threshold": finite(threshold),
-            "proxy_all_tokens": finite(every),
-            "proxy_kept_tokens": finite(only_kept), "kept_tokens_pass": only_kept > threshold}
+            "proxy_all_tokens": finite(every), "proxy_kept_tokens": finite(only_kept),
+            "kept_tokens_pass": only_kept > threshold}
 
 
 def finite(value: float) -> float | None:
@@ -204,7 +204,7 @@ def finite(value: float) -> float | None:
 
 def variants(step: Step, oracle: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     """Candidate sets (rows [B, ·] ascending, valid) of the variants, by name."""
-    per_token, nprobe, wide, limit = step.depth
+    _, _, wide, limit = step.depth
     out = {"default": step.refined, "C ×2": step.narrowed(2 * limit), "C ×4": step.narrowed(4 * limit)}
     if wide:
         candidates = ascending(step.ranked[:, :4 * wide])
@@ -266,7 +266,7 @@ def study(searcher, texts: list[str], exact_rows: list[list[int]], depth, batch:
         "variants": [{"variant": name, "refined": round(float(np.mean(v["refined"])), 1),
                       "recall@refined": round(float(np.mean(v["recall"])), 4),
                       "overlap@10": round(float(np.mean(v["overlap"])), 4)} for name, v in rows_of.items()],
-        "seconds": {step: round(s, 2) for step, s in seconds.items()}, "misses": misses}
+        "seconds": {name: round(s, 2) for name, s in seconds.items()}, "misses": misses}
 
 
 def command(args: argparse.Namespace) -> str:
@@ -281,6 +281,7 @@ def command(args: argparse.Namespace) -> str:
 
 
 def markdown(report: dict) -> str:
+    """The report as markdown: the run, the misses by cause, the variants."""
     s, r = report["settings"], report["result"]
     k, nprobe, wide, limit = s["depth"]
     lines = [f"# Misses of the default search at {s['label']} passages ({report['machine']['gpu'] or 'CPU'})", "",
