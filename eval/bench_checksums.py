@@ -24,7 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from pyserini_aligner.index import checksums, read_manifest, store
+from pyserini_aligner.index import checksums, read_manifest
+from pyserini_aligner.index.commit import write_manifest
+from pyserini_aligner.index.format import is_index
 
 QUERY = "Cold exposure increases brown adipose tissue recruitment."
 _CHILD = """
@@ -55,7 +57,7 @@ def without_block_checksums(index: Path, target: Path) -> None:
     for records in [manifest.codec_files] + [seg.files for seg in manifest.segments]:
         for record in records.values():
             record.pop("blocks", None)
-    store.write_manifest(target, manifest)
+    write_manifest(target, manifest)
 
 
 def open_and_search_seconds(index: Path, model: str) -> float:
@@ -77,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not store.is_index(args.index):
+    if not is_index(args.index):
         limit = ["--max-docs", str(args.max_docs)] if args.max_docs else []
         subprocess.run([sys.executable, "-m", "pyserini_aligner.index", "--corpus", args.corpus, "--index",
                         str(args.index), "--encoder", args.encoder, *limit], check=True)

@@ -333,7 +333,7 @@ class AlignerModel(nn.Module):
             self.to(device)
         ids, truncated = self.tokenize(list(texts), is_query, maxlen)
         kind = "query" if is_query else "doc"
-        self._report_truncation(kind, sum(truncated), len(ids), maxlen)
+        self.report_truncation(kind, sum(truncated), len(ids), maxlen)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
         results: list[EncodedText | None] = [None] * len(ids)
         saved_dtype, was_training = self.compute_dtype, self.training
@@ -370,7 +370,7 @@ class AlignerModel(nn.Module):
     def tokenize_reported(self, texts: list[str], is_query: bool, maxlen: int | None = None) -> list[list[int]]:
         """:meth:`tokenize`'s token ids, with the warning every encoding gives of the texts cut to ``maxlen``."""
         ids, truncated = self.tokenize(list(texts), is_query, maxlen)
-        self._report_truncation("query" if is_query else "doc", sum(truncated), len(ids), maxlen)
+        self.report_truncation("query" if is_query else "doc", sum(truncated), len(ids), maxlen)
         return ids
 
     def encode_token_ids(self, ids: list[list[int]], is_query: bool, batch_size: int = 32,
@@ -398,7 +398,7 @@ class AlignerModel(nn.Module):
                 self.train()
         return TokenOutput(vectors, mask, salience)
 
-    def _report_truncation(self, kind: str, count: int, total: int, maxlen: int | None) -> None:
+    def report_truncation(self, kind: str, count: int, total: int, maxlen: int | None) -> None:
         if not count:
             return
         limit = maxlen or (self.config.query_maxlen if kind == "query" else self.config.doc_maxlen)

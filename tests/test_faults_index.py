@@ -15,8 +15,7 @@ import pytest
 from pyserini_aligner.index import __main__ as index_cli
 from pyserini_aligner.index import build_index, checksums
 from pyserini_aligner.index.commit import write_manifest
-from pyserini_aligner.index.format import MANIFEST
-from pyserini_aligner.index.format import SMALL_FILE, IndexFormatError, read_manifest
+from pyserini_aligner.index.format import MANIFEST, SMALL_FILE, IndexFormatError, read_manifest
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search import __main__ as search_cli

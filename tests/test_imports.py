@@ -94,7 +94,7 @@ def main_imports(graph: dict[str, set[str]]) -> list[str]:
 INDEX_FOUNDATION = ("pyserini_aligner.index.format", "pyserini_aligner.index.io", "pyserini_aligner.index.commit",
                     "pyserini_aligner.index.codec_spec")  # what every reader and writer of an index stands on
 INDEX_ABOVE = ("pyserini_aligner.index.reader", "pyserini_aligner.index.builder", "pyserini_aligner.index.live",
-               "pyserini_aligner.index.segment", "pyserini_aligner.index.codec", "pyserini_aligner.index.store",
+               "pyserini_aligner.index.segment", "pyserini_aligner.index.codec",
                "pyserini_aligner.search")
 PATCHES = "pyserini_aligner.pyserini_patches"
 MAKE_DEFAULT = "pyserini_aligner.checkpoints.make_default"

@@ -11,13 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pyserini_aligner", "eval")
 # underscore names that are public by convention: namedtuple's API, the exit that skips clean-up handlers
 CONVENTIONAL = {"_replace", "_asdict", "_fields", "_make", "_exit"}
-# known exceptions, by file and name: a marker set on a third-party class, Pyserini's dense-sparse fusion (no public
-# equivalent), and index/'s use of index/store.py's private helpers (index/ is restructured on its own)
+# known exceptions, by file and name: a marker set on a third-party class and Pyserini's dense-sparse fusion (no
+# public equivalent)
 ALLOWED = {("pyserini_aligner/data.py", "_pyserini_aligner_quiet"),
-           ("pyserini_aligner/serve/served.py", "_hybrid_results"),
-           ("pyserini_aligner/index/builder.py", "_report_truncation"),
-           ("pyserini_aligner/index/distributed.py", "_read_docids"),
-           ("pyserini_aligner/index/segment.py", "_memmap")}
+           ("pyserini_aligner/serve/served.py", "_hybrid_results")}
 
 
 def _private(name: str) -> bool:

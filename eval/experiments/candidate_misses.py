@@ -48,8 +48,9 @@ from eval.bench_scale.sweep import parse_settings
 from eval.cli import configure_logging, corpus_size, positive_int
 from pyserini_aligner.index.codec import pq_encode
 from pyserini_aligner.salience import prune_mask
-from pyserini_aligner.search.backends import Queries
-from pyserini_aligner.search.engine import ascending, narrow, probe_floors, rank_candidates, top_hits
+from pyserini_aligner.search.backends.base import Queries
+from pyserini_aligner.search.candidates import ascending, narrow, probe_floors, rank_candidates, top_hits
+from pyserini_aligner.search.encoding import EagerEncoder
 
 CAUSES = ("pruned tokens", "candidate limit", "probe depth", "interaction", "codes")
 ORACLE_STEP = 1 << 16  # passages scored at once by the exhaustive centroid interaction
@@ -110,8 +111,8 @@ class Step:
 
     def __init__(self, searcher, texts: list[str], depth: tuple[int, int, int, int]):
         self.engine, self.depth = searcher.engine, depth
-        out = searcher._encode(texts)
-        q, mask, salience = out.vectors.float(), out.mask, out.salience
+        encode = EagerEncoder(searcher.model, torch.get_num_threads(), searcher.batch_size, searcher.query_max_length)
+        q, mask, salience = encode(texts)
         self.queries = Queries(q, mask, salience, prune_mask(salience, mask, searcher.query_prune),
                                searcher.use_salience)
         per_token, nprobe, wide, limit = depth
@@ -342,7 +343,7 @@ def run(args: argparse.Namespace) -> dict:
                                    batch_size=args.search_batch)
         if list(searcher.docids) != docids:
             raise ValueError(f"{index_dir} does not hold the {size_label(args.size)} synthetic passages in order")
-        depth = searcher._depth(K)
+        depth = searcher.depth(K)
         row_of = {docid: row for row, docid in enumerate(docids)}
         exact_rows = [[row_of[docid] for docid, _ in hits] for hits in exact]
         kept = torch.from_numpy(np.concatenate([s.kept for s in searcher.store.segments])).to(searcher.engine.device)

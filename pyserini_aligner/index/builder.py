@@ -91,7 +91,7 @@ def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxl
             pending = pool.submit(read_next)
             begin = time.perf_counter()
             chunk, ids, truncated = ready
-            model._report_truncation("doc", sum(truncated), len(ids), maxlen)
+            model.report_truncation("doc", sum(truncated), len(ids), maxlen)
             out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)

@@ -20,7 +20,7 @@ from pyserini_aligner.index import checksums
 from pyserini_aligner.index.io import file_record
 
 
-def _memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+def memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     """Read-only memmap (an empty array for zero-size files, which numpy cannot map)."""
     if int(np.prod(shape)) == 0:
         return np.zeros(shape, dtype=dtype)
@@ -86,23 +86,23 @@ class Segment:
                 raise IndexFormatError(f"{paths[info.deletes]}: {int(self.deleted.sum())} tombstones, the manifest "
                                        f"says {info.num_deleted}")
         if pq_m:
-            self.centroid_ids = _memmap(paths[TOKEN_CENTROIDS], np.uint16, (t,))
-            self.residuals = _memmap(paths[TOKEN_RESIDUALS], np.uint8, (t, residual_m or pq_m))
+            self.centroid_ids = memmap(paths[TOKEN_CENTROIDS], np.uint16, (t,))
+            self.residuals = memmap(paths[TOKEN_RESIDUALS], np.uint8, (t, residual_m or pq_m))
             self.kept_bits = np.fromfile(paths[KEPT_BITS], dtype=np.uint8)
             self.ivf_offsets = np.fromfile(paths[IVF_OFFSETS], dtype=np.int64)
             if self.ivf_offsets[0] != 0 or self.ivf_offsets[-1] != k or (np.diff(self.ivf_offsets) < 0).any():
                 raise IndexFormatError(f"{paths[IVF_OFFSETS]}: not a non-decreasing run from 0 to {k} (corrupt)")
-            self.ivf_docs = _memmap(paths[IVF_DOCS], np.int32, (k,))
-            self.ivf_codes = _memmap(paths[IVF_CODES], np.uint8, (k, pq_m))
+            self.ivf_docs = memmap(paths[IVF_DOCS], np.int32, (k,))
+            self.ivf_codes = memmap(paths[IVF_CODES], np.uint8, (k, pq_m))
             self.vectors = self.salience = None
         else:
-            self.vectors = _memmap(paths[VECTORS], np.float16, (t, d))
-            self.salience = _memmap(paths[SALIENCE], np.float32, (t,))
-            self.kept_bool = _memmap(paths[KEPT], np.bool_, (t,))
+            self.vectors = memmap(paths[VECTORS], np.float16, (t, d))
+            self.salience = memmap(paths[SALIENCE], np.float32, (t,))
+            self.kept_bool = memmap(paths[KEPT], np.bool_, (t,))
             self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
             if k and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= t):
                 raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {t})")
-        self.docids = _read_docids(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
+        self.docids = read_docids(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
 
     @property
     def kept(self) -> np.ndarray:
@@ -134,7 +134,7 @@ class Segment:
         return index
 
 
-def _read_docids(path: Path, count: int) -> list[str]:
+def read_docids(path: Path, count: int) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"index file missing: {path}")
     try:

@@ -20,7 +20,7 @@ from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, COD
                                            OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS, SegmentInfo,
                                            faiss_error_message)
 from pyserini_aligner.index.io import file_record
-from pyserini_aligner.index.reader import _memmap
+from pyserini_aligner.index.reader import memmap
 from pyserini_aligner.index.format import new_faiss_index
 from pyserini_aligner.index.codec import ResidualCodec, quantize_centroids
 from pyserini_aligner.index.codec_spec import PQ_CENTROIDS
@@ -209,8 +209,8 @@ class SegmentWriter:
         from tqdm.auto import tqdm
 
         total = self.num_tokens
-        vectors = _memmap(self.folder / VECTORS, np.float16, (total, self.dim))
-        kept = _memmap(self.folder / KEPT, np.bool_, (total,))
+        vectors = memmap(self.folder / VECTORS, np.float16, (total, self.dim))
+        kept = memmap(self.folder / KEPT, np.bool_, (total,))
         faiss_ids = np.flatnonzero(np.asarray(kept)).astype(np.int64)
         index = new_faiss_index(self.dim, self.index_type)
         if not index.is_trained:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, scores_from_similarity
 from pyserini_aligner.index.codec import row_norms, unit_rows
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner import kernels
 from pyserini_aligner.search.candidates import best_entries
 

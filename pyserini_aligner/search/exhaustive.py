@@ -10,7 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import StoredIndex, Workspace
+from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.codes import CodeShard
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.search.encoding import compute_threads

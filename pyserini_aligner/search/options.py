@@ -11,7 +11,7 @@ from pyserini_aligner.alignment import Strategy, parse_strategy
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
 
 if TYPE_CHECKING:
-    from pyserini_aligner.index.store import StoredIndex
+    from pyserini_aligner.index.reader import StoredIndex
 
 BACKENDS = ("faiss", "torch")
 PLACEMENTS = ("auto", "replicate", "shard")

@@ -9,7 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
-from pyserini_aligner.index.store import MANIFEST, StoredIndex, Workspace
+from pyserini_aligner.index.format import MANIFEST
+from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model, model_for_index
 from pyserini_aligner.search.encoding import compute_threads, pad_encoded

@@ -26,7 +26,8 @@ import torch
 
 from pyserini_aligner.alignment import parse_strategy
 from pyserini_aligner.dist import DistContext
-from pyserini_aligner.index.store import StoredIndex, read_manifest
+from pyserini_aligner.index.format import read_manifest
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.search.backends.base import Scoring, step_clock
 from pyserini_aligner.search.backends.choose import close_backend, front_end, open_backend

@@ -123,7 +123,7 @@ def lucene_index_problem(path: str, as_dense: str, sparse: str) -> str | None:
     """Why ``path`` can't be searched with BM25 (the sparse index of ``pyserini.search.hybrid``, ``--bm25`` here),
     or None: an AligneR index (``as_dense``: how to give it as the dense index instead; ``sparse``: where the Lucene
     index goes) or a folder that holds no Lucene index (Lucene would raise a Java IndexNotFoundException)."""
-    from pyserini_aligner.index.store import is_index
+    from pyserini_aligner.index.format import is_index
 
     if is_index(path):
         return f"is an AligneR index; give it as the dense index ({as_dense}) and a Lucene index as {sparse}"

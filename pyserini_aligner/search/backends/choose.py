@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search.backends.base import FrontEnd, Scoring, SearchBackend
 from pyserini_aligner.search.backends.exchanged import Exchanged, ExchangedReplica
 from pyserini_aligner.search.backends.faiss_cpu import FaissFlat, FaissIVF

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import alignment_scores
-from pyserini_aligner.index.store import StoredIndex, Workspace
+from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
 from pyserini_aligner.search.candidates import merge_probes

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, no_clock
 from pyserini_aligner.search.options import Depth
 from pyserini_aligner.search.codes import allowed_rows

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from pyserini_aligner.index.store import StoredIndex
+from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.codes import CodeShard, held_first, query_chunks
 
