@@ -31,9 +31,9 @@ from pyserini_aligner.index.format import is_index
 QUERY = "Cold exposure increases brown adipose tissue recruitment."
 _CHILD = """
 import sys, time
-from pyserini_aligner.model import AlignerModel
+from pyserini_aligner.resolve import load_model
 from pyserini_aligner.search import AlignerSearcher
-model = AlignerModel.from_pretrained(sys.argv[2])
+model = load_model(sys.argv[2])
 start = time.perf_counter()
 AlignerSearcher(sys.argv[1], encoder=model).search(sys.argv[3], k=10)
 print(time.perf_counter() - start)
