@@ -208,7 +208,7 @@ def test_serve_ports_ready_line_hit_cap_and_bm25_checks(index, tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "pyserini_aligner.serve", "--rest", "--port", "0", "--index",
                                f"sci={index}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
-    timer = threading.Timer(180, server.kill)  # a server that never gets ready ends the read below
+    timer = threading.Timer(600, server.kill)  # a server that never gets ready ends the read below
     timer.start()
     try:
         for line in server.stderr:
