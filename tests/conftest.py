@@ -1,6 +1,9 @@
 """Shared test set-up: real BEIR data from ../shared, linked into a writable ir_datasets home; the shipped model
 loaded once per session."""
 import copy
+import re
+import subprocess
+import sys
 import json
 import os
 import shutil
@@ -286,3 +289,25 @@ def run_module(module: str, *args: str) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+def run(*args, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python <args>`` with this interpreter, from the repository root."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def messages(stderr: str) -> list[str]:
+    """The lines of ``stderr`` less progress bars, log lines and Java's start-up notes."""
+    lines = [line.strip() for line in re.split(r"[\r\n]", stderr)]
+    return [line for line in lines if line and "%|" not in line and not re.match(r"(WARNING|INFO|[A-Z][a-z]{2} \d)",
+                                                                                   line)]
+
+
+def one_line_error(result: subprocess.CompletedProcess, status: int, text: str) -> str:
+    """The one ``error:`` line of a failed command, asserted to hold ``text``, with exit ``status``, no traceback."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in messages(result.stderr) if line.startswith("error:") or ": error:" in line]
+    assert result.returncode == status and len(errors) == 1 and text in errors[0], (result.returncode,
+                                                                                    result.stderr[-3000:])
+    return errors[0]

@@ -20,31 +20,11 @@ import torch
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.trec import read_run
 
-from conftest import scifact_docs
+from conftest import messages, one_line_error, run, scifact_docs
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = {"q1": "vitamin D deficiency and bone density", "q2": "stem cells in the bone marrow",
            "q3": "antibiotic resistance of bacteria"}
-
-
-def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python <args>`` with this interpreter, from the repository root."""
-    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def messages(stderr: str) -> list[str]:
-    """The lines of ``stderr`` less progress bars and Java's and Lucene's start-up notes."""
-    lines = [line.strip() for line in re.split(r"[\r\n]", stderr)]
-    return [line for line in lines if line and "%|" not in line and not re.match(r"(WARNING|INFO|[A-Z][a-z]{2} \d)",
-                                                                                   line)]
-
-
-def one_line_error(result: subprocess.CompletedProcess, status: int, text: str) -> None:
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in messages(result.stderr) if line.startswith("error:") or ": error:" in line]
-    assert result.returncode == status and len(errors) == 1 and text in errors[0], (result.returncode,
-                                                                                    result.stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
