@@ -38,7 +38,7 @@ class Exchanged(Staged):
     best documents often lie close together in an index). Without it (on CPUs, and where a rank holds no segment)
     every rank scores the candidates it holds for every query and the scores are combined by an element-wise
     maximum: each query-dependent table is then computed over the same queries as on one device, which keeps a
-    CPU's scores those of one device to the last bit."""
+    CPU's scores those of one device to float32 rounding (another process's BLAS may sum in another order)."""
 
     placement = "shard"
 

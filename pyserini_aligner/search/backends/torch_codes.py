@@ -39,7 +39,7 @@ class TorchCodes(Staged):
         split index scores its own share of the candidates rather than a padded tensor of all of them. The queries
         go in the chunks that :meth:`..codes.CodeShard.refine` makes of the whole candidate list, each chunk's held
         candidates gathered to the front: every query-dependent table is computed over the same queries as on one
-        device, so the scores are those of one device to the last bit. Scores [B, C] on this device."""
+        device, so the scores are those of one device to float32 rounding. Scores [B, C] on this device."""
         shard = self.shard
         rows, valid = rows.to(self.device), valid.to(self.device)
         q, q_mask = q.to(self.device), q_mask.to(self.device)
