@@ -14,6 +14,7 @@ import torch
 
 from pyserini_aligner.alignment import alignment_scores
 from pyserini_aligner.index import IndexFormatError, derive_index
+from pyserini_aligner.index.commit import write_manifest
 from pyserini_aligner.index.format import DOCIDS, FAISS_INDEX, MANIFEST, SALIENCE, SMALL_FILE, read_manifest
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
@@ -211,8 +212,14 @@ def test_corrupt_or_missing_files_are_named(tmp_path, index_dir, model):
     (seg,) = read_manifest(broken).segments
     seg_dir = broken / seg.name
     size = (seg_dir / FAISS_INDEX).stat().st_size
-    assert size > SMALL_FILE  # not checksummed on open: FAISS itself must report the damage
+    assert size > SMALL_FILE  # its blocks are checked on open; without block checksums FAISS reports the damage
     (seg_dir / FAISS_INDEX).write_bytes(b"garbage".ljust(size, b"\0"))
+    with pytest.raises(IndexFormatError, match=r"seg-.*/faiss\.index: checksum mismatch in bytes 0-"):
+        AlignerSearcher(broken, encoder=model)
+    manifest = read_manifest(broken)  # as written before block checksums
+    for record in manifest.segments[0].files.values():
+        record.pop("blocks", None)
+    write_manifest(broken, manifest)
     with pytest.raises(IndexFormatError, match=r"seg-.*/faiss\.index: FAISS cannot read it"):
         AlignerSearcher(broken, encoder=model)
     (seg_dir / FAISS_INDEX).unlink()
