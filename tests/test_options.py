@@ -56,8 +56,7 @@ def test_unknown_settings_are_type_errors_naming_the_fields():
 def test_the_depth_of_a_search():
     """K and the refined count at least DEEP_FACTOR·k, the interaction width only where wider than the refined count
     and the backend has the stage, nprobe raised to reach 2K entries, everything bounded by the live documents."""
-    store = SimpleNamespace(num_live=1000, codec=object(), codec_spec=SimpleNamespace(nlist=64),
-                            manifest=SimpleNamespace(num_kept=6400))
+    store = SimpleNamespace(num_live=1000, codec=object(), codec_spec=SimpleNamespace(nlist=64), num_live_kept=6400)
     options = SearchOptions(k_per_token=20, max_candidates=50, interaction_candidates=300, nprobe=2).resolved()
     assert options.depth(10, store, True) == Depth(per_probe=20, nprobe=2, interaction=300, refined=50)
     assert options.depth(10, store, False).interaction == 0
