@@ -119,8 +119,8 @@ def aligner_adapted(ctx: Context) -> Hits:
     from pyserini_aligner.adapt.checkpoints import checkpoint_label
     from pyserini_aligner.adapt.select import (CANDIDATE_STRATEGIES, Candidate, few_shot_adaptation, mean_delta,
                                                per_query, strategy_table)
-    from pyserini_aligner.alignment import parse_strategy
     from pyserini_aligner.checkpoints import SHIPPED
+    from pyserini_aligner.search.options import SearchOptions
 
     full = require(ctx, "aligner-exact", "aligner-adapted")
     own = checkpoint_label(ctx.encoder)
@@ -132,7 +132,7 @@ def aligner_adapted(ctx: Context) -> Hits:
     table = strategy_table(ctx.qrels, runs)
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
     adaptation = few_shot_adaptation({c: {q: v[q] for q in judged} for c, v in table.items()},
-                                     Candidate(own, str(parse_strategy(ctx.strategy))), ctx.fold_size, ctx.seed,
+                                     Candidate(own, str(SearchOptions(strategy=ctx.strategy).strategy)), ctx.fold_size, ctx.seed,
                                      ctx.alpha, ctx.min_gain)
     baseline = adaptation.baseline
     served = {c: full if c == baseline else

@@ -159,7 +159,7 @@ def adapt(args: argparse.Namespace) -> int:
     qrels = read_qrels(args.qrels)
     topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
     baseline = Candidate(own, str(manifest.default_strategy))  # what the index uses now
-    strategies = list(dict.fromkeys([baseline.strategy, *(str(s) for s in args.strategies)]))
+    strategies = list(dict.fromkeys([manifest.default_strategy, *args.strategies]))
     qids = list(topics)
     candidates = first_stage(args, model, baseline.strategy, topics)
     rescored = []
