@@ -451,8 +451,8 @@ class Trainer:
         if not path.is_file():
             raise FileNotFoundError(f"--resume: no {STATE_FILE} in {self.out}")
         state = torch.load(path, map_location="cpu", weights_only=False)
-        changed = sorted(k for k, v in state["config"].items()
-                         if k not in _RESUME_FREE and getattr(self.cfg, k, None) != v)
+        config = self.cfg.to_dict()  # as the state holds it
+        changed = sorted(k for k, v in state["config"].items() if k not in _RESUME_FREE and config.get(k) != v)
         if changed:
             raise ValueError(f"--resume: {path} was written with a different config; changed field(s) {changed}")
         params = dict(self.model.named_parameters())
