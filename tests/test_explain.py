@@ -22,6 +22,7 @@ from conftest import cli_error
 
 QUERY = "diffusion tensor imaging of white matter in newborn brains"
 STRATEGY = parse_strategy("top-k:2")
+TOP_P = parse_strategy("top-p:0.02")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_salience_model_shades_by_salience(corpus):
             head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.1)
     text = doc_text(corpus, "4983")
     stored = model.encode([text], is_query=False)[0]
-    ex = explain_document(model, QUERY, text, stored.vectors.astype(np.float16), stored.salience, parse_strategy("top-p:0.02"),
+    ex = explain_document(model, QUERY, text, stored.vectors.astype(np.float16), stored.salience, TOP_P,
                           docid="4983")
     q_sal = model.encode([QUERY], is_query=True)[0].salience
     np.testing.assert_allclose(ex.q_weight, q_sal, rtol=1e-6)

@@ -131,8 +131,8 @@ def rescored_runs(ctx: Context, candidates: Hits, strategies, encoder: str | Non
     missing = [s for s in specs if not paths[s].is_file()]
     runs = {s: load_hits(paths[s]) for s in specs if s not in missing}
     if missing:
-        fresh = rescore(StoredIndex(index_dir), ctx.checkpoint(encoder), ctx.queries, heads, [typed[s] for s in missing],
-                        progress=ctx.progress)
+        fresh = rescore(StoredIndex(index_dir), ctx.checkpoint(encoder), ctx.queries, heads,
+                        [typed[s] for s in missing], progress=ctx.progress)
         for s in missing:
             save_hits(fresh[s], paths[s])
         runs.update(fresh)

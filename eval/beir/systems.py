@@ -131,9 +131,9 @@ def aligner_adapted(ctx: Context) -> Hits:
             for s, run in rescored_runs(ctx, full, CANDIDATE_STRATEGIES, encoder).items()}
     table = strategy_table(ctx.qrels, runs)
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
-    adaptation = few_shot_adaptation({c: {q: v[q] for q in judged} for c, v in table.items()},
-                                     Candidate(own, str(SearchOptions(strategy=ctx.strategy).strategy)), ctx.fold_size, ctx.seed,
-                                     ctx.alpha, ctx.min_gain)
+    own_default = Candidate(own, str(SearchOptions(strategy=ctx.strategy).strategy))  # its string as the table's
+    adaptation = few_shot_adaptation({c: {q: v[q] for q in judged} for c, v in table.items()}, own_default,
+                                     ctx.fold_size, ctx.seed, ctx.alpha, ctx.min_gain)
     baseline = adaptation.baseline
     served = {c: full if c == baseline else
               search(ctx, full_index(ctx, sources[c.checkpoint]), desc=f"aligner-adapted {c}", strategy=c.strategy,

@@ -63,7 +63,8 @@ class TrainConfig:
     temperature: float = 0.02
     contrastive_weight: float = 1.0  # weight of the cross-entropy on the labelled (or pseudo-) positive; 0 with an
     # anchor trains on the teacher's ranking alone
-    strategy_mix: list[Strategy] = field(default_factory=list)  # per batch one of these (seeded); [] = always `strategy`
+    # per batch one of these (seeded); [] = always `strategy`
+    strategy_mix: list[Strategy] = field(default_factory=list)
     # anchor: + anchor_weight * KL(teacher || student) over each query's batch candidates; the teacher is frozen:
     # "backbone" = the starting backbone's L2-normalised token states (hidden size), top-k:1 MaxSim;
     # "init" = the starting model itself (its projection) under the batch's strategy; "fusion" = the mean of per-query
