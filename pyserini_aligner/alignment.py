@@ -48,13 +48,12 @@ def _topk_select(sim: Tensor, d_mask: Tensor, strategy: Strategy) -> tuple[Tenso
     return torch.where(kept, vals, torch.zeros_like(vals)), idx, kept
 
 
-def alignment_weights(sim: Tensor, d_mask: Tensor, strategy: Strategy | str) -> Tensor:
+def alignment_weights(sim: Tensor, d_mask: Tensor, strategy: Strategy) -> Tensor:
     """Pairwise alignment Ã [..., n, m] from similarities sim [..., n, m] and d_mask [..., m] (bool).
 
     top-k: per row the min(k, m_real) largest real entries get 1; top-p: k = max(floor(p·m_real), 1)
     per doc; da: each row = solve_entropic_lp(row, k, eps, d_mask). Padded columns are 0.
     """
-    strategy = parse_strategy(strategy)
     d_mask = d_mask.to(torch.bool).expand(*sim.shape[:-2], sim.shape[-1])
     if strategy.kind == "da":
         return solve_entropic_lp(sim, strategy.k, strategy.eps, d_mask.unsqueeze(-2))
@@ -114,7 +113,7 @@ def alignment_scores(
     q_mask: Tensor,
     d: Tensor,
     d_mask: Tensor,
-    strategy: Strategy | str,
+    strategy: Strategy,
     q_sal: Tensor | None = None,
     d_sal: Tensor | None = None,
 ) -> Tensor:
@@ -123,7 +122,6 @@ def alignment_scores(
     Masks are bool (True = real token); q_sal [Bq, n] / d_sal [Bd, m] are unary saliences (None = 1).
     Σ A = 0 gives 0. Computed in q's dtype; docs are processed in chunks to bound memory.
     """
-    strategy = parse_strategy(strategy)
     q, q_w, d, d_mask, d_w = _prepare(q, q_mask, d, d_mask, q_sal, d_sal)
     per_doc = max(1, q.shape[0] * q.shape[1] * d.shape[1])
     step = max(1, _CHUNK_ELEMENTS // per_doc)
@@ -143,12 +141,11 @@ def alignment_scores_paired(
     q_mask: Tensor,
     d: Tensor,
     d_mask: Tensor,
-    strategy: Strategy | str,
+    strategy: Strategy,
     q_sal: Tensor | None = None,
     d_sal: Tensor | None = None,
 ) -> Tensor:
     """Scores [B] of query i (q [B, n, dim]) against doc i (d [B, m, dim]); arguments as in alignment_scores."""
-    strategy = parse_strategy(strategy)
     if q.shape[0] != d.shape[0]:
         raise ValueError(f"paired scoring needs as many queries as docs, got {q.shape[0]} and {d.shape[0]}")
     q, q_w, d, d_mask, d_w = _prepare(q, q_mask, d, d_mask, q_sal, d_sal)
@@ -156,11 +153,10 @@ def alignment_scores_paired(
     return _score(sim, q_w, d_mask, d_w, strategy)
 
 
-def scores_from_similarity(sim: Tensor, q_mask: Tensor, d_mask: Tensor, strategy: Strategy | str,
+def scores_from_similarity(sim: Tensor, q_mask: Tensor, d_mask: Tensor, strategy: Strategy,
                            q_sal: Tensor | None = None) -> Tensor:
     """Scores [B, C] of query i against each of its own C docs from their similarities sim [B, C, n, m] (rows of
     padded query tokens may hold anything), q_mask [B, n] bool, d_mask [B, C, m] bool, q_sal [B, n] or None."""
-    strategy = parse_strategy(strategy)
     q_mask = q_mask.to(device=sim.device, dtype=torch.bool)
     zero = torch.zeros((), dtype=sim.dtype, device=sim.device)
     q_w = q_mask.to(sim.dtype) if q_sal is None else torch.where(q_mask, q_sal.to(sim.dtype), zero)
@@ -172,13 +168,12 @@ def alignment_scores_grouped(
     q_mask: Tensor,
     d: Tensor,
     d_mask: Tensor,
-    strategy: Strategy | str,
+    strategy: Strategy,
     q_sal: Tensor | None = None,
     d_sal: Tensor | None = None,
 ) -> Tensor:
     """Scores [B, C] of query i (q [B, n, dim]) against each of its own C docs (d [B, C, m, dim], d_mask [B, C, m],
     d_sal [B, C, m]); other arguments as in alignment_scores. Used to refine per-query candidate lists at once."""
-    strategy = parse_strategy(strategy)
     if d.dim() != 4 or d.shape[0] != q.shape[0] or d_mask.shape != d.shape[:3]:
         raise ValueError(f"grouped scoring needs d [B, C, m, dim] with B = {q.shape[0]} queries and d_mask "
                          f"[B, C, m], got d {tuple(d.shape)} and d_mask {tuple(d_mask.shape)}")

@@ -125,7 +125,7 @@ def device(text: str) -> str:
 
 def strategy(text: str) -> Strategy:
     """argparse ``type``: an alignment strategy (top-k:1, top-p:0.015, da:4:0.04), parsed before any model loads."""
-    from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.strategy import parse_strategy
 
     try:
         return parse_strategy(text)

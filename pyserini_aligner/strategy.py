@@ -50,6 +50,9 @@ class Strategy:
         return f"da:{_fmt(self.k)}:{_fmt(self.eps)}"
 
 
+MAXSIM = Strategy("top-k", k=1)  # top-k:1: each query token's single best document token
+
+
 def parse_strategy(spec: str | Strategy) -> Strategy:
     """Strategy from "top-k:1", "top-p:0.015" or "da:4:0.04" (a Strategy is returned as is)."""
     if isinstance(spec, Strategy):
@@ -69,3 +72,12 @@ def parse_strategy(spec: str | Strategy) -> Strategy:
         return Strategy("da", k=nums[0], eps=nums[1])
     except ValueError as err:
         raise ValueError(f"bad alignment strategy {spec!r} ({err}); expected {_FORMS}") from None
+
+
+def as_strategy(value: str | Strategy) -> Strategy:
+    """The ``strategy`` argument of a public constructor (a Strategy, or its string) as a Strategy; its one
+    coercion, raising ValueError "strategy: ..."."""
+    try:
+        return parse_strategy(value)
+    except ValueError as error:
+        raise ValueError(f"strategy: {error}") from None

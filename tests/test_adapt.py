@@ -17,6 +17,7 @@ from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.index.commit import set_default_strategy
 from pyserini_aligner.index.format import read_manifest
+from pyserini_aligner.strategy import parse_strategy
 
 
 def test_make_folds_is_seeded_and_drops_the_remainder():
@@ -310,7 +311,7 @@ def test_rescore_matches_the_searcher(adapt_index, labelled):
     queries = dict(line.split("\t", 1) for line in labelled[0].read_text().splitlines())
     found = searcher.batch_search(list(queries.values()), list(queries), k=20)
     runs = rescore(searcher.store, model, queries, {q: [h.docid for h in hits] for q, hits in found.items()},
-                   ["top-k:1", "top-p:0.01"])
+                   [parse_strategy("top-k:1"), parse_strategy("top-p:0.01")])
     for q, hits in found.items():
         assert [d for d, _ in runs["top-k:1"][q]] == [h.docid for h in hits]
         assert [s for _, s in runs["top-k:1"][q]] == pytest.approx([h.score for h in hits], abs=1e-5)
@@ -330,9 +331,10 @@ def test_rescore_texts_matches_the_reranker_and_the_stored_vectors(adapt_index, 
     store = StoredIndex(index)
     candidates = {q: store.docids[i:i + 12] for i, q in enumerate(queries)}  # overlapping lists
     texts = {doc.docid: doc.contents for doc in Dataset(str(labelled[2])).docs()}
-    runs, encoded = rescore_texts(model, queries, candidates, texts, ["top-k:1", "top-p:0.01"], batch_size=5)
+    both = [parse_strategy("top-k:1"), parse_strategy("top-p:0.01")]
+    runs, encoded = rescore_texts(model, queries, candidates, texts, both, batch_size=5)
     assert encoded == len({d for docids in candidates.values() for d in docids}) == 15
-    stored = rescore(store, model, queries, candidates, ["top-k:1", "top-p:0.01"])
+    stored = rescore(store, model, queries, candidates, both)
     for spec in ("top-k:1", "top-p:0.01"):
         reranker = AlignmentReranker(model, strategy=spec)
         for q, docids in candidates.items():
@@ -341,7 +343,7 @@ def test_rescore_texts_matches_the_reranker_and_the_stored_vectors(adapt_index, 
             assert [s for _, s in runs[spec][q]] == pytest.approx([h.score for h in hits], abs=1e-5)
             assert dict(runs[spec][q]) == pytest.approx(dict(stored[spec][q]), abs=2e-3)  # fp16 storage
     with pytest.raises(ValueError, match="no text for candidate document"):
-        rescore_texts(model, {"x": "a query"}, {"x": ["nowhere"]}, texts, ["top-k:1"])
+        rescore_texts(model, {"x": "a query"}, {"x": ["nowhere"]}, texts, [parse_strategy("top-k:1")])
 
 
 def table_rows(out: str) -> dict[tuple[str, str], dict]:

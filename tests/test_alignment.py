@@ -17,7 +17,8 @@ from pyserini_aligner.alignment import (
     parse_strategy,
 )
 
-STRATEGIES = ["top-k:1", "top-k:2", "top-k:4", "top-p:0.3", "top-p:0.75", "da:2:0.1", "da:1.5:0.02"]
+STRATEGIES = [parse_strategy(s) for s in ("top-k:1", "top-k:2", "top-k:4", "top-p:0.3", "top-p:0.75", "da:2:0.1",
+                                           "da:1.5:0.02")]
 
 
 def _batch(b: int, length: int, dim: int, gen: torch.Generator, dtype=torch.float64, min_len: int = 1):
@@ -54,7 +55,7 @@ def test_topk1_is_maxsim_over_real_query_tokens():
     sim = torch.einsum("qnh,bmh->qbnm", q, d).masked_fill(~dm[None, :, None, :], -math.inf)
     maxsim = (sim.max(-1).values * qm[:, None, :]).sum(-1)
     expected = maxsim / qm.sum(-1, keepdim=True)
-    torch.testing.assert_close(alignment_scores(q, qm, d, dm, "top-k:1"), expected)
+    torch.testing.assert_close(alignment_scores(q, qm, d, dm, parse_strategy("top-k:1")), expected)
 
 
 @pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.9, 1.0])
@@ -62,15 +63,15 @@ def test_topk1_is_maxsim_over_real_query_tokens():
 def test_topp_equals_topk_with_per_doc_k(p, with_sal):
     q, qm, qs, d, dm, ds = _case(1)
     qs, ds = (qs, ds) if with_sal else (None, None)
-    got = alignment_scores(q, qm, d, dm, f"top-p:{p}", qs, ds)
+    got = alignment_scores(q, qm, d, dm, parse_strategy(f"top-p:{p}"), qs, ds)
     for b in range(d.shape[0]):
         k = max(math.floor(p * int(dm[b].sum())), 1)
         ds_b = None if ds is None else ds[b : b + 1]
-        one = alignment_scores(q, qm, d[b : b + 1], dm[b : b + 1], f"top-k:{k}", qs, ds_b)
+        one = alignment_scores(q, qm, d[b : b + 1], dm[b : b + 1], parse_strategy(f"top-k:{k}"), qs, ds_b)
         torch.testing.assert_close(got[:, b : b + 1], one)
 
 
-@pytest.mark.parametrize("spec", STRATEGIES)
+@pytest.mark.parametrize("spec", STRATEGIES, ids=str)
 @pytest.mark.parametrize("with_sal", [False, True])
 def test_matches_loop_reference(spec, with_sal):
     q, qm, qs, d, dm, ds = _case(2)
@@ -81,7 +82,7 @@ def test_matches_loop_reference(spec, with_sal):
     torch.testing.assert_close(paired, got.diagonal()[:3], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("spec", STRATEGIES)
+@pytest.mark.parametrize("spec", STRATEGIES, ids=str)
 @pytest.mark.parametrize("with_sal", [False, True])
 def test_padding_garbage_never_changes_a_score(spec, with_sal):
     q, qm, qs, d, dm, ds = _case(3)
@@ -109,7 +110,7 @@ def test_padding_garbage_never_changes_a_score(spec, with_sal):
     torch.testing.assert_close(paired, before.diagonal()[:3], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("spec", STRATEGIES)
+@pytest.mark.parametrize("spec", STRATEGIES, ids=str)
 @pytest.mark.parametrize("with_sal", [False, True])
 def test_grouped_matches_loop_reference(spec, with_sal):
     q, qm, qs, d, dm, ds = _case(7)
@@ -124,14 +125,14 @@ def test_grouped_matches_loop_reference(spec, with_sal):
 def test_grouped_rejects_mismatched_shapes():
     q, qm, _, d, dm, _ = _case(8)
     with pytest.raises(ValueError, match="grouped scoring needs d"):
-        alignment_scores_grouped(q, qm, d, dm, "top-k:1")
+        alignment_scores_grouped(q, qm, d, dm, parse_strategy("top-k:1"))
 
 
 def test_chunked_scoring_matches_paired(monkeypatch):
     q, qm, qs, d, dm, ds = _case(4)
-    whole = alignment_scores(q, qm, d, dm, "da:2:0.1", qs, ds)
+    whole = alignment_scores(q, qm, d, dm, parse_strategy("da:2:0.1"), qs, ds)
     monkeypatch.setattr(alignment, "_CHUNK_ELEMENTS", 1)  # one doc per chunk
-    chunked = alignment_scores(q, qm, d, dm, "da:2:0.1", qs, ds)
+    chunked = alignment_scores(q, qm, d, dm, parse_strategy("da:2:0.1"), qs, ds)
     torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
 
 
@@ -144,7 +145,7 @@ def test_weights_rows_and_padding():
         ("top-p:0.5", torch.floor(m_real * 0.5).clamp_min(1)),
         ("da:3:0.05", torch.clamp(m_real, max=3)),
     ]:
-        w = alignment_weights(sim, dm, spec)
+        w = alignment_weights(sim, dm, parse_strategy(spec))
         assert w.shape == sim.shape
         assert (w[~dm[None, :, None, :].expand_as(w)] == 0).all()
         torch.testing.assert_close(w.sum(-1), row_sum[None, :, None].expand(3, -1, 6), rtol=1e-9, atol=1e-9)
@@ -158,14 +159,14 @@ def test_empty_doc_or_query_scores_zero():
         s = alignment_scores(q, qm, d, dm, spec, qs, ds)
         assert (s[:, 1] == 0).all() and (s[2] == 0).all() and s.isfinite().all()
     zero_sal = torch.zeros_like(qs)
-    assert (alignment_scores(q, qm, d, dm, "top-k:1", zero_sal, ds) == 0).all()
+    assert (alignment_scores(q, qm, d, dm, parse_strategy("top-k:1"), zero_sal, ds) == 0).all()
 
 
 def test_dtype_and_gradients():
     q, qm, qs, d, dm, ds = _case(7, torch.float32)
-    assert alignment_scores(q, qm, d.half(), dm, "top-k:1").dtype == torch.float32
-    assert alignment_scores(q.double(), qm, d, dm, "top-p:0.2").dtype == torch.float64
-    for spec in ["top-k:2", "da:2:0.05"]:
+    assert alignment_scores(q, qm, d.half(), dm, parse_strategy("top-k:1")).dtype == torch.float32
+    assert alignment_scores(q.double(), qm, d, dm, parse_strategy("top-p:0.2")).dtype == torch.float64
+    for spec in map(parse_strategy, ["top-k:2", "da:2:0.05"]):
         qq, dd = q.clone().requires_grad_(), d.clone().requires_grad_()
         qsal, dsal = qs.clone().requires_grad_(), ds.clone().requires_grad_()
         alignment_scores(qq, qm, dd, dm, spec, qsal, dsal).sum().backward()
@@ -177,7 +178,7 @@ def test_da_gradcheck():
     q, qm, qs, d, dm, ds = _case(8)
     q, d, qs, ds = (t[:2, :4].clone().requires_grad_() for t in (q, d, qs, ds))
     qm, dm = qm[:2, :4], dm[:2, :4]
-    fn = lambda *a: alignment_scores(a[0], qm, a[1], dm, "da:2:0.3", a[2], a[3])  # noqa: E731
+    fn = lambda *a: alignment_scores(a[0], qm, a[1], dm, parse_strategy("da:2:0.3"), a[2], a[3])  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, d, qs, ds))
 
 

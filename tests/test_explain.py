@@ -16,11 +16,13 @@ from pyserini_aligner.explain import __main__ as cli
 from pyserini_aligner.index import read_json_collection
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.search import AlignerSearcher
+from pyserini_aligner.strategy import parse_strategy
 
 from conftest import cli_error
 
 QUERY = "diffusion tensor imaging of white matter in newborn brains"
-STRATEGY = "top-k:2"
+STRATEGY = parse_strategy("top-k:2")
+TOP_P = parse_strategy("top-p:0.02")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def test_explanations_match_the_searcher(explanations, default_index, model):
     for e in explanations:
         n, m = e.sim.shape
         assert (len(e.q_tokens), len(e.d_tokens)) == (n, m) == e.align.shape
-        assert e.strategy == STRATEGY and not e.use_salience  # the default checkpoint scores without salience
+        assert e.strategy == str(STRATEGY) and not e.use_salience  # the default checkpoint scores without salience
         np.testing.assert_array_equal(e.align.sum(1), 2.0)  # top-k:2: two aligned doc tokens per query token
         assert e.contribution.sum() == pytest.approx(e.score, rel=1e-5)
         np.testing.assert_allclose(e.q_weight, e.sim.max(1), rtol=1e-6)
@@ -62,7 +64,7 @@ def test_html_structure(explanations):
     for word in QUERY.split():
         assert re.search(rf'<span class="tok[^"]*"[^>]*>{word}</span>', page), word
     assert "use_salience = false" in page and "max sim" in page
-    assert STRATEGY in page and f"{explanations[0].score:.4f}" in page
+    assert str(STRATEGY) in page and f"{explanations[0].score:.4f}" in page
     cards = page.split('class="card doc"')[1:]
     for card in cards:
         doc_part = card.split('class="tokens document"')[1]
@@ -111,7 +113,7 @@ def test_salience_model_shades_by_salience(corpus):
             head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.1)
     text = doc_text(corpus, "4983")
     stored = model.encode([text], is_query=False)[0]
-    ex = explain_document(model, QUERY, text, stored.vectors.astype(np.float16), stored.salience, "top-p:0.02",
+    ex = explain_document(model, QUERY, text, stored.vectors.astype(np.float16), stored.salience, TOP_P,
                           docid="4983")
     q_sal = model.encode([QUERY], is_query=True)[0].salience
     np.testing.assert_allclose(ex.q_weight, q_sal, rtol=1e-6)
@@ -126,7 +128,7 @@ def test_salience_model_shades_by_salience(corpus):
 def test_cli_writes_html_and_png(default_index, corpus, tmp_path, capsys):
     html_path, png_path = tmp_path / "explain.html", tmp_path / "explain.png"
     assert cli.main(["--index", str(default_index), "--query", QUERY, "--corpus", str(corpus), "--hits", "2",
-                     "--strategy", STRATEGY, "--output", str(html_path), "--png", str(png_path)]) == 0
+                     "--strategy", str(STRATEGY), "--output", str(html_path), "--png", str(png_path)]) == 0
     assert "wrote" in capsys.readouterr().out
     page = html_path.read_text(encoding="utf-8")
     assert page.count('class="card doc"') == 2 and 'class="tok aligned"' in page

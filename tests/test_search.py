@@ -19,6 +19,7 @@ from pyserini_aligner.index.format import DOCIDS, FAISS_INDEX, MANIFEST, SALIENC
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher, AlignmentReranker, ExhaustiveScorer
 from pyserini_aligner.search.encoding import pad_encoded
+from pyserini_aligner.strategy import MAXSIM
 
 from conftest import DOC_WORDS, N_DOCS, scifact_docs
 from conftest import assert_same_ranking as same_ranking
@@ -142,7 +143,7 @@ def test_pruned_index_and_refine_with_kept(tmp_path, index_dir, model, data):
     assert mask.sum(1).tolist() == [searcher.store.kept[a:b].sum() for a, b in
                                     zip(searcher.store.offsets[:-1], searcher.store.offsets[1:])]
     qv, qm, _ = pad_encoded(model.encode([q], is_query=True), 128)
-    scores = alignment_scores(qv, qm, vectors, mask, "top-k:1")[0]
+    scores = alignment_scores(qv, qm, vectors, mask, MAXSIM)[0]
     best = torch.argsort(scores, descending=True, stable=True)[:5]
     assert [h.docid for h in got] == [searcher.docids[i] for i in best]
     assert np.allclose([h.score for h in got], scores[best].numpy(), atol=1e-5)

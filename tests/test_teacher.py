@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from pyserini_aligner.alignment import alignment_scores
+from pyserini_aligner.strategy import MAXSIM
 from pyserini_aligner.train.teacher import WordpieceBM25, in_units_of, zscore_fusion
 from pyserini_aligner.train.validate import pad_ids
 from tests.test_train_offdomain import bundle_path  # noqa: F401  (fixture)
@@ -90,7 +91,7 @@ def test_fusion_anchor_fuses_the_model_the_untrained_backbone_and_bm25(bundle_pa
     teacher = trainer.teacher
     with torch.no_grad():
         q, d = teacher(*q_in, is_query=True), teacher(*d_in, is_query=False)
-        own = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, "top-k:1", q.salience, d.salience)
+        own = alignment_scores(q.vectors, q.mask, d.vectors, d.mask, MAXSIM, q.salience, d.salience)
         from transformers import AutoModel
 
         raw_model = AutoModel.from_pretrained(teacher.backbone_source).eval()

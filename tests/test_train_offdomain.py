@@ -47,11 +47,11 @@ def batch_inputs(trainer: Trainer) -> tuple:
 
 def scores_of(model: AlignerModel, q_in: tuple, d_in: tuple, strategies: list[str]) -> dict[str, torch.Tensor]:
     """``model``'s alignment scores [B, D] of the inputs under each strategy (no gradients)."""
-    from pyserini_aligner.alignment import alignment_scores
+    from pyserini_aligner.alignment import alignment_scores, parse_strategy
 
     with torch.no_grad():
         q, d = model(*q_in, is_query=True), model(*d_in, is_query=False)
-        return {s: alignment_scores(q.vectors, q.mask, d.vectors, d.mask, s) for s in strategies}
+        return {s: alignment_scores(q.vectors, q.mask, d.vectors, d.mask, parse_strategy(s)) for s in strategies}
 
 
 def test_new_config_fields_are_checked():

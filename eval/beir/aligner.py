@@ -119,20 +119,20 @@ def rescored_runs(ctx: Context, candidates: Hits, strategies, encoder: str | Non
     by ``encoder`` (default ``ctx.encoder``) over its full index's stored vectors (exact: the documents' texts as
     that checkpoint encodes them, stored in fp16). Cached per strategy; missing ones are computed together."""
     from pyserini_aligner.adapt.select import rescore
-    from pyserini_aligner.alignment import parse_strategy
     from pyserini_aligner.index.reader import StoredIndex
 
     index_dir = full_index(ctx, encoder)
     heads = {q: [d for d, _ in ranked[:ctx.candidates]] for q, ranked in candidates.items()}
     base = {"index": index_key(index_dir), "candidates": hashlib.sha256(json.dumps(heads, sort_keys=True).encode())
             .hexdigest()[:16], "queries": queries_hash(ctx.queries)}
-    specs = [str(parse_strategy(s)) for s in strategies]
+    typed = {str(s): s for s in strategies}  # Strategy values, keyed by their strings
+    specs = list(typed)
     paths = {s: cache_path(ctx.work / "runs", f"rescore-{s.replace(':', '')}", {**base, "strategy": s}) for s in specs}
     missing = [s for s in specs if not paths[s].is_file()]
     runs = {s: load_hits(paths[s]) for s in specs if s not in missing}
     if missing:
-        fresh = rescore(StoredIndex(index_dir), ctx.checkpoint(encoder), ctx.queries, heads, missing,
-                        progress=ctx.progress)
+        fresh = rescore(StoredIndex(index_dir), ctx.checkpoint(encoder), ctx.queries, heads,
+                        [typed[s] for s in missing], progress=ctx.progress)
         for s in missing:
             save_hits(fresh[s], paths[s])
         runs.update(fresh)

@@ -119,8 +119,8 @@ def aligner_adapted(ctx: Context) -> Hits:
     from pyserini_aligner.adapt.checkpoints import checkpoint_label
     from pyserini_aligner.adapt.select import (CANDIDATE_STRATEGIES, Candidate, few_shot_adaptation, mean_delta,
                                                per_query, strategy_table)
-    from pyserini_aligner.alignment import parse_strategy
     from pyserini_aligner.checkpoints import SHIPPED
+    from pyserini_aligner.search.options import SearchOptions
 
     full = require(ctx, "aligner-exact", "aligner-adapted")
     own = checkpoint_label(ctx.encoder)
@@ -131,9 +131,9 @@ def aligner_adapted(ctx: Context) -> Hits:
             for s, run in rescored_runs(ctx, full, CANDIDATE_STRATEGIES, encoder).items()}
     table = strategy_table(ctx.qrels, runs)
     judged = sorted(set(ctx.queries) & set(ctx.qrels))
-    adaptation = few_shot_adaptation({c: {q: v[q] for q in judged} for c, v in table.items()},
-                                     Candidate(own, str(parse_strategy(ctx.strategy))), ctx.fold_size, ctx.seed,
-                                     ctx.alpha, ctx.min_gain)
+    own_default = Candidate(own, str(SearchOptions(strategy=ctx.strategy).strategy))  # its string as the table's
+    adaptation = few_shot_adaptation({c: {q: v[q] for q in judged} for c, v in table.items()}, own_default,
+                                     ctx.fold_size, ctx.seed, ctx.alpha, ctx.min_gain)
     baseline = adaptation.baseline
     served = {c: full if c == baseline else
               search(ctx, full_index(ctx, sources[c.checkpoint]), desc=f"aligner-adapted {c}", strategy=c.strategy,

@@ -20,15 +20,17 @@ from pathlib import Path
 
 import torch
 
+from pyserini_aligner import cli
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import UNTRAINED, load_model
+from pyserini_aligner.strategy import Strategy
 from pyserini_aligner.train.data import Bundle, load_bundle
 from pyserini_aligner.train.validate import evaluate
 
 logger = logging.getLogger(__name__)
 
 
-def measure(model: AlignerModel, bundle: Bundle, strategy: str, batch_size: int) -> list[dict]:
+def measure(model: AlignerModel, bundle: Bundle, strategy: Strategy, batch_size: int) -> list[dict]:
     """One row per keep_special ∈ (True, False): {"keep_special", "seconds", "sets": {name: evaluate's row}}.
 
     The model's own keep_special is restored afterwards. Token ids do not depend on keep_special (only the
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--checkpoint", default="aligner", help="trained checkpoint folder (default: shipped one)")
-    parser.add_argument("--strategy", default="top-k:1", help="alignment strategy (default top-k:1 = MaxSim)")
+    parser.add_argument("--strategy", type=cli.strategy, default="top-k:1",
+                        help="alignment strategy (default top-k:1 = MaxSim)")
     parser.add_argument("--batch-size", type=int, default=128)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
         del model
     set_names = sorted(bundle.validation)
     result = {
-        "strategy": args.strategy, "device": torch.cuda.get_device_name() if args.device.startswith("cuda")
+        "strategy": str(args.strategy), "device": torch.cuda.get_device_name() if args.device.startswith("cuda")
         else args.device, "torch": torch.__version__, "bundle": str(args.bundle),
         "validation_queries": {n: len(bundle.validation[n].queries) for n in set_names},
         "fingerprints": fingerprints, "rows": rows, "markdown": markdown(rows, set_names)}

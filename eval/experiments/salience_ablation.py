@@ -20,15 +20,17 @@ from pathlib import Path
 
 import torch
 
+from pyserini_aligner import cli
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model
+from pyserini_aligner.strategy import Strategy
 from pyserini_aligner.train.data import load_bundle
 from pyserini_aligner.train.validate import evaluate
 
 BETAS = (0.4, 0.2, 0.1)
 
 
-def measure(model: AlignerModel, bundle, betas: tuple[float, ...], beta_q: float, strategy: str,
+def measure(model: AlignerModel, bundle, betas: tuple[float, ...], beta_q: float, strategy: Strategy,
             batch_size: int, redundancy: float | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """{f"beta_d={β}": {set name: evaluate's row}} for one model."""
     used = sorted({v.corpus for v in bundle.validation.values()})
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", type=Path, required=True, help="JSON file (merged with an existing one)")
     parser.add_argument("--betas", type=float, nargs="+", default=list(BETAS))
     parser.add_argument("--query-prune", type=float, default=0.5, help="β^q")
-    parser.add_argument("--strategy", default="top-k:1")
+    parser.add_argument("--strategy", type=cli.strategy, default="top-k:1")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--redundancy", default="off",
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = json.loads(args.output.read_text()) if args.output.is_file() else {"models": {}}
     if result.get("redundancy", redundancy) != redundancy:
         parser.error(f"{args.output} holds results with --redundancy {result['redundancy']}; use another --output")
-    result.update(beta_q=args.query_prune, strategy=args.strategy, redundancy=redundancy)
+    result.update(beta_q=args.query_prune, strategy=str(args.strategy), redundancy=redundancy)
     for spec in args.checkpoint:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder:

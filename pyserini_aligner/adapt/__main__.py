@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--candidates", type=positive_int, default=100,
                         help="documents retrieved and rescored per query")
     parser.add_argument("--strategies", nargs="+", type=strategy, default=list(CANDIDATE_STRATEGIES),
-                        help="strategies to try (the baseline is always tried)")
+                        help="strategies to try (the baseline is always tried; default: "
+                             f"{' '.join(map(str, CANDIDATE_STRATEGIES))})")
     parser.add_argument("--checkpoints", nargs="+", default=None, metavar="CHECKPOINT",
                         help="checkpoints to try besides the index's own: shipped names or checkpoint folders "
                              f"(default: every shipped one, {', '.join(SHIPPED)}); the index's own alone compares "
@@ -159,7 +160,7 @@ def adapt(args: argparse.Namespace) -> int:
     qrels = read_qrels(args.qrels)
     topics = labelled_topics(load_topics(args.topics), qrels, args.sample, args.seed)
     baseline = Candidate(own, str(manifest.default_strategy))  # what the index uses now
-    strategies = list(dict.fromkeys([baseline.strategy, *(str(s) for s in args.strategies)]))
+    strategies = list(dict.fromkeys([manifest.default_strategy, *args.strategies]))
     qids = list(topics)
     candidates = first_stage(args, model, baseline.strategy, topics)
     rescored = []

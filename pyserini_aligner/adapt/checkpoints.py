@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 from pyserini_aligner.adapt.select import CANDIDATE_STRATEGIES, Candidate, Hits, rescore_texts
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.resolve import UNTRAINED, is_checkpoint
+from pyserini_aligner.strategy import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Rescored:
 
 
 def rescore_checkpoints(checkpoints: Sequence, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
-                        texts: Mapping[str, str], strategies: Sequence[str] = CANDIDATE_STRATEGIES,
+                        texts: Mapping[str, str], strategies: Sequence[Strategy] = CANDIDATE_STRATEGIES,
                         maxlen: int | None = None, device: str | None = None, batch_size: int = 32,
                         progress: bool = False) -> list[Rescored]:
     """Every checkpoint's :func:`.select.rescore_texts` of the same candidates, one checkpoint loaded at a time.

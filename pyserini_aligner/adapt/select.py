@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
+from pyserini_aligner.alignment import Strategy, alignment_scores
 from pyserini_aligner.metrics import per_query
 from pyserini_aligner.textio import check_collection
 
 # the paper's grid: top-k k ∈ {1, 2, 4, 6, 8} and top-p p ∈ {0.5, 1, 1.5, 2}%
-CANDIDATE_STRATEGIES = ("top-k:1", "top-k:2", "top-k:4", "top-k:6", "top-k:8",
-                        "top-p:0.005", "top-p:0.01", "top-p:0.015", "top-p:0.02")
+CANDIDATE_STRATEGIES = (*(Strategy("top-k", k=k) for k in (1, 2, 4, 6, 8)),
+                        *(Strategy("top-p", p=p) for p in (0.005, 0.01, 0.015, 0.02)))
 METRIC = "ndcg@10"
 ALPHA = 0.05  # significance level a candidate must reach to replace the baseline
 MIN_GAIN = 0.005  # and its smallest mean gain over the baseline (0.5 point nDCG@10)
@@ -51,7 +51,7 @@ class Candidate:
 
 
 def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
-            strategies: Sequence[str] = CANDIDATE_STRATEGIES, batch_size: int = 32,
+            strategies: Sequence[Strategy] = CANDIDATE_STRATEGIES, batch_size: int = 32,
             progress: bool = False) -> dict[str, Hits]:
     """Rank each query's candidate docids under every strategy: ``strategy -> qid -> [(docid, score)]`` best first.
 
@@ -74,7 +74,7 @@ def rescore(store, model, queries: Mapping[str, str], candidates: Mapping[str, S
 
 
 def rescore_texts(model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
-                  texts: Mapping[str, str], strategies: Sequence[str] = CANDIDATE_STRATEGIES, batch_size: int = 32,
+                  texts: Mapping[str, str], strategies: Sequence[Strategy] = CANDIDATE_STRATEGIES, batch_size: int = 32,
                   maxlen: int | None = None, progress: bool = False) -> tuple[dict[str, Hits], int]:
     """As :func:`rescore`, with the candidates' ``texts`` (docid -> text) encoded by ``model`` instead of an
     index's stored vectors, as ``AlignmentReranker`` scores (docid, text) pairs. Returns (``strategy -> qid ->
@@ -108,10 +108,10 @@ def rescore_texts(model, queries: Mapping[str, str], candidates: Mapping[str, Se
 
 
 def _start(model, queries: Mapping[str, str], candidates: Mapping[str, Sequence[str]],
-           strategies: Sequence[str | Strategy], batch_size: int):
-    """(the strategies, parsed once here, the public entry; empty runs keyed by their strings; the queries to score;
-    their encodings) for :func:`rescore` and :func:`rescore_texts`."""
-    specs = [parse_strategy(s) for s in strategies]
+           strategies: Sequence[Strategy], batch_size: int):
+    """(the strategies; empty runs keyed by their strings; the queries to score; their encodings) for
+    :func:`rescore` and :func:`rescore_texts`."""
+    specs = list(strategies)
     for docids in candidates.values():
         check_collection(docids, "candidates of a query")
     qids = [q for q in candidates if q in queries]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pyserini_aligner.alignment import Strategy, alignment_scores_paired, alignment_weights, parse_strategy
+from pyserini_aligner.alignment import Strategy, alignment_scores_paired, alignment_weights
 from pyserini_aligner.explain.render import Explanation, Token, render_html, render_png
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.textio import check_collection
@@ -83,7 +83,7 @@ def load_texts(corpus: str | os.PathLike, docids: list[str]) -> dict[str, str]:
 
 
 def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors: np.ndarray,
-                     doc_salience: np.ndarray, strategy: str | Strategy, docid: str = "",
+                     doc_salience: np.ndarray, strategy: Strategy, docid: str = "",
                      rank: int | None = None, min_cosine: float | None = MIN_COSINE) -> Explanation:
     """Explain one (query, document) pair scored from the stored doc_vectors [m, d] and doc_salience [m].
 
@@ -91,7 +91,6 @@ def explain_document(model: AlignerModel, query: str, doc_text: str, doc_vectors
     ``min_cosine`` per token unless None, as for compressed stores), otherwise ValueError (wrong text or a
     different model). The score equals the searcher's.
     """
-    strategy = parse_strategy(strategy)
     if not query.strip():
         raise ValueError("the query is empty")
     q_tokens, query_truncated = text_tokens(model, query, is_query=True)
@@ -133,7 +132,7 @@ def _check_doc(docid: str, encoded: np.ndarray, stored: np.ndarray, n_tokens: in
 
 
 def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None = None, hits: int = 3,
-            strategy: str | Strategy | None = None, corpus: str | os.PathLike | None = None, encoder=None,
+            strategy: Strategy | None = None, corpus: str | os.PathLike | None = None, encoder=None,
             **searcher_args) -> list[Explanation]:
     """Explanations for ``docids`` (in the order given), or for the top ``hits`` documents AlignerSearcher returns.
 
@@ -151,7 +150,7 @@ def explain(index_dir: str | os.PathLike, query: str, docids: list[str] | None =
         raise ValueError(f"index {index_dir} stores only vectors and its manifest ({Path(index_dir) / 'manifest.json'}) "
                          "records no corpus; pass the corpus it was built from (--corpus <JsonCollection file | "
                          "ir_datasets id>)")
-    strategy = store.manifest.default_strategy if strategy is None else parse_strategy(strategy)
+    strategy = strategy or store.manifest.default_strategy
     if docids:
         from pyserini_aligner.resolve import model_for_index
 

@@ -27,7 +27,7 @@ from typing import Callable
 from pyserini_aligner.index import faults
 from pyserini_aligner.index.format import LOCK, MANIFEST, Manifest, is_index, read_manifest
 from pyserini_aligner.index.io import atomic_write, fsync_dir
-from pyserini_aligner.strategy import Strategy, parse_strategy
+from pyserini_aligner.strategy import Strategy, as_strategy
 
 _OWNED = re.compile(r"^(seg-\d+-[0-9a-f]+|codec-\d+(-[0-9a-f]+)?|\.tmp-.*|\.manifest\..*)$")  # names this package creates
 _V1_FILES = ("doc_vectors.f16", "doc_salience.f32", "kept.bool", "faiss_ids.i64", "faiss.index", "doc_offsets.i64",
@@ -68,7 +68,7 @@ def write_manifest(index_dir: str | os.PathLike, manifest: Manifest) -> None:
 def set_default_strategy(index_dir: str | os.PathLike, strategy: Strategy | str) -> Manifest:
     """Record ``strategy`` (a Strategy, or its string: a public entry point) as the index's default alignment
     strategy; returns the manifest. When it is the default already, nothing is written (no new generation)."""
-    strategy = parse_strategy(strategy)
+    strategy = as_strategy(strategy)
     with IndexLock(index_dir):
         manifest = read_manifest(index_dir)
         if strategy != manifest.default_strategy:

@@ -9,12 +9,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
+from pyserini_aligner.alignment import alignment_scores
 from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.codes import CodeShard
 from pyserini_aligner.resolve import model_for_index
 from pyserini_aligner.search.encoding import compute_threads
 from pyserini_aligner.search.searcher import dense_result_classes
+from pyserini_aligner.strategy import Strategy, as_strategy
 from pyserini_aligner.textio import check_collection, check_unique_ids, is_blank
 
 _BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (query tokens × document tokens)
@@ -32,7 +33,7 @@ class ExhaustiveScorer:
         self.manifest = self.store.manifest
         self.device = torch.device(device)
         self.model = model_for_index(encoder, self.manifest, self.index_dir, str(device))
-        self.strategy = parse_strategy(strategy if strategy is not None else self.manifest.default_strategy)
+        self.strategy = as_strategy(strategy) if strategy is not None else self.manifest.default_strategy
         self.use_salience = self.model.scores_with_salience
         self.batch_size, self.doc_batch, self.progress = batch_size, doc_batch, progress
         self.docids = self.store.docids

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pyserini_aligner.alignment import Strategy, parse_strategy
+from pyserini_aligner.strategy import Strategy, as_strategy
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
 
 if TYPE_CHECKING:
@@ -94,10 +94,7 @@ class SearchOptions:
 
     def __post_init__(self) -> None:
         if self.strategy is not None:
-            try:
-                object.__setattr__(self, "strategy", parse_strategy(self.strategy))
-            except ValueError as error:
-                raise ValueError(f"strategy: {error}") from None
+            object.__setattr__(self, "strategy", as_strategy(self.strategy))
         if not isinstance(self.device, str):
             object.__setattr__(self, "device", str(self.device))  # a torch.device
         for name in ("devices", "segments"):

@@ -8,13 +8,14 @@ from typing import Sequence
 
 import numpy as np
 
-from pyserini_aligner.alignment import Strategy, alignment_scores, parse_strategy
+from pyserini_aligner.alignment import alignment_scores
 from pyserini_aligner.index.format import MANIFEST
 from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model, model_for_index
 from pyserini_aligner.search.encoding import compute_threads, pad_encoded
 from pyserini_aligner.search.searcher import dense_result_classes
+from pyserini_aligner.strategy import Strategy, as_strategy
 from pyserini_aligner.textio import check_collection, is_blank
 
 
@@ -81,7 +82,7 @@ class AlignmentReranker:
                 raise ValueError("pass either an index folder with encoder=..., or a model as source; not both")
             self.model = load_model(source, device if isinstance(source, (str, os.PathLike)) else None)
             default = self.model.config.default_strategy
-        self.strategy = parse_strategy(strategy if strategy is not None else default)
+        self.strategy = as_strategy(strategy if strategy is not None else default)
         self.use_salience = self.model.scores_with_salience
         self.dim = self.model.config.dim
         self.batch_size = batch_size

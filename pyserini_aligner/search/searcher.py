@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pyserini_aligner.alignment import parse_strategy
 from pyserini_aligner.dist import DistContext
 from pyserini_aligner.index.format import read_manifest
 from pyserini_aligner.index.reader import StoredIndex
@@ -98,7 +97,7 @@ class AlignerSearcher:
         positions = getattr(model.backbone.config, "max_position_embeddings", None)
         if options.query_max_length is not None and positions is not None and options.query_max_length > positions:
             raise ValueError(f"query_max_length {options.query_max_length} exceeds the model's {positions} positions")
-        strategy = options.strategy or parse_strategy(store.manifest.default_strategy)  # the index's own
+        strategy = options.strategy or store.manifest.default_strategy  # the index's own
         graphed = graphed_query_encoder(model, options.query_max_length, self.graphed)
         width = int(store.lengths[store.live].max()) if store.num_live else 1  # the longest live document
         scoring = Scoring(strategy, options.refine_with, model.scores_with_salience, options.query_prune,

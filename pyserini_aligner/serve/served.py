@@ -202,7 +202,7 @@ class ServedAligner(ServedIndex):
         return {"strategy": info["strategy"], "depth": info["depth"]}
 
     def update(self, values: dict[str, Any]) -> None:
-        from pyserini_aligner.alignment import parse_strategy
+        from pyserini_aligner.search.options import SearchOptions
 
         super().update(values)
         depth = values.get("depth")
@@ -211,9 +211,9 @@ class ServedAligner(ServedIndex):
         strategy = None
         if "strategy" in values:
             try:
-                strategy = parse_strategy(values["strategy"])
+                strategy = SearchOptions(strategy=values["strategy"]).strategy  # the searcher's own coercion
             except ValueError as error:
-                raise RequestError(f"unknown strategy: {error}") from None
+                raise RequestError(f"unknown {error}") from None
         self.process.call("update", depth, strategy)  # between batches: a batch runs on one setting
 
     def status(self) -> dict[str, Any]:

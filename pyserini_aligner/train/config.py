@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from pyserini_aligner.strategy import MAXSIM, Strategy, as_strategy
+
 PRECISIONS = ("bf16", "fp32")
 SALIENCE_MODES = ("lp", "relu", "hard")
 PROJECTION_INITS = ("random", "pca", "maxsim", "identity")
@@ -38,7 +40,7 @@ class TrainConfig:
     alpha_q: float = 0.5
     alpha_d: float = 0.4
     eps: float = 0.002
-    strategy: str = "top-k:1"
+    strategy: Strategy = MAXSIM
     train_layers: int = 2  # top transformer layers fine-tuned (0 = heads only)
     projection_init: str = "random"  # with init "untrained": "random" (seed-0 Gaussian, as make_default) | "pca"
     # | "maxsim" (PCA, then fitted without labels to keep the backbone's own token MaxSim ranking of the training
@@ -61,16 +63,17 @@ class TrainConfig:
     temperature: float = 0.02
     contrastive_weight: float = 1.0  # weight of the cross-entropy on the labelled (or pseudo-) positive; 0 with an
     # anchor trains on the teacher's ranking alone
-    strategy_mix: list[str] = field(default_factory=list)  # per batch one of these (seeded); [] = always `strategy`
+    # per batch one of these (seeded); [] = always `strategy`
+    strategy_mix: list[Strategy] = field(default_factory=list)
     # anchor: + anchor_weight * KL(teacher || student) over each query's batch candidates; the teacher is frozen:
     # "backbone" = the starting backbone's L2-normalised token states (hidden size), top-k:1 MaxSim;
     # "init" = the starting model itself (its projection) under the batch's strategy; "fusion" = the mean of per-query
     # z-scores of "init", the untrained backbone's MaxSim and wordpiece BM25 (teacher.py), in "init"'s units
     anchor: str = "backbone"
     anchor_weight: float = 0.0
-    # anchor "init" / "fusion": the alignment the starting model scores with as teacher; "" = the batch's strategy.
-    # "top-k:1" with a strategy_mix teaches each top-p batch the starting model's top-k:1 ranking
-    anchor_strategy: str = ""
+    # anchor "init" / "fusion": the alignment the starting model scores with as teacher; None ("" in YAML) = the
+    # batch's strategy. "top-k:1" with a strategy_mix teaches each top-p batch the starting model's top-k:1 ranking
+    anchor_strategy: Strategy | None = None
     anchor_temperature: float = 0.02  # the teacher's softmax temperature (the student's is `temperature`)
     l2_init_weight: float = 0.0  # + l2_init_weight * Σ ||θ − θ₀||² over the trained backbone weights (L2-SP)
     # validated and exported weights: θ₀ + weight_interpolation · (θ − θ₀) over every trained tensor (WiSE-FT);
@@ -155,21 +158,15 @@ class TrainConfig:
             raise bad("train_sets", "must name at least one training set")
         if self.model_negatives_after_epoch < -1:
             raise bad("model_negatives_after_epoch", "must be -1 (never) or an epoch count >= 0")
-        from pyserini_aligner.alignment import parse_strategy
-
         if self.anchor_strategy and self.anchor == "backbone":
             raise bad("anchor_strategy", "applies to anchor 'init' and 'fusion' only (the backbone anchor is "
                                          "top-k:1 MaxSim)")
-        for name, specs in (("strategy", [self.strategy]), ("strategy_mix", self.strategy_mix),
-                            ("anchor_strategy", [self.anchor_strategy] if self.anchor_strategy else [])):
-            for spec in specs:
-                try:
-                    parse_strategy(spec)
-                except ValueError as err:
-                    raise bad(name, f"holds {spec!r}, not an alignment strategy ({err})") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as YAML holds them (strategies as their strings, no anchor_strategy as "")."""
+        return {**dataclasses.asdict(self), "strategy": str(self.strategy),
+                "strategy_mix": [str(s) for s in self.strategy_mix],
+                "anchor_strategy": "" if self.anchor_strategy is None else str(self.anchor_strategy)}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "config") -> "TrainConfig":
@@ -184,6 +181,17 @@ class TrainConfig:
             raise ValueError(f"{source}: unknown field(s) {unknown}; known fields: {known}")
         hints = get_type_hints(cls)
         values = {name: (float(v) if hints[name] is float and type(v) is int else v) for name, v in data.items()}
+        if values.get("anchor_strategy") == "":
+            values["anchor_strategy"] = None  # the batch's strategy
+        for name in ("strategy", "strategy_mix", "anchor_strategy"):  # the strategies, parsed once here
+            specs = values.get(name)
+            try:
+                if isinstance(specs, str):
+                    values[name] = as_strategy(specs)
+                elif name == "strategy_mix" and isinstance(specs, list):
+                    values[name] = [as_strategy(s) if isinstance(s, str) else s for s in specs]
+            except ValueError as err:
+                raise ValueError(f"{source}: field '{name}' = {specs!r} holds no alignment strategy ({err})") from None
         config = cls(**values)
         config.validate(source)
         return config

@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.alignment import alignment_scores
 from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel, load_backbone
 from pyserini_aligner.resolve import UNTRAINED, load_model
+from pyserini_aligner.strategy import MAXSIM
 from pyserini_aligner.train.config import TrainConfig
 from pyserini_aligner.train.data import BatchSampler, load_bundle, select
 from pyserini_aligner.train.projection import FitGroup, backbone_states, fit_projection, held_out_kl, ranking_kl
@@ -47,7 +48,7 @@ def build_model(cfg: TrainConfig) -> AlignerModel:
     fields = dict(dim=cfg.dim, query_maxlen=cfg.query_maxlen, doc_maxlen=cfg.doc_maxlen,
                   keep_special=cfg.keep_special, use_salience=cfg.use_salience,
                   salience_in_score=cfg.salience_in_score, salience_mode=cfg.salience_mode,
-                  alpha_q=cfg.alpha_q, alpha_d=cfg.alpha_d, eps=cfg.eps, default_strategy=cfg.strategy,
+                  alpha_q=cfg.alpha_q, alpha_d=cfg.alpha_d, eps=cfg.eps, default_strategy=str(cfg.strategy),
                   description=cfg.description)
     if cfg.init == UNTRAINED:
         model = AlignerModel(AlignerConfig(**fields))
@@ -131,7 +132,7 @@ class Trainer:
         self.out = Path(output_dir or cfg.output_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.progress = progress
-        self.strategy = parse_strategy(cfg.strategy)
+        self.strategy = cfg.strategy
         self.bundle = select(load_bundle(cfg.data), cfg.train_sets, cfg.validation_sets)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -156,8 +157,8 @@ class Trainer:
                                  f"({self.model.config.hidden_size}), got dim {cfg.dim}")
             with torch.no_grad():
                 self.model.projection.weight.copy_(torch.eye(cfg.dim))
-        self.strategies = [parse_strategy(s) for s in cfg.strategy_mix] or [self.strategy]
-        self.anchor_strategy = parse_strategy(cfg.anchor_strategy) if cfg.anchor_strategy else None
+        self.strategies = cfg.strategy_mix or [self.strategy]
+        self.anchor_strategy = cfg.anchor_strategy
         self.teacher = None
         if cfg.anchor_weight > 0:  # a frozen copy of the starting model
             self.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -336,7 +337,7 @@ class Trainer:
                 hidden = backbone(input_ids=ids, attention_mask=att).last_hidden_state
             mask = self.teacher.token_mask(ids, att)
             sides.append((F.normalize(hidden.float(), dim=-1) * mask.unsqueeze(-1), mask))
-        return alignment_scores(sides[0][0], sides[0][1], sides[1][0], sides[1][1], "top-k:1")
+        return alignment_scores(sides[0][0], sides[0][1], sides[1][0], sides[1][1], MAXSIM)
 
     def teacher_scores(self, q_in: tuple, d_in: tuple, strategy, texts: tuple | None = None,
                        allowed: torch.Tensor | None = None) -> torch.Tensor:
@@ -409,7 +410,7 @@ class Trainer:
         model = model or self.model
         cfg = self.cfg
         sets = evaluate(model, self.bundle.validation, self.corpus_ids,
-                        {n: c.docids for n, c in self.bundle.corpora.items()}, self.val_query_ids, cfg.strategy,
+                        {n: c.docids for n, c in self.bundle.corpora.items()}, self.val_query_ids, self.strategy,
                         cfg.eval_batch_size, cfg.prune_beta_q, cfg.prune_beta_d, cfg.prune_k_per_token)
         score = sum(row[cfg.select_metric] for row in sets.values()) / max(1, len(sets))
         return {"sets": sets, "score": score}
@@ -450,8 +451,8 @@ class Trainer:
         if not path.is_file():
             raise FileNotFoundError(f"--resume: no {STATE_FILE} in {self.out}")
         state = torch.load(path, map_location="cpu", weights_only=False)
-        changed = sorted(k for k, v in state["config"].items()
-                         if k not in _RESUME_FREE and getattr(self.cfg, k, None) != v)
+        config = self.cfg.to_dict()  # as the state holds it
+        changed = sorted(k for k, v in state["config"].items() if k not in _RESUME_FREE and config.get(k) != v)
         if changed:
             raise ValueError(f"--resume: {path} was written with a different config; changed field(s) {changed}")
         params = dict(self.model.named_parameters())

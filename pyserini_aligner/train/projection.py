@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyserini_aligner.alignment import alignment_scores
+from pyserini_aligner.strategy import MAXSIM
 
 
 @dataclass
@@ -73,8 +74,8 @@ def maxsim(queries: States, docs: States, weight: Tensor | None = None) -> Tenso
     """Top-k:1 MaxSim [Q, N] of every query against every doc, over the states themselves (weight None) or
     their projection by ``weight`` [dim, H]."""
     if weight is None:
-        return alignment_scores(queries.vectors.float(), queries.mask, docs.vectors.float(), docs.mask, "top-k:1")
-    return alignment_scores(project(queries, weight), queries.mask, project(docs, weight), docs.mask, "top-k:1")
+        return alignment_scores(queries.vectors.float(), queries.mask, docs.vectors.float(), docs.mask, MAXSIM)
+    return alignment_scores(project(queries, weight), queries.mask, project(docs, weight), docs.mask, MAXSIM)
 
 
 def ranking_kl(student: Tensor, teacher: Tensor, temperature: float, teacher_temperature: float | None = None,
@@ -111,7 +112,7 @@ def nearest(group: FitGroup, count: int, chunk: int = 256) -> Tensor:
     with torch.inference_mode():
         for s in range(0, len(group.queries), chunk):
             part = group.queries[torch.arange(s, min(s + chunk, len(group.queries)))]
-            scores = alignment_scores(part.vectors, part.mask, group.docs.vectors, group.docs.mask, "top-k:1")
+            scores = alignment_scores(part.vectors, part.mask, group.docs.vectors, group.docs.mask, MAXSIM)
             rows.append(scores.float().topk(count, dim=-1).indices)
     return torch.cat(rows)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pyserini_aligner.alignment import alignment_scores, parse_strategy
+from pyserini_aligner.alignment import Strategy, alignment_scores
 from pyserini_aligner.metrics import evaluate as evaluate_run
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY, prune_mask
 
@@ -96,7 +96,7 @@ def top_docids(scores: Tensor, qids: list[str], docids: list[str], k: int = 10) 
 
 
 def evaluate(model, sets: dict, corpus_ids: dict[str, list[list[int]]], corpus_docids: dict[str, list[str]],
-             query_ids: dict[str, list[list[int]]], strategy: str, batch_size: int = 128,
+             query_ids: dict[str, list[list[int]]], strategy: Strategy, batch_size: int = 128,
              beta_q: float = 0.5, beta_d: float = 0.2, k_per_token: int = 100,
              redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY) -> dict[str, dict[str, float]]:
     """nDCG@10 (exhaustive, and pruned-search estimate) per validation set.
@@ -104,7 +104,6 @@ def evaluate(model, sets: dict, corpus_ids: dict[str, list[list[int]]], corpus_d
     sets: name -> ValidationSet; corpus_ids: corpus -> token ids per doc; corpus_docids: corpus -> docids;
     query_ids: set name -> token ids per query (in the order of ``sets[name].queries``).
     """
-    strategy = parse_strategy(strategy)
     results, encoded_docs = {}, {}
     for name, vset in sets.items():
         if vset.corpus not in encoded_docs:
