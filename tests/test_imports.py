@@ -15,7 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pyserini_aligner", "eval")
 # what the search backends are made of: the options, query encoding, the candidate rule, the codes and the graphs
-SEARCH_CORE = {f"pyserini_aligner.search.{name}" for name in ("options", "encoding", "candidates", "codes", "graphs")}
+SEARCH_CORE = {f"pyserini_aligner.search.{name}" for name in ("options", "encoding", "candidates", "codes", "graphs",
+                                                              "allowed")}
 
 
 def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

@@ -70,7 +70,7 @@ def test_compressed_probe_matches_faiss_search(tmp_path, model):
     from pyserini_aligner.index import build_index, read_json_collection
     from pyserini_aligner.index.live import AlignerIndex
     from pyserini_aligner.search import AlignerSearcher
-    from pyserini_aligner.search.codes import allowed_rows, row_selector
+    from pyserini_aligner.search.allowed import allowed_rows, row_selector
 
     index_dir = tmp_path / "idx"
     build_index(read_json_collection(REPO / "examples" / "quickstart" / "corpus"), index_dir, model, progress=False,

@@ -23,7 +23,7 @@ SCORING_MODULES = ("pyserini_aligner.model", "pyserini_aligner.alignment", "pyse
                    "pyserini_aligner.index.reader",
                    "pyserini_aligner.search.searcher", "pyserini_aligner.search.options",
                    "pyserini_aligner.search.encoding", "pyserini_aligner.search.candidates",
-                   "pyserini_aligner.search.codes", "pyserini_aligner.search.graphs",
+                   "pyserini_aligner.search.codes", "pyserini_aligner.search.graphs", "pyserini_aligner.search.allowed",
                    "pyserini_aligner.search.exhaustive", "pyserini_aligner.search.flat",
                    "pyserini_aligner.search.rerank", "pyserini_aligner.search.backends.base",
                    "pyserini_aligner.search.backends.choose", "pyserini_aligner.search.backends.fronts",

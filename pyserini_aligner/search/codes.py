@@ -29,6 +29,7 @@ from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, score
 from pyserini_aligner.index.codec import row_norms, unit_rows
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner import kernels
+from pyserini_aligner.search.allowed import allowed_rows
 from pyserini_aligner.search.candidates import best_entries
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
@@ -134,7 +135,7 @@ class CodeShard:
     # ------------------------------------------------------------------ step 1
     def probe(self, probes: Tensor, k_per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
         """(scores [R, K] float32, global rows [R, K] int64) of each probe's K best entries of allowed rows
-        (:func:`allowed_rows`) in its ``nprobe`` nearest lists, best first; −inf / −1 where fewer exist.
+        (:func:`.allowed.allowed_rows`) in its ``nprobe`` nearest lists, best first; −inf / −1 where fewer exist.
         probes [R, d]."""
         probes = probes.to(self.device, torch.float32)
         nprobe = min(nprobe, self.nlist)
@@ -382,34 +383,6 @@ class CodeShard:
                 out[a:a + len(sums)] = 1.0 / row_norms(sums).clamp_min(1e-12)
             self._inverse_norms = out
         return self._inverse_norms
-
-
-def allowed_rows(store: StoredIndex) -> np.ndarray:
-    """bool [rows]: the document rows of ``store`` that a search may return (the live ones). Candidate generation
-    masks the other rows while it probes, in every backend (:meth:`CodeShard.probe`, :func:`row_selector` for FAISS's
-    scans, :func:`allowed_entries` for the token indexes of fp16 segments), so that they never take one of a probe's
-    K entries nor lower its K-th score: an index with deleted documents ranks as a build without them."""
-    return store.live
-
-
-def allowed_entries(store: StoredIndex, number: int, allowed: np.ndarray) -> np.ndarray | None:
-    """bool [K]: the entries of fp16 segment ``number``'s FAISS index (its kept tokens, by FAISS id) that belong to
-    ``allowed`` rows [rows]; None when every one does."""
-    seg = store.segments[number]
-    rows = store.doc_of_token(seg.faiss_ids + store.token_base[number])
-    entries = allowed[rows]
-    return None if entries.all() else entries
-
-
-def row_selector(allowed: np.ndarray):
-    """FAISS's selector (``IDSelectorBitmap``) of the ids i where ``allowed`` [N] (bool) is True, for a search's
-    ``SearchParameters.sel``: FAISS skips the other ids while it scans. The selector holds its bitmap."""
-    import faiss
-
-    bitmap = np.packbits(allowed, bitorder="little")
-    selector = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bitmap))
-    selector.referenced_objects = [bitmap]
-    return selector
 
 
 def probe_parts(entries: np.ndarray, budget: int):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pyserini_aligner.search.codes import row_selector
+from pyserini_aligner.search.allowed import row_selector
 
 _BLOCK_ELEMENTS = 1 << 24  # scores computed at once (64 MiB of float32)
 

@@ -13,7 +13,7 @@ from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
 from pyserini_aligner.search.candidates import merge_probes
-from pyserini_aligner.search.codes import allowed_entries, allowed_rows, row_selector
+from pyserini_aligner.search.allowed import allowed_entries, allowed_rows, row_selector
 from pyserini_aligner.search.flat import search_index
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)

@@ -16,7 +16,7 @@ from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, no_clock
 from pyserini_aligner.search.options import Depth
-from pyserini_aligner.search.codes import allowed_rows
+from pyserini_aligner.search.allowed import allowed_rows
 
 _DECODE_CHUNK = 1 << 18  # tokens decoded at once when loading
 _MAX_ELEMENTS = 1 << 27  # bound on the largest intermediate tensor (similarities, padded candidate tokens)
