@@ -145,14 +145,14 @@ def test_an_import_across_a_layer_is_found(tmp_path):
     _write(tmp_path, {"pyserini_aligner/__init__.py": "", "pyserini_aligner/model.py": "X = 1\n",
                       "pyserini_aligner/index/__init__.py": "", "pyserini_aligner/search/__init__.py": "",
                       "pyserini_aligner/index/builder.py": "def f():\n    from pyserini_aligner.search import engine\n",
-                      "pyserini_aligner/search/codes.py": "from pyserini_aligner.index import builder\n",
+                      "pyserini_aligner/search/engine.py": "from pyserini_aligner.index import builder\n",
                       "pyserini_aligner/resolve.py": "from pyserini_aligner.index.builder import f\n",
                       "pyserini_aligner/search/bench.py": "import eval.tools\n",
                       "eval/__init__.py": "", "eval/tools.py": "from pyserini_aligner.search import engine\n"})
     graph = import_graph(tmp_path, PACKAGES)
     assert layering_violations(graph, core_modules(tmp_path)) == [
         "pyserini_aligner.index.builder -> pyserini_aligner.search (index never imports search)",
-        "pyserini_aligner.index.builder -> pyserini_aligner.search.codes (index never imports search)",
+        "pyserini_aligner.index.builder -> pyserini_aligner.search.engine (index never imports search)",
         "pyserini_aligner.resolve -> pyserini_aligner.index (the core imports neither index nor search)",
         "pyserini_aligner.resolve -> pyserini_aligner.index.builder (the core imports neither index nor search)",
         "pyserini_aligner.search.bench -> eval (the package never imports eval)",
