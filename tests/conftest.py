@@ -311,3 +311,10 @@ def one_line_error(result: subprocess.CompletedProcess, status: int, text: str) 
     assert result.returncode == status and len(errors) == 1 and text in errors[0], (result.returncode,
                                                                                     result.stderr[-3000:])
     return errors[0]
+
+
+def stale_run(folder: Path) -> Path:
+    """A run file at ``folder/run.trec`` that a failed search must remove."""
+    path = folder / "run.trec"
+    path.write_text("q1 Q0 stale 1 1.0 OLD\n")
+    return path

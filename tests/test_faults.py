@@ -241,7 +241,11 @@ def test_index_flag_values_name_the_flag(flag, value, capsys):
     assert f"argument {flag}: expected" in capsys.readouterr().err
 
 
-def test_ctrl_c_while_indexing(beir, tmp_path):
+@pytest.mark.parametrize("stop, status, message", [(signal.SIGINT, 130, "interrupted"),
+                                                    (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_while_indexing(beir, tmp_path, stop, status, message):
+    """Ctrl-C or SIGTERM while a build encodes: one line, its exit status, nothing left (SIGTERM was exit status
+    143 with no message and a hidden .NAME.building-* folder left until the next build)."""
     target = tmp_path / "idx"
     corpus = tmp_path.parent / f"{tmp_path.name}-long.jsonl"  # long enough to be still encoding when interrupted
     docs = [json.loads(line) for line in (beir / "corpus.jsonl").read_text().splitlines()]
@@ -255,10 +259,10 @@ def test_ctrl_c_while_indexing(beir, tmp_path):
     while not any(tmp_path.glob(".idx.building-*")) and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert child.poll() is None, "the build ended before it could be interrupted"
-    child.send_signal(signal.SIGINT)
+    child.send_signal(stop)
     _, err = child.communicate(timeout=60)
-    assert child.returncode == 130
-    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert child.returncode == status
+    assert err.strip().splitlines()[-1] == message and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -20,7 +20,7 @@ import torch
 from pyserini_aligner.checkpoints import SHIPPED
 from pyserini_aligner.trec import read_run
 
-from conftest import messages, one_line_error, run, scifact_docs
+from conftest import messages, one_line_error, run, scifact_docs, stale_run
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = {"q1": "vitamin D deficiency and bone density", "q2": "stem cells in the bone marrow",
@@ -47,12 +47,6 @@ def index(corpus) -> Path:
 def topics(corpus) -> Path:
     path = corpus.parent / "topics.tsv"
     path.write_text("".join(f"{qid}\t{text}\n" for qid, text in QUERIES.items()))
-    return path
-
-
-def stale_run(folder: Path) -> Path:
-    path = folder / "run.trec"
-    path.write_text("q1 Q0 stale 1 1.0 OLD\n")
     return path
 
 

@@ -5,7 +5,6 @@ or one line, the right exit status, and leaves no stale or partial file.
 """
 import json
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import requests
 
 from pyserini_aligner.trec import read_run
 
-from conftest import messages, one_line_error, run, scifact_docs
+from conftest import messages, one_line_error, run, scifact_docs, stale_run
 
 REPO = Path(__file__).resolve().parents[1]
 N_DOCS = 30
@@ -48,12 +47,6 @@ def index(built) -> Path:
 def topics(index) -> Path:
     path = index.parent / "topics.tsv"
     path.write_text("".join(f"{qid}\t{text}\n" for qid, text in QUERIES.items()))
-    return path
-
-
-def stale_run(folder: Path) -> Path:
-    path = folder / "run.trec"
-    path.write_text("q1 Q0 stale 1 1.0 OLD\n")
     return path
 
 
@@ -206,25 +199,6 @@ def test_serve_ports_ready_line_hit_cap_and_bm25_checks(index, tmp_path):
         timer.cancel()
         server.terminate()
         server.communicate(timeout=60)
-
-
-def test_sigterm_during_a_build_leaves_nothing(tmp_path):
-    """Was exit status 143 with no message, and a hidden .NAME.building-* folder left until the next build."""
-    corpus = tmp_path.parent / f"{tmp_path.name}-long.jsonl"  # long enough to be still encoding when terminated
-    corpus.write_text("".join(json.dumps({"id": f"{d['id']}-{i}", "contents": d["contents"]}) + "\n"
-                              for i in range(10) for d in scifact_docs(200, 96)))
-    child = subprocess.Popen([sys.executable, "-m", "pyserini_aligner.index", "--corpus", str(corpus), "--index",
-                              str(tmp_path / "idx"), "--quiet", "--batch-size", "1"], cwd=REPO,
-                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not any(tmp_path.glob(".idx.building-*")) and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert child.poll() is None, "the build ended before it could be terminated"
-    child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=60)
-    assert child.returncode == 143 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == "terminated"
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_index_path_that_cannot_be_created_is_named_as_given(tmp_path):
