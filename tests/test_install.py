@@ -87,8 +87,9 @@ def test_make_install_announces_each_step(tmp_path):
     pip's own progress (no -q)."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # not a sub-make
     done = subprocess.run(["make", "-n", "install", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line and not line.startswith("#")]
     steps = [number for number, line in enumerate(lines) if line.startswith('echo "==> [')]

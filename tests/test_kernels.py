@@ -153,7 +153,7 @@ def test_engine_ranks_alike_with_and_without_kernels(default_index, model, inter
 
 def test_static_plan_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch):
     """The single-query plan's probe scoring and interaction through the kernels rank as through torch operations."""
-    from test_static import assert_same, static_ranking
+    from test_graphs import assert_same, static_ranking
 
     from pyserini_aligner.search import AlignerSearcher
 

@@ -352,7 +352,7 @@ def run(args: argparse.Namespace) -> dict:
         miss["docid"] = docids[miss.pop("row")]
     return {"machine": machine_info(args.device),
             "settings": {"command": command(args), "size": args.size, "label": size_label(args.size),
-                         "queries": len(texts), "codec": searcher.manifest.codec, "depth": list(depth)},
+                         "queries": len(texts), "codec": str(searcher.manifest.codec), "depth": list(depth)},
             "seconds": {**seconds, **result.pop("seconds")}, "result": result}
 
 

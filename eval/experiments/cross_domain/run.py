@@ -37,6 +37,7 @@ import yaml
 
 from pyserini_aligner.model import AlignerModel
 from pyserini_aligner.resolve import load_model
+from pyserini_aligner.strategy import MAXSIM, Strategy
 from pyserini_aligner.train.config import TrainConfig, init_model_fields
 from pyserini_aligner.train.data import Bundle, ValidationSet, load_bundle, read_gzip_json
 from pyserini_aligner.train.loop import Trainer, export_checkpoint
@@ -239,7 +240,7 @@ class Evaluator:
     def _encode(self, model: AlignerModel, ids: list[list[int]], is_query: bool) -> Encoded:
         return Encoded(*model.encode_token_ids(ids, is_query, self.batch_size, torch.float32))
 
-    def ndcg(self, model: AlignerModel, names: list[str], strategies: tuple[str, ...] = ("top-k:1",)
+    def ndcg(self, model: AlignerModel, names: list[str], strategies: tuple[Strategy, ...] = (MAXSIM,)
              ) -> dict[str, dict[str, float]]:
         """set name -> strategy -> mean nDCG@10 (each corpus encoded once)."""
         model.to(self.device).eval()
@@ -253,7 +254,7 @@ class Evaluator:
                                        True)
                 out[name] = {}
                 for strategy in strategies:
-                    out[name][strategy] = self.rank(name, score_all(model, queries, docs, strategy))
+                    out[name][str(strategy)] = self.rank(name, score_all(model, queries, docs, strategy))
             del docs
         return out
 
@@ -264,7 +265,7 @@ class Evaluator:
         docs = self._encode(model, self._ids(model, ("doc", vset.corpus), self.bundle.corpora[vset.corpus].texts,
                                              False), False)
         queries = self._encode(model, self._ids(model, ("query", name), list(vset.queries.values()), True), True)
-        return score_all(model, queries, docs, "top-k:1").float().cpu()
+        return score_all(model, queries, docs, MAXSIM).float().cpu()
 
     def lexical(self, model: AlignerModel, name: str) -> torch.Tensor:
         """BM25 scores [Q, N] over ``model``'s wordpieces (as the fused teacher scores) of set ``name``."""
@@ -508,14 +509,14 @@ class Experiment:
         """Per training domain: validation and test nDCG@10 at top-k:1 and each TOP_P value, the p chosen on
         validation, the best test top-p and its difference to top-k:1 (the test sets must be loaded)."""
         model = self.load(model) if isinstance(model, Path) else model
-        strategies = ("top-k:1", *(f"top-p:{p}" for p in TOP_P))
+        strategies = (MAXSIM, *(Strategy("top-p", p=p) for p in TOP_P))
         val = self.evaluator.ndcg(model, list(VALIDATION.values()), strategies)
         test = self.evaluator.ndcg(model, list(TEST.values()), strategies)
-        row = {}
+        row, top_p = {}, [str(s) for s in strategies[1:]]
         for domain in DOMAINS:
             v, t = val[VALIDATION[domain]], test[TEST[domain]]
-            chosen = max(strategies[1:], key=lambda s: v[s])
-            best = max(strategies[1:], key=lambda s: t[s])
+            chosen = max(top_p, key=lambda s: v[s])
+            best = max(top_p, key=lambda s: t[s])
             row[domain] = {"validation": v, "test": t, "p_chosen_on_validation": chosen,
                            "test_at_chosen_p": t[chosen], "best_test_top_p": best,
                            "best_top_p_minus_top_k1": round(t[best] - t["top-k:1"], 4)}
@@ -552,7 +553,7 @@ class Experiment:
             raise ValueError(f"--refine: unknown setting(s) {unknown}; known: {sorted(REFINEMENTS)}")
         started = time.time()
         self.results["refinements"] = {n: REFINEMENTS[n] for n in names}
-        strategies = ("top-k:1", *(f"top-p:{p}" for p in TOP_P))
+        strategies = (MAXSIM, *(Strategy("top-p", p=p) for p in TOP_P))
         models: dict[str, AlignerModel | Path] = {"raw384": self.untrained("raw384"),
                                                   "shipped": load_model("aligner", device=self.device, dtype=None)}
         for name in names:
