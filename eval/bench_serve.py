@@ -98,7 +98,7 @@ def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subproc
         try:
             requests.get(f"http://127.0.0.1:{port}/", timeout=2)
             return server
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not yet listening, or not yet answering
             time.sleep(0.5)
 
 

@@ -86,7 +86,7 @@ def served(tmp_path_factory, default_index, corpus_file):
                 try:
                     requests.get(url, timeout=2)
                     break
-                except requests.ConnectionError:
+                except (requests.ConnectionError, requests.Timeout):  # not yet listening, or not yet answering
                     time.sleep(0.5)
         yield {"rest": f"http://127.0.0.1:{rest_port}/v1/indexes", "mcp": f"http://127.0.0.1:{mcp_port}/mcp",
                "index": default_index, "live": live, "lucene": root / "lucene", "root": root, "records": records}
@@ -225,7 +225,7 @@ def test_rest_workers_share_one_search_process(default_index, tmp_path):
             try:
                 requests.get(f"http://127.0.0.1:{port}/", timeout=2)
                 break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not yet listening, or not yet answering
                 time.sleep(0.5)
         queries = scifact_queries(QUERIES)
         with ThreadPoolExecutor(QUERIES) as pool:
