@@ -20,6 +20,8 @@ from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search import __main__ as search_cli
 
+from eval.bench_checksums import without_block_checksums
+
 from conftest import cli_error, killed_at, scifact_docs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,12 +205,7 @@ def test_same_size_corruption_of_a_large_file_fails_the_search(tmp_path, large, 
     with pytest.raises(IndexFormatError, match=re.escape(str(broken / segment.name / name))):
         AlignerSearcher(broken, encoder=model)
     old = tmp_path / "old"  # as written before block checksums: opens, its large files unverified
-    shutil.copytree(large, old)
-    manifest = read_manifest(old)
-    for records in [manifest.codec_files] + [seg.files for seg in manifest.segments]:
-        for each in records.values():
-            each.pop("blocks", None)
-    write_manifest(old, manifest)
+    without_block_checksums(large, old)
     assert "blocks" not in (old / MANIFEST).read_text()
     assert AlignerSearcher(old, encoder=model).rank(QUERIES, k=5) == AlignerSearcher(large, encoder=model).rank(
         QUERIES, k=5)
