@@ -17,9 +17,10 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -39,6 +40,7 @@ class Doc:
     docid: str
     title: str
     text: str
+    fields: dict = field(default_factory=dict, compare=False, repr=False)  # stored with an index: all but id and text
 
     @property
     def contents(self) -> str:
@@ -190,7 +192,8 @@ class Dataset:
             for number, record in _read_jsonl(path):
                 count += 1
                 yield Doc(_field(record, "_id", path, number), str(record.get("title") or ""),
-                          _field(record, "text", path, number))
+                          _field(record, "text", path, number),
+                          {key: value for key, value in record.items() if key not in ("_id", "text")})
         else:
             if not self._ir.has_docs():
                 raise DataError(f"{self.spec!r} has no documents")
@@ -198,7 +201,9 @@ class Dataset:
                 build_docstore(self._ir)
                 for doc in self._ir.docs_iter():
                     count += 1
-                    yield Doc(doc.doc_id, getattr(doc, "title", "") or "", doc.text)
+                    yield Doc(doc.doc_id, getattr(doc, "title", "") or "", doc.text,
+                              {key: _json_value(value) for key, value in doc._asdict().items()
+                               if key not in ("doc_id", "text")})
         if count == 0:
             raise DataError(f"empty corpus: {self.folder / 'corpus.jsonl' if self.folder else self.spec}")
 
@@ -236,6 +241,24 @@ class Dataset:
             for qrel in self._ir.qrels_iter():
                 qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
         return qrels
+
+
+def _json_value(value):
+    """An ir_datasets document field as a JSON value: named tuples as objects, sequences as arrays, text as is,
+    anything else (dates, enums) as its string; NaN and infinities as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(value, "_asdict"):
+        return {key: _json_value(item) for key, item in value._asdict().items()}
+    if isinstance(value, dict):
+        return {str(key): _json_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item) for item in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
 
 
 def iter_corpus(spec: str) -> Iterator[tuple[str, str]]:

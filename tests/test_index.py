@@ -501,7 +501,7 @@ def test_json_collection_reader(tmp_path):
     write_jsonl(folder / "a.jsonl", [{"id": "d1", "contents": "one"}], extra_lines={2: ""})
     (folder / "sub" / "b.json").write_text(json.dumps([{"id": 2, "contents": "two"}]))
     (folder / "notes.txt").write_text("ignored")
-    assert [(d, t) for d, t, _ in read_json_collection(folder)] == [("d1", "one"), ("2", "two")]
+    assert [(d, t) for d, t, *_ in read_json_collection(folder)] == [("d1", "one"), ("2", "two")]
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "d1", "contents": "x"}, {"id": "d2"}])
     with pytest.raises(CorpusError, match=r"bad\.jsonl, line 2: missing field 'contents'"):
         list(read_json_collection(bad))

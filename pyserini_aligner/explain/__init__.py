@@ -70,7 +70,7 @@ def load_texts(corpus: str | os.PathLike, docids: list[str]) -> dict[str, str]:
 
     check_collection(docids, "docids")
     wanted, texts = set(docids), {}
-    for docid, text, _ in read_corpus(corpus):
+    for docid, text, *_ in read_corpus(corpus):
         if docid in wanted:
             texts[docid] = text
             if len(texts) == len(wanted):

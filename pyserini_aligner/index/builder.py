@@ -66,16 +66,18 @@ class EncodedChunk:
     salience: torch.Tensor  # [B, L]
     truncated: int
     seconds: float  # encoding time
+    fields: list | None = None  # [B] each document's stored fields (a dict, empty when none); None: none at all
 
     @property
     def num_tokens(self) -> int:
         return int(self.mask.sum())
 
 
-def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxlen: int | None,
+def encode_chunks(model, items: Iterable[tuple], batch_size: int, maxlen: int | None,
                   chunk_docs: int | None = None) -> Iterator[EncodedChunk]:
-    """Encode (docid, text) items chunk by chunk (length-sorted batches inside a chunk; fp16 vectors on a GPU).
-    The next chunk is read and tokenised in a background thread while the model encodes the current one."""
+    """Encode (docid, text) or (docid, text, fields) items chunk by chunk (length-sorted batches inside a chunk;
+    fp16 vectors on a GPU); the fields ride along with their documents. The next chunk is read and tokenised in a
+    background thread while the model encodes the current one."""
     dtype = torch.float16 if model.device.type == "cuda" else torch.float32
     chunks = _chunks(items, chunk_docs or batch_size * 16)
 
@@ -83,7 +85,7 @@ def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxl
         chunk = next(chunks, None)
         if chunk is None:
             return None
-        return chunk, *model.tokenize([text for _, text in chunk], is_query=False, maxlen=maxlen)
+        return chunk, *model.tokenize([item[1] for item in chunk], is_query=False, maxlen=maxlen)
 
     with ThreadPoolExecutor(1, thread_name_prefix="aligner-tokenize") as pool:
         pending = pool.submit(read_next)
@@ -95,8 +97,9 @@ def encode_chunks(model, items: Iterable[tuple[str, str]], batch_size: int, maxl
             out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
-            yield EncodedChunk([docid for docid, _ in chunk], out.vectors, out.mask, out.salience, sum(truncated),
-                               time.perf_counter() - begin)
+            fields = [item[2] if len(item) > 2 else {} for item in chunk]
+            yield EncodedChunk([item[0] for item in chunk], out.vectors, out.mask, out.salience, sum(truncated),
+                               time.perf_counter() - begin, fields if any(fields) else None)
 
 
 def train_codec(spec: CodecSpec, chunks: list[EncodedChunk], train_size: int, seed: int) -> ResidualCodec:
@@ -297,7 +300,7 @@ def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_pr
     try:
         for chunk in chunks:
             encode_seconds += chunk.seconds
-            writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated)
+            writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated, chunk.fields)
             if on_chunk is not None:
                 on_chunk(len(chunk.docids))
         if writer.num_docs == 0:
@@ -353,7 +356,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, op
             part = rows[start:start + step]
             vectors, mask, salience = source.gather(part)
             yield EncodedChunk([source.docids[r] for r in part], vectors.to(dev), mask.to(dev), salience.to(dev),
-                               0, 0.0)
+                               0, 0.0, source.fields_of(part) if source.field_names else None)
 
     def write(root: Path, generation: int) -> Manifest:
         trained, codec_dir, codec_files = None, None, {}
@@ -377,7 +380,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, op
             try:
                 for chunk in tqdm(chunks_of(rows), total=(len(rows) + 255) // 256, desc="derive", unit="chunk",
                                   disable=not progress):
-                    writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience)
+                    writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, fields=chunk.fields)
                 info = writer.finish(train_size, seed, progress)
             except BaseException:
                 writer.abort()

@@ -1,6 +1,9 @@
 """Corpus readers for indexing: Pyserini JsonCollection files/folders, a BEIR folder, or an ir_datasets id.
 
-Each reader yields ``(docid, text, Location)``; the location ("file, line N") is used in error messages.
+Each reader yields ``(docid, text, Location, fields)``; the location ("file, line N") is used in error messages, the
+fields (a dict, empty when the document has none) are stored with the document (:mod:`.fields`): a JsonCollection
+record's keys besides ``id`` and ``contents``, a BEIR ``corpus.jsonl`` record's besides ``_id`` and ``text``
+(``title``, and ``metadata`` kept as an object), an ir_datasets document's besides ``doc_id`` and ``text``.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 from itertools import islice
 from typing import Iterable, Iterator, NamedTuple
 
+from pyserini_aligner.index.fields import RESERVED, check_fields
 from pyserini_aligner.textio import is_blank, json_records, text_lines
 
 
@@ -25,7 +29,7 @@ class Location(NamedTuple):
         return f"{self.source}, {self.unit} {self.number}"
 
 
-CorpusItem = tuple[str, str, Location]
+CorpusItem = tuple[str, str, Location, dict]
 JSON_SUFFIXES = (".jsonl", ".json")
 BLANK_EXAMPLES = 5  # docids named in the warning about documents skipped for blank text
 log = logging.getLogger(__name__)
@@ -69,7 +73,8 @@ def collection_files(path: Path, warn: bool = True) -> list[Path]:
     return files
 
 
-def _doc_from_record(record, where: Location) -> tuple[str, str]:
+def _doc_from_record(record, where: Location) -> tuple[str, str, dict]:
+    """(docid, contents, the other fields) of a JsonCollection record."""
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object with fields 'id' and 'contents'")
     for field in ("id", "contents"):
@@ -80,7 +85,7 @@ def _doc_from_record(record, where: Location) -> tuple[str, str]:
         raise CorpusError(f"{where}: field 'id' must be a string, got {type(docid).__name__}")
     if not isinstance(contents, str):
         raise CorpusError(f"{where}: field 'contents' must be a string, got {type(contents).__name__}")
-    return str(docid), contents
+    return str(docid), contents, {key: value for key, value in record.items() if key not in RESERVED}
 
 
 def _read_file(path: Path) -> Iterator[CorpusItem]:
@@ -100,15 +105,18 @@ def _read_file(path: Path) -> Iterator[CorpusItem]:
             raise CorpusError(f"{path}: expected a JSON array of documents")
         for position, record in enumerate(records, 1):
             where = Location(source, position, "document")
-            yield (*_doc_from_record(record, where), where)
+            docid, contents, fields = _doc_from_record(record, where)
+            yield docid, contents, where, fields
         return
     for number, record in json_records(text_lines(path), source, error=CorpusError):
         where = Location(source, number)
-        yield (*_doc_from_record(record, where), where)
+        docid, contents, fields = _doc_from_record(record, where)
+        yield docid, contents, where, fields
 
 
 def read_json_collection(path: str | os.PathLike) -> Iterator[CorpusItem]:
-    """Documents of a JsonCollection (fields ``id`` and ``contents``); CorpusError when it holds none."""
+    """Documents of a JsonCollection (fields ``id`` and ``contents``, any others stored with the document);
+    CorpusError when it holds none."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus not found: {path}")
@@ -125,20 +133,18 @@ def read_corpus(spec: str | os.PathLike) -> Iterator[CorpusItem]:
     """A BEIR folder (``corpus.jsonl`` with ``_id``, ``title``, ``text``; contents = title + text, as Pyserini's BEIR
     indexes), else a JsonCollection file/folder when ``spec`` exists on disk, else an ir_datasets id
     (e.g. ``beir/scifact``)."""
-    from pyserini_aligner.data import is_beir_folder, iter_corpus
+    from pyserini_aligner.data import Dataset, is_beir_folder
 
     path = Path(spec)
     if path.is_dir() and is_beir_folder(path):
-        corpus = path / "corpus.jsonl"
-        for position, (docid, text) in enumerate(iter_corpus(str(path)), 1):
-            yield docid, text, Location(str(corpus), position, "document")
-        return
-    if path.exists() or path.suffix in JSON_SUFFIXES or path.is_absolute() or str(spec).startswith("."):
+        source = str(path / "corpus.jsonl")
+    elif path.exists() or path.suffix in JSON_SUFFIXES or path.is_absolute() or str(spec).startswith("."):
         yield from read_json_collection(path)
         return
-
-    for position, (docid, text) in enumerate(iter_corpus(str(spec)), 1):
-        yield docid, text, Location(str(spec), position, "document")
+    else:
+        source = str(spec)
+    for position, doc in enumerate(Dataset(str(spec)).docs(), 1):
+        yield doc.docid, doc.contents, Location(source, position, "document"), doc.fields
 
 
 def _count_file(path: Path) -> int | None:
@@ -208,20 +214,36 @@ class DocidRegistry:
             raise ValueError(f"duplicate docid {docid!r}: first at {self._unpack(first)}, again at {where}")
 
 
-def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str]]:
-    """(docid, text) from (docid, text) or (docid, text, Location) items; refuses duplicate or malformed docids.
+def _unpack_item(item, position: int) -> tuple:
+    """(docid, text, Location, fields) of a corpus item: a JsonCollection record (a dict with ``id``, ``contents``
+    and any other fields), or a tuple (docid, text), (docid, text, Location), (docid, text, fields) or
+    (docid, text, Location, fields)."""
+    if isinstance(item, dict):
+        where = Location("corpus", position, "document")
+        docid, text, fields = _doc_from_record(item, where)
+        return docid, text, where, check_fields(fields, where)
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3, 4):
+        raise ValueError(f"corpus item {position}: expected (docid, text[, Location][, fields]) or a dict with 'id' "
+                         f"and 'contents', got {item!r:.80}")
+    rest = list(item[2:])
+    where = rest.pop(0) if rest and not isinstance(rest[0], dict) else Location("corpus", position, "document")
+    if not isinstance(where, Location):
+        raise TypeError(f"corpus item {position}: location must be a Location, got {type(where).__name__}")
+    fields = rest.pop(0) if rest else {}
+    if rest:
+        raise ValueError(f"corpus item {position}: expected (docid, text[, Location][, fields]), got {item!r:.80}")
+    return item[0], item[1], where, check_fields(fields, where)
+
+
+def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry) -> Iterator[tuple[str, str, dict]]:
+    """(docid, text, fields) from the items :func:`_unpack_item` reads (fields {} when an item has none); refuses
+    duplicate or malformed docids and fields that are not JSON.
 
     A document whose text is blank (no letter or digit: empty, white space, NUL, zero-width or other invisible
     characters, punctuation or symbols only; :func:`~pyserini_aligner.textio.is_blank`) has nothing to index: it is
     skipped, counted in ``docids.blank`` and named in one warning at the end."""
     for position, item in enumerate(islice(corpus, max_docs), 1):
-        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-            raise ValueError(f"corpus item {position}: expected (docid, text) or (docid, text, Location), "
-                             f"got {item!r:.80}")
-        where = item[2] if len(item) == 3 else Location("corpus", position, "document")
-        if not isinstance(where, Location):
-            raise TypeError(f"corpus item {position}: location must be a Location, got {type(where).__name__}")
-        docid, text = item[0], item[1]
+        docid, text, where, fields = _unpack_item(item, position)
         docids.add(docid, where)
         if not isinstance(text, str):
             raise ValueError(f"{where}: text of docid {docid!r} must be a string, got {type(text).__name__}")
@@ -230,7 +252,7 @@ def checked_items(corpus: Iterable, max_docs: int | None, docids: DocidRegistry)
             if len(docids.blank_docids) < BLANK_EXAMPLES:
                 docids.blank_docids.append(docid)
             continue
-        yield docid, text
+        yield docid, text, fields
     if docids.blank:
         log.warning("skipped %d document(s) with no text (no letter or digit: empty, white space, punctuation or "
                     "invisible characters only), not indexed: %s%s", docids.blank, ", ".join(docids.blank_docids),

@@ -13,6 +13,10 @@ so a reader sees either the old or the new state, never a mix; an open reader ke
         docids.txt               n lines
         doc_offsets.i64          [n+1] document i owns tokens offsets[i] .. offsets[i+1]-1
         deletes-<gen>.bits       tombstones, bit-packed [n] (only after deletions)
+        fields.sqlite            the documents' stored fields (only when some document has any): SQLite table
+                                 ``fields(row INTEGER PRIMARY KEY, doc TEXT)``, one JSON object per segment row
+                                 that has fields (a JsonCollection record's keys besides ``id`` and ``contents``);
+                                 the manifest lists the segment's top-level field names (``SegmentInfo.fields``)
       compressed (codec ``IVF<nlist>,PQ<M>`` or ``IVF<nlist>,PQ<M>,Refine(PQ<R>)``):
         token_centroids.u16      [T] coarse centroid of every token
         token_residuals.u8       [T, R] PQ code of every token's residual (R = M without a refinement tier)
@@ -48,6 +52,7 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 LOCK = "write.lock"
 DOCIDS = "docids.txt"
+FIELDS = "fields.sqlite"
 OFFSETS = "doc_offsets.i64"
 VECTORS = "doc_vectors.f16"
 SALIENCE = "doc_salience.f32"
@@ -85,6 +90,7 @@ class SegmentInfo:
     num_deleted: int = 0
     files: dict = field(default_factory=dict)  # file name -> {"bytes": int, "crc32": int[, "blocks": {...}]}
     build_stats: dict = field(default_factory=dict)  # seconds spent encoding, pruning, compressing, writing
+    fields: list = field(default_factory=list)  # sorted top-level names of the documents' stored fields (FIELDS)
 
 
 @dataclass
@@ -251,6 +257,10 @@ def read_manifest(index_dir: str | os.PathLike) -> Manifest:
             _check_number(path, f"segments[{seg.name}].{name}", getattr(seg, name), 0, 2 ** 62, integer=True)
         if seg.num_kept > seg.num_tokens or seg.num_deleted > seg.num_docs:
             raise IndexFormatError(f"{path}: segment {seg.name} counts are inconsistent")
+        if not isinstance(seg.fields, list) or not all(isinstance(name, str) for name in seg.fields) \
+                or (seg.fields and FIELDS not in seg.files):
+            raise IndexFormatError(f"{path}: segments[{seg.name}].fields must be a list of field names, with the "
+                                   f"file {FIELDS} recorded in its files")
     return manifest
 
 

@@ -65,7 +65,9 @@ class AlignerIndex:
         return manifest, StoredIndex(self.index_dir)
 
     def add(self, docs: Iterable, upsert: bool = False) -> Manifest:
-        """Encode ``docs`` ((docid, text) or (docid, text, Location) items) into a new segment and commit it.
+        """Encode ``docs`` into a new segment and commit it: (docid, text[, Location][, fields]) items or
+        JsonCollection records (dicts with ``id``, ``contents`` and any other fields); fields are stored with their
+        document.
         A docid already live is refused unless ``upsert``, which replaces that document. A document with blank text
         is skipped with a warning (upserted, its earlier version is deleted). ``docs`` must be a collection of
         items: a single str is refused (TypeError). Nothing to add or replace commits nothing."""
@@ -83,7 +85,8 @@ class AlignerIndex:
             try:
                 for chunk in encode_chunks(model, checked_items(docs, None, registry), self.batch_size,
                                            manifest.doc_maxlen):
-                    writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated)
+                    writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated,
+                               chunk.fields)
                 replaced = [d for d in registry.first if d in live] if upsert else []
                 info = writer.finish() if writer.num_docs else None
                 if info is None:
@@ -139,7 +142,8 @@ class AlignerIndex:
             faults.point("tombstone")
 
     def compact(self, retrain_codec: bool = False, seed: int = 0, train_size: int = 100_000) -> Manifest:
-        """Rewrite the live documents of every segment into one segment; with ``retrain_codec`` (compressed
+        """Rewrite the live documents of every segment, with their stored fields, into one segment (in row order);
+        with ``retrain_codec`` (compressed
         indexes), re-quantise them with a codec trained on their decoded vectors. Reports the codec's reconstruction
         error on the live tokens before and after in the log and in the segment's ``build_stats``."""
         with IndexLock(self.index_dir):
@@ -190,16 +194,18 @@ class AlignerIndex:
     def _copy(writer: SegmentWriter, current: StoredIndex, seg: Segment, number: int, local: np.ndarray,
               codec, new_codec, retrain: bool) -> None:
         docids = [seg.docids[i] for i in local]
+        fields = current.fields_of(current.row_base[number] + local) if seg.fields_path is not None else None
         starts, lengths = seg.offsets[local], seg.lengths[local]
         positions = np.repeat(starts, lengths) + (np.arange(int(lengths.sum()))
                                                   - np.repeat(np.cumsum(lengths) - lengths, lengths))
         kept = seg.kept[positions]
         if codec is None:
             writer.add_tokens(docids, lengths, np.asarray(seg.vectors[positions]), kept,
-                              salience=np.asarray(seg.salience[positions]))
+                              salience=np.asarray(seg.salience[positions]), fields=fields)
         elif not retrain:
             writer.add_tokens(docids, lengths, None, kept, codes=(np.asarray(seg.centroid_ids[positions]),
-                                                                   np.asarray(seg.residuals[positions])))
+                                                                   np.asarray(seg.residuals[positions])),
+                              fields=fields)
         else:
             decoded = codec.decode(seg.centroid_ids[positions], seg.residuals[positions])
-            writer.add_tokens(docids, lengths, decoded.numpy(), kept)
+            writer.add_tokens(docids, lengths, decoded.numpy(), kept, fields=fields)

@@ -12,11 +12,12 @@ import numpy as np
 
 from pyserini_aligner.index.codec_spec import PQ_CENTROIDS, CodecSpec
 from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES,
-                                           DOCIDS, FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT,
+                                           DOCIDS, FIELDS, FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT,
                                            KEPT_BITS, MANIFEST, OFFSETS, SALIENCE, SMALL_FILE, TOKEN_CENTROIDS,
                                            TOKEN_RESIDUALS, VECTORS, IndexFormatError, Manifest, SegmentInfo,
                                            faiss_error_message, read_manifest)
 from pyserini_aligner.index import checksums
+from pyserini_aligner.index.fields import read_column, read_records
 from pyserini_aligner.index.io import file_record
 
 
@@ -103,6 +104,7 @@ class Segment:
             if k and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= t):
                 raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {t})")
         self.docids = read_docids(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
+        self.fields_path = paths.get(FIELDS)  # None: no document of the segment has stored fields
 
     @property
     def kept(self) -> np.ndarray:
@@ -249,6 +251,36 @@ class StoredIndex:
         if self._docid_rows is None:
             self._docid_rows = {d: row for row, d in enumerate(self.docids) if self.live[row]}
         return self._docid_rows.get(docid)
+
+    @property
+    def field_names(self) -> list[str]:
+        """Sorted names of the fields stored with the documents of this generation (those of any segment)."""
+        return sorted({name for s in self.segments for name in s.info.fields})
+
+    def fields_of(self, rows) -> list[dict]:
+        """The stored fields of documents ``rows`` (global rows, deleted ones included), in order: a dict each,
+        empty for a document without fields."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out: list[dict] = [{} for _ in range(len(rows))]
+        seg_of = np.searchsorted(self.row_base, rows, side="right") - 1
+        for number in np.unique(seg_of):
+            seg, base = self.segments[number], int(self.row_base[number])
+            if seg.fields_path is not None:
+                where = np.flatnonzero(seg_of == number)
+                found = read_records(seg.fields_path, rows[where] - base)
+                for i in where:
+                    out[i] = found.get(int(rows[i]) - base, out[i])
+        return out
+
+    def field_column(self, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The stored value at nested ``keys`` (``("metadata", "url")``) of every row: (type codes uint8
+        [num_docs], values object [num_docs]) as :func:`.fields.read_column` gives them (NULL where a document has
+        no such field)."""
+        parts = [read_column(s.fields_path if keys[0] in s.info.fields else None, keys, s.info.num_docs)
+                 for s in self.segments]
+        if not parts:
+            return np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=object)
+        return np.concatenate([c for c, _ in parts]), np.concatenate([v for _, v in parts])
 
     @property
     def kept(self) -> np.ndarray:

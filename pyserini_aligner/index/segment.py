@@ -15,10 +15,11 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.index import checksums, faults
+from pyserini_aligner.index.fields import FieldsWriter
 from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES, DOCIDS,
-                                           FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT, KEPT_BITS,
-                                           OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS, SegmentInfo,
-                                           faiss_error_message)
+                                           FAISS_IDS, FAISS_INDEX, FIELDS, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT,
+                                           KEPT_BITS, OFFSETS, SALIENCE, TOKEN_CENTROIDS, TOKEN_RESIDUALS, VECTORS,
+                                           SegmentInfo, faiss_error_message)
 from pyserini_aligner.index.io import file_record
 from pyserini_aligner.index.reader import memmap
 from pyserini_aligner.index.format import new_faiss_index
@@ -93,6 +94,7 @@ class SegmentWriter:
         self.num_docs = self.num_tokens = self.num_kept = self.num_truncated = 0
         self._bits_carry = np.zeros(0, dtype=bool)
         self._ivf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centroid, doc row, code) of kept tokens
+        self._fields: FieldsWriter | None = None  # opened with the first document that has fields
         self.seconds = {"prune_s": 0.0, "codec_s": 0.0, "write_s": 0.0}
         if codec is not None:
             self.seconds["codec_encode_s"] = 0.0  # assigning and quantising every token (codec_s adds training)
@@ -101,9 +103,11 @@ class SegmentWriter:
         if codec is not None and codec.codebooks.shape[1] != PQ_CENTROIDS:
             raise ValueError("codec codebooks must have 256 entries per sub-quantizer")
 
-    def add(self, docids: list[str], vectors: Tensor, mask: Tensor, salience: Tensor, truncated: int = 0) -> None:
+    def add(self, docids: list[str], vectors: Tensor, mask: Tensor, salience: Tensor, truncated: int = 0,
+            fields: list[dict] | None = None) -> None:
         """Append documents: vectors [B, L, d] (L2-normalised, any device and float dtype), mask [B, L] bool,
-        salience [B, L]; ``truncated``: how many of them were cut at the length limit."""
+        salience [B, L]; ``truncated``: how many of them were cut at the length limit; ``fields``: [B] each one's
+        stored fields (dicts, empty when none), or None."""
         from pyserini_aligner.salience import prune_mask
 
         device = vectors.device
@@ -117,13 +121,20 @@ class SegmentWriter:
         _sync(device)
         self.seconds["prune_s"] += time.perf_counter() - begin
         self.add_tokens(docids, lengths, flat, flat_kept.cpu().numpy(), salience=salience.float()[mask],
-                        truncated=truncated)
+                        truncated=truncated, fields=fields)
 
     def add_tokens(self, docids: list[str], lengths: np.ndarray, vectors, kept: np.ndarray, salience=None,
-                   codes: tuple[np.ndarray, np.ndarray] | None = None, truncated: int = 0) -> None:
+                   codes: tuple[np.ndarray, np.ndarray] | None = None, truncated: int = 0,
+                   fields: list[dict] | None = None) -> None:
         """Append documents given as flat tokens: lengths [B], vectors [t, d] (tensor or array; None when ``codes``
-        = (centroid ids [t], residual codes [t, M]) are given), kept [t] bool, salience [t] (fp16 store only)."""
+        = (centroid ids [t], residual codes [t, M]) are given), kept [t] bool, salience [t] (fp16 store only),
+        fields [B] (dicts, empty when none) or None."""
         begin = time.perf_counter()
+        for row, record in enumerate(fields or (), self.num_docs):
+            if record:
+                if self._fields is None:
+                    self._fields = FieldsWriter(self.folder / FIELDS)
+                self._fields.add(row, record)
         lengths = np.asarray(lengths, dtype=np.int64)
         kept = np.asarray(kept, dtype=bool)
         if self.codec is not None:
@@ -172,6 +183,10 @@ class SegmentWriter:
         if self.codec is not None and len(self._bits_carry):
             self.sinks[KEPT_BITS].write(np.packbits(self._bits_carry).tobytes())
         files = {name: sink.close() for name, sink in self.sinks.items()}
+        names = sorted(self._fields.names) if self._fields is not None else []
+        if self._fields is not None:
+            files[FIELDS] = self._fields.finish()
+            self._fields = None
         if self.codec is not None:
             files.update(self._write_ivf())
         else:
@@ -181,13 +196,15 @@ class SegmentWriter:
             self.seconds["reconstruction_mse"] = self._error / self._error_tokens
         faults.point("segment-finish")
         return SegmentInfo(name=self.folder.name, num_docs=self.num_docs, num_tokens=self.num_tokens,
-                                 num_kept=self.num_kept, num_truncated=self.num_truncated,
-                                 files=files, build_stats=dict(self.seconds))
+                           num_kept=self.num_kept, num_truncated=self.num_truncated,
+                           files=files, build_stats=dict(self.seconds), fields=names)
 
     def abort(self) -> None:
         """Close and remove the unfinished segment folder."""
         for sink in self.sinks.values():
             sink.handle.close()
+        if self._fields is not None:
+            self._fields.abort()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _write_ivf(self) -> dict[str, dict]:

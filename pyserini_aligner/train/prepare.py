@@ -73,7 +73,7 @@ def prepare_corpus(corpus: str, output: Path, work: Path, depth: int = 30, per_d
     from pyserini_aligner.data import Doc
     from pyserini_aligner.index.corpus import read_corpus
 
-    docs = [(docid, text) for docid, text, _ in read_corpus(corpus)]
+    docs = [(docid, text) for docid, text, *_ in read_corpus(corpus)]
     log.info("%s: %d docs; BM25 index, pseudo-queries and negatives", corpus, len(docs))
     index = build_lucene_index((Doc(d, "", t) for d, t in docs), work / f"{CORPUS_NAME}-lucene", threads=threads)
     rows = pseudo_rows(index, pseudo_queries(docs, per_doc=per_doc, seed=seed), depth, threads)
