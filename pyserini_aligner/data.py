@@ -192,8 +192,7 @@ class Dataset:
             for number, record in _read_jsonl(path):
                 count += 1
                 yield Doc(_field(record, "_id", path, number), str(record.get("title") or ""),
-                          _field(record, "text", path, number),
-                          {key: value for key, value in record.items() if key not in ("_id", "text")})
+                          _field(record, "text", path, number), _beir_fields(record))
         else:
             if not self._ir.has_docs():
                 raise DataError(f"{self.spec!r} has no documents")
@@ -241,6 +240,19 @@ class Dataset:
             for qrel in self._ir.qrels_iter():
                 qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
         return qrels
+
+
+def _beir_fields(record: dict) -> dict:
+    """The fields of a BEIR ``corpus.jsonl`` record besides ``_id`` and ``text``, with the entries of its
+    ``metadata`` object as fields of their own (``url``), as ir_datasets gives the same corpus's documents; a
+    ``metadata`` whose names clash with the others (or with ``id``, ``contents``) is kept whole as one field."""
+    fields = {key: value for key, value in record.items() if key not in ("_id", "text", "metadata")}
+    metadata = record.get("metadata")
+    if isinstance(metadata, dict) and not set(metadata) & (set(fields) | {"_id", "text", "id", "contents"}):
+        fields.update(metadata)
+    elif "metadata" in record:
+        fields["metadata"] = metadata
+    return fields
 
 
 def _json_value(value):

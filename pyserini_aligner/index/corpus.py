@@ -2,8 +2,9 @@
 
 Each reader yields ``(docid, text, Location, fields)``; the location ("file, line N") is used in error messages, the
 fields (a dict, empty when the document has none) are stored with the document (:mod:`.fields`): a JsonCollection
-record's keys besides ``id`` and ``contents``, a BEIR ``corpus.jsonl`` record's besides ``_id`` and ``text``
-(``title``, and ``metadata`` kept as an object), an ir_datasets document's besides ``doc_id`` and ``text``.
+record's keys besides ``id`` and ``contents``, a BEIR ``corpus.jsonl`` record's besides ``_id`` and ``text`` (``title``,
+and the entries of ``metadata`` as fields of their own, e.g. ``url``, as ir_datasets names them), an ir_datasets
+document's besides ``doc_id`` and ``text``.
 """
 from __future__ import annotations
 
