@@ -75,10 +75,13 @@ class CodeShard:
         cat = (lambda parts: parts[0]) if len(segs) == 1 else np.concatenate
         self.token_ids = _tensor(cat([s.centroid_ids.view(np.int16) for s in segs]), self.device)
         self.token_codes = _tensor(cat([s.residuals for s in segs]), self.device)
-        token_base = np.concatenate([[0], np.cumsum([s.info.num_tokens for s in segs])])
-        self.offsets = _tensor(np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(segs, token_base)])
-                               .astype(np.int64), self.device)
-        self.lengths = self.offsets[1:] - self.offsets[:-1]
+        if len(segs) == 1:  # one segment: its own arrays (shared on the CPU)
+            self.offsets, self.lengths = _tensor(segs[0].offsets, self.device), _tensor(segs[0].lengths, self.device)
+        else:
+            token_base = np.concatenate([[0], np.cumsum([s.info.num_tokens for s in segs])])
+            self.offsets = _tensor(np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(segs, token_base)])
+                                   .astype(np.int64), self.device)
+            self.lengths = self.offsets[1:] - self.offsets[:-1]
         self.kept = _tensor(np.concatenate([s.kept for s in segs]), self.device) if self.refine_kept else None
         self.allowed = _tensor(allowed_rows(store)[self.row_base:self.row_base + self.num_rows], self.device)
         self._build_ivf(segs, np.concatenate([[0], np.cumsum(rows)]))
