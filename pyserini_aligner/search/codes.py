@@ -34,6 +34,7 @@ from pyserini_aligner.search.candidates import best_entries
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
 GPU_ELEMENTS = 1 << 28  # the same bound on a GPU: larger blocks, fewer kernel launches and host round trips a batch
+NORM_CACHE_BYTES = 256 << 20  # a shard keeps its tokens' inverse norms while tokens × (4 + 2 + R) bytes fit
 PAIR_MAX_SUB = 8  # on a GPU without kernels, codes of sub-vectors this short decode two sub-quantisers at a time
 
 
@@ -321,7 +322,7 @@ class CodeShard:
                 mask &= self.kept[positions]
             sal = None if q_sal is None else q_sal[part, :n]
             if self.device.type == "cpu":
-                scores = scores_from_similarity(self.similarity(q[part, :n], positions), q_mask[part, :n], mask,
+                scores = scores_from_similarity(self.similarity(q[part, :n], positions, mask), q_mask[part, :n], mask,
                                                 strategy, sal)
             else:
                 scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n],
@@ -329,11 +330,12 @@ class CodeShard:
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
 
-    def similarity(self, q: Tensor, positions: Tensor) -> Tensor:
+    def similarity(self, q: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
         """q·d [B, C, n, L] (float32) of queries q [B, n, d] with the tokens at shard ``positions`` [B, C, L], read
         from their codes without decoding: q·c from a query-centroid table plus Σ_m q_m·r_m from per-sub-quantiser
         look-up tables (asymmetric distance computation; the CPU's refinement, a few times cheaper than decoding
-        and multiplying), times the token's :meth:`inverse_norms`: q·d of the unit-length decoded token."""
+        and multiplying), times the token's inverse norm (:meth:`inverse_norms_at`): q·d of the unit-length decoded
+        token. mask [B, C, L] or None: the tokens scored (the others' values are undefined)."""
         b, n = q.shape[:2]
         q = q.float()
         m = self.token_m
@@ -350,7 +352,7 @@ class CodeShard:
         index[..., 1:] += (b * self.nlist + owner * (m * 256)).unsqueeze(-1) + \
             torch.arange(m, dtype=torch.int32, device=self.device) * 256
         sim = torch.nn.functional.embedding_bag(index.view(-1, 1 + m), rows, mode="sum")
-        sim = sim.view(*positions.shape, n) * self.inverse_norms()[positions].unsqueeze(-1)  # [b, C, L, n]
+        sim = sim.view(*positions.shape, n) * self.inverse_norms_at(positions, mask).unsqueeze(-1)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
     def decode(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -374,6 +376,20 @@ class CodeShard:
             codes = codes[..., 0::2] * 256 + codes[..., 1::2]
         residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
         return torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)
+
+    def inverse_norms_at(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """float32 [...]: 1 / |centroid + residual| of the tokens at shard ``positions`` [...] (only where ``mask``
+        [...] is True, zero elsewhere, when given): read from :meth:`inverse_norms` when the shard is small enough to
+        keep them (``NORM_CACHE_BYTES``), else computed for these tokens alone (the same values: a token's norm is
+        its own row's float64 sum), so that a large index keeps neither 4 bytes a token in memory nor every token's
+        codes paged in."""
+        if self._inverse_norms is not None or len(self.token_ids) * (6 + self.token_m) <= NORM_CACHE_BYTES:
+            return self.inverse_norms()[positions]
+        if mask is None:
+            return 1.0 / row_norms(self._sums(positions)).clamp_min(1e-12)
+        out = torch.zeros(positions.shape, device=self.device)
+        out[mask] = 1.0 / row_norms(self._sums(positions[mask])).clamp_min(1e-12)
+        return out
 
     def inverse_norms(self) -> Tensor:
         """float32 [tokens]: 1 / |centroid + residual| of every token of the shard, computed once (decoding scales
