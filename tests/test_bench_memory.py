@@ -25,6 +25,7 @@ def test_builds_then_measures_each_step_in_a_fresh_process(tmp_path, capsys):
     assert peaks == sorted(peaks) and peaks[0] < 200 << 20 < peaks[-1]  # torch and the model load after the start
     assert all(memory[step]["rss"] <= memory[step]["peak"] for step in STEPS)
     assert memory["start"]["anon"] + memory["start"]["file"] <= memory["start"]["rss"] + (1 << 20)
+    assert memory["search"]["anon"] <= total["anon_peak_bytes"] <= total["peak_bytes"]
     assert total["peak_bytes"] == peaks[-1] and total["target_bytes"] == (2 << 30) + index["codec_bytes"]
     assert total["within_target"] and total["open_anon_per_doc"] == round(total["open_anon_bytes"] / 40, 1)
     table = (out / "bench_memory.md").read_text()

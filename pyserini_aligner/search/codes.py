@@ -34,7 +34,7 @@ from pyserini_aligner.search.candidates import best_entries
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
 GPU_ELEMENTS = 1 << 28  # the same bound on a GPU: larger blocks, fewer kernel launches and host round trips a batch
-NORM_CACHE_BYTES = 256 << 20  # a shard keeps its tokens' inverse norms while tokens × (4 + 2 + R) bytes fit
+NORM_CACHE_BYTES = 256 << 20  # shards keep their tokens' inverse norms while the index's tokens × (4 + 2 + R) fit
 PAIR_MAX_SUB = 8  # on a GPU without kernels, codes of sub-vectors this short decode two sub-quantisers at a time
 
 
@@ -65,6 +65,8 @@ class CodeShard:
         self.token_m = self.token_books.shape[0]
         self.pair_tables(paired_decoding(self.device, self.token_books))
         self._inverse_norms: Tensor | None = None
+        tokens = sum(seg.info.num_tokens for seg in store.segments)  # the whole index's, however it is split
+        self.keeps_norms = tokens * (6 + self.token_m) <= NORM_CACHE_BYTES  # see inverse_norms_at
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -379,11 +381,11 @@ class CodeShard:
 
     def inverse_norms_at(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
         """float32 [...]: 1 / |centroid + residual| of the tokens at shard ``positions`` [...] (only where ``mask``
-        [...] is True, zero elsewhere, when given): read from :meth:`inverse_norms` when the shard is small enough to
-        keep them (``NORM_CACHE_BYTES``), else computed for these tokens alone (the same values: a token's norm is
-        its own row's float64 sum), so that a large index keeps neither 4 bytes a token in memory nor every token's
-        codes paged in."""
-        if self._inverse_norms is not None or len(self.token_ids) * (6 + self.token_m) <= NORM_CACHE_BYTES:
+        [...] is True, zero elsewhere, when given): read from :meth:`inverse_norms` when the index is small enough
+        for its shards to keep them (``keeps_norms``: every token's 4 bytes, and 2 + R read once, within
+        ``NORM_CACHE_BYTES``), else computed for these tokens alone (the same values: a token's norm is its own row's
+        float64 sum), so that a large index keeps neither 4 bytes a token in memory nor every token's codes paged in."""
+        if self.keeps_norms or self._inverse_norms is not None:
             return self.inverse_norms()[positions]
         if mask is None:
             return 1.0 / row_norms(self._sums(positions)).clamp_min(1e-12)
