@@ -337,6 +337,7 @@ def test_faiss_probe_reads_the_mapped_lists_as_a_whole_index(codes_index, model,
         want_scores, want_rows = whole.search(probes.numpy(), per_token, params=params)
         assert np.array_equal(rows.numpy(), want_rows) and np.array_equal(scores.numpy(), want_scores)
     assert engine.index.ntotal == engine.index.invlists.compute_ntotal() == 0
+    assert engine.codes._pool._max_workers == min(3, os.cpu_count())  # segments scored a thread a core at most
 
 
 @pytest.mark.parametrize("which", ["codes_index", "fp16_index"])
