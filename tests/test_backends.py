@@ -333,3 +333,39 @@ def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, 
         for got_run, want_run in zip(ranked, want, strict=True):
             for a, b in zip(got_run, want_run, strict=True):
                 assert_same_ranking(a, b)
+
+
+@pytest.mark.parametrize("loaded", [1 << 21, 1])
+def test_faiss_probe_reads_the_mapped_lists_as_a_whole_index(codes_index, model, monkeypatch, loaded):
+    """FaissIVF hands FAISS only the lists that each part of the probes scans (one probe a part with ``loaded`` 1),
+    read from the segments' files: every probe finds the entries, in the order, of FAISS's search of one index
+    holding every segment's lists, deleted documents skipped; no entry stays loaded afterwards."""
+    import faiss
+
+    from pyserini_aligner.search.allowed import allowed_rows, row_selector
+    from pyserini_aligner.search.backends import faiss_cpu
+
+    monkeypatch.setattr(faiss_cpu, "LOADED_ENTRIES", loaded)
+    engine = AlignerSearcher(codes_index, encoder=model, backend="faiss").engine
+    store = engine.store
+    assert len(store.segments) == 3 and not store.live.all()
+    whole = store.codec.faiss_index([(seg.ivf_offsets, np.asarray(seg.ivf_docs, np.int64) + base, seg.ivf_codes)
+                                     for seg, base in zip(store.segments, store.row_base)])
+    probes = torch.nn.functional.normalize(torch.randn(12, model.config.dim, generator=torch.Generator()
+                                                       .manual_seed(1)), dim=-1)
+    for per_token, nprobe in ((3, 1), (20, 2), (200, store.codec_spec.nlist)):
+        scores, rows = engine.probe(probes, per_token, nprobe)
+        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=row_selector(allowed_rows(store)))
+        want_scores, want_rows = whole.search(probes.numpy(), per_token, params=params)
+        assert np.array_equal(rows.numpy(), want_rows) and np.array_equal(scores.numpy(), want_scores)
+    assert engine.index.ntotal == engine.index.invlists.compute_ntotal() == 0
+    assert engine.codes._pool._max_workers == min(3, os.cpu_count())  # segments scored a thread a core at most
+
+
+@pytest.mark.parametrize("which", ["codes_index", "fp16_index"])
+def test_live_kept_count_skips_the_deleted_documents_tokens(request, which):
+    """num_live_kept (the entries a search can return, which size nprobe) counts the kept tokens of the live
+    documents, as a flag per token gives it."""
+    store = StoredIndex(request.getfixturevalue(which))
+    live_tokens = np.repeat(store.live, store.lengths)
+    assert not store.live.all() and store.num_live_kept == int(store.kept[live_tokens].sum()) < store.manifest.num_kept

@@ -108,3 +108,29 @@ def test_a_shard_of_fetched_documents_scores_them_as_their_own_shard(two_segment
                        shard.refine(q, q_mask, None, rows, valid, strategy, 64))
     ids_only = other.holding(*shard.documents(need, residuals=False))
     assert torch.equal(ids_only.interaction(q, q_mask, local, valid), shard.interaction(q, q_mask, rows, valid))
+
+
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+def test_a_shard_too_large_to_keep_its_norms_refines_to_the_same_bits(two_segment_index, monkeypatch, refine_with):
+    """Past NORM_CACHE_BYTES a shard computes the inverse norms of the candidates' tokens at each refinement instead
+    of keeping every token's: the same scores to the last bit, and nothing kept per token."""
+    from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.search import codes
+
+    store = StoredIndex(two_segment_index)
+    kept = CodeShard(store, [0, 1], refine_with=refine_with)
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randint(0, kept.num_rows, (3, 9), generator=generator)
+    valid = torch.rand(3, 9, generator=generator) < 0.8
+    q = torch.nn.functional.normalize(torch.randn(3, 5, store.manifest.dim, generator=generator), dim=-1)
+    q_mask = torch.ones(3, 5, dtype=torch.bool)
+    q_mask[2, 4:] = False
+    strategy = parse_strategy(store.manifest.default_strategy)
+    want = kept.refine(q, q_mask, None, rows, valid, strategy, 64)
+    assert kept._inverse_norms is not None
+    monkeypatch.setattr(codes, "NORM_CACHE_BYTES", 0)
+    computed = CodeShard(store, [0, 1], refine_with=refine_with)
+    assert torch.equal(computed.refine(q, q_mask, None, rows, valid, strategy, 64), want)
+    assert computed._inverse_norms is None
+    positions = torch.arange(len(computed.token_ids)).view(1, -1)
+    assert torch.equal(computed.inverse_norms_at(positions), kept.inverse_norms().view(1, -1))

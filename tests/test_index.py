@@ -619,3 +619,44 @@ def test_max_bytes_per_token_is_refused_where_it_does_nothing(tmp_path, capsys):
     assert BuildOptions(**option_flags(args)).max_bytes_per_token == 18
     args = parse_args(["--corpus", "c", "--index", str(tmp_path / "i")])
     assert BuildOptions(**option_flags(args)).max_bytes_per_token is None  # 2 bits a dimension, from the model
+
+
+@pytest.mark.parametrize("text", ["a\nb\nc\n", "a\nb\nc", "a\n\nc\n", "", "x\n", "é\u00e9\n\u4e2d\n\U0001f600 z\n",
+                                  "".join(f"d{i}\n" for i in range(50))])
+def test_docid_table_reads_as_the_list_it_replaces(tmp_path, monkeypatch, text):
+    """Docids.read: the lines of docids.txt as ``read_text().split("\\n")`` less its last empty item gives them, by
+    row, slice, negative row, iteration (across the blocks it decodes at once), length and joined tables."""
+    monkeypatch.setattr(reader.Docids, "_DECODE_ROWS", 7)
+    path = tmp_path / DOCIDS
+    path.write_bytes(text.encode("utf-8"))
+    want = text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
+    table = reader.Docids.read(path, len(want))
+    assert len(table) == len(want) and list(table) == want and table == want and want == table
+    assert [table[i] for i in range(len(want))] == want and [table[np.int64(i)] for i in range(len(want))] == want
+    assert table[1:-1] == want[1:-1] and table[::3] == want[::3]
+    if want:
+        assert table[-1] == want[-1]
+    with pytest.raises(IndexError):
+        table[len(want)]
+    joined = reader.Docids.join([table, reader.Docids(), table])
+    assert list(joined) == joined[:] == want + want and len(joined) == 2 * len(want) and joined == table + want
+    assert [joined[i] for i in range(len(joined))] == want + want and joined != want + ["extra"]
+
+
+def test_docid_table_refuses_bad_files(tmp_path):
+    path = tmp_path / DOCIDS
+    path.write_bytes(b"a\n\xff\n")
+    with pytest.raises(IndexFormatError, match=r"docids\.txt: not UTF-8 text"):
+        reader.Docids.read(path, 2)
+    path.write_bytes(b"a\nb\n")
+    with pytest.raises(IndexFormatError, match=r"docids\.txt: 2 docids, the manifest says 3"):
+        reader.Docids.read(path, 3)
+    with pytest.raises(FileNotFoundError, match="index file missing"):
+        reader.Docids.read(tmp_path / "gone.txt", 0)
+
+
+def test_one_segment_shares_its_arrays(index_dir):
+    """A one-segment index's document offsets and lengths are the segment's arrays, not copies of them."""
+    store = StoredIndex(index_dir)
+    assert len(store.segments) == 1 and store.offsets is store.segments[0].offsets
+    assert store.lengths is store.segments[0].lengths and np.array_equal(store.lengths, np.diff(store.offsets))

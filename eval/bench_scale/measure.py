@@ -1,5 +1,6 @@
 """Measuring functions of the scale benchmark over plain data: peaks of disk and memory, GPU memory, rankings,
-nDCG@10 without ranx, top-10 overlap."""
+nDCG@10 without ranx, top-10 overlap. torch is imported by the functions that need it, so that a process can read its
+memory before importing it."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,6 @@ import threading
 from typing import Sequence
 
 import numpy as np
-import torch
 
 Ranking = list[list[tuple[str, float]]]  # per query: (docid, score), best first
 
@@ -28,8 +28,8 @@ def folder_bytes(folder: str | os.PathLike) -> int:
     return total
 
 
-def _status_bytes(field: str) -> int | None:
-    """A ``VmRSS``/``VmHWM`` line of /proc/self/status in bytes (None where there is no /proc)."""
+def status_bytes(field: str) -> int | None:
+    """A ``VmRSS``/``VmHWM``/``RssAnon``/``RssFile`` line of /proc/self/status in bytes (None where there is no /proc)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
@@ -65,7 +65,7 @@ class Peaks:
         self._reset = False
 
     def _sample(self) -> None:
-        self.peak_rss = max(self.peak_rss, _status_bytes("VmRSS") or 0)
+        self.peak_rss = max(self.peak_rss, status_bytes("VmRSS") or 0)
         if self.folder is not None:
             self.peak_disk = max(self.peak_disk, folder_bytes(self.folder))
 
@@ -85,7 +85,7 @@ class Peaks:
         self._thread.join()
         self._sample()
         if self._reset:
-            self.peak_rss = max(self.peak_rss, _status_bytes("VmHWM") or 0)
+            self.peak_rss = max(self.peak_rss, status_bytes("VmHWM") or 0)
         elif not self.peak_rss:  # no /proc: the process's lifetime peak (Linux reports KiB, macOS bytes)
             import resource
             import sys
@@ -97,11 +97,15 @@ class Peaks:
 def sync(device: str) -> None:
     """Wait for queued GPU work (no-op on CPU)."""
     if str(device).startswith("cuda"):
+        import torch
+
         torch.cuda.synchronize()
 
 
 def reset_gpu_peak(device: str) -> None:
     if str(device).startswith("cuda"):
+        import torch
+
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
 
@@ -110,6 +114,8 @@ def gpu_peak_bytes(device: str) -> int | None:
     """torch's peak allocated GPU memory since the last :func:`reset_gpu_peak` (None on CPU)."""
     if not str(device).startswith("cuda"):
         return None
+    import torch
+
     torch.cuda.synchronize()
     return int(torch.cuda.max_memory_allocated())
 
@@ -148,6 +154,8 @@ def human_bytes(n: int) -> str:
 def machine_info(device: str) -> dict:
     """GPU name (None on CPU), torch version, CPU count, platform."""
     import platform
+
+    import torch
 
     gpu = torch.cuda.get_device_name(torch.device(device)) if str(device).startswith("cuda") else None
     return {"gpu": gpu, "device": str(device), "torch": torch.__version__, "cpu_count": os.cpu_count(),

@@ -31,7 +31,7 @@ from pyserini_aligner.dist import (DEFAULT_TIMEOUT_S, Collectives, DistContext, 
                                    lost_rank_message)
 from pyserini_aligner.index.commit import new_name
 from pyserini_aligner.index.format import DOCIDS, Manifest, SegmentInfo
-from pyserini_aligner.index.reader import read_docids
+from pyserini_aligner.index.reader import Docids
 from pyserini_aligner.index.builder import (DocidRegistry, check_codec, check_max_length, checked_items,
                                             codec_source, copy_codec, encode_chunks,
                                             new_manifest, record_codec_training, sample_for_codec, train_codec,
@@ -239,8 +239,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
             raise RuntimeError("; ".join(failed))
         infos = [SegmentInfo(**o[1]) for o in outcomes]
         bounds = [shard_range_text(r, world, total) for r in range(world)]
-        check_unique_docids([(f"rank {r} ({bounds[r]})", read_docids(root / i.name / DOCIDS,
-                                                                             i.num_docs), None)
+        check_unique_docids([(f"rank {r} ({bounds[r]})", Docids.read(root / i.name / DOCIDS, i.num_docs), None)
                              for r, i in enumerate(infos)])
         for rank in range(world):
             job.status(rank).path.unlink(missing_ok=True)

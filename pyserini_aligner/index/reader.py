@@ -4,8 +4,11 @@ for gathering token vectors (:class:`Workspace`). Layout and manifest: :mod:`.fo
 """
 from __future__ import annotations
 
+import codecs
+import operator
 import os
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,9 @@ from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, COD
 from pyserini_aligner.index import checksums
 from pyserini_aligner.index.fields import read_column, read_records
 from pyserini_aligner.index.io import file_record
+
+
+_ROWS_AT_ONCE = 1 << 16  # documents whose tokens are gathered at once when counting the deleted ones' kept tokens
 
 
 def memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -89,7 +95,7 @@ class Segment:
         if pq_m:
             self.centroid_ids = memmap(paths[TOKEN_CENTROIDS], np.uint16, (t,))
             self.residuals = memmap(paths[TOKEN_RESIDUALS], np.uint8, (t, residual_m or pq_m))
-            self.kept_bits = np.fromfile(paths[KEPT_BITS], dtype=np.uint8)
+            self.kept_bits = memmap(paths[KEPT_BITS], np.uint8, ((t + 7) // 8,))
             self.ivf_offsets = np.fromfile(paths[IVF_OFFSETS], dtype=np.int64)
             if self.ivf_offsets[0] != 0 or self.ivf_offsets[-1] != k or (np.diff(self.ivf_offsets) < 0).any():
                 raise IndexFormatError(f"{paths[IVF_OFFSETS]}: not a non-decreasing run from 0 to {k} (corrupt)")
@@ -103,7 +109,7 @@ class Segment:
             self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
             if k and (self.faiss_ids.min() < 0 or self.faiss_ids.max() >= t):
                 raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {t})")
-        self.docids = read_docids(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
+        self.docids = Docids.read(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
         self.fields_path = paths.get(FIELDS)  # None: no document of the segment has stored fields
 
     @property
@@ -115,11 +121,20 @@ class Segment:
 
     @property
     def num_live_kept(self) -> int:
-        """Tokens of the live documents indexed for candidate generation."""
-        if not self.info.num_deleted:
-            return self.info.num_kept
-        per_doc = np.diff(np.concatenate([[0], np.cumsum(self.kept)])[self.offsets])  # [n] kept tokens a document
-        return int(per_doc[~self.deleted].sum())
+        """Tokens of the live documents indexed for candidate generation: the segment's count less the deleted
+        documents' (read a block of documents at a time, never a flag per token of the segment)."""
+        deleted = np.flatnonzero(self.deleted)
+        gone = 0
+        for first in range(0, len(deleted), _ROWS_AT_ONCE):
+            rows = deleted[first:first + _ROWS_AT_ONCE]
+            lengths = self.lengths[rows]
+            positions = np.repeat(self.offsets[rows] - (np.cumsum(lengths) - lengths), lengths) \
+                + np.arange(int(lengths.sum()))
+            if self.vectors is not None:
+                gone += int(np.count_nonzero(self.kept_bool[positions]))
+            else:  # packbits order: a byte's first token in its high bit
+                gone += int(((self.kept_bits[positions >> 3] >> (7 - (positions & 7))) & 1).sum())
+        return self.info.num_kept - gone
 
     def faiss_index(self):
         """The segment's FAISS index (fp16 segments), checked against the manifest."""
@@ -136,18 +151,80 @@ class Segment:
         return index
 
 
-def read_docids(path: Path, count: int) -> list[str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"index file missing: {path}")
-    try:
-        docids = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as err:
-        raise IndexFormatError(f"{path}: not UTF-8 text ({err})") from None
-    if docids and docids[-1] == "":
-        docids.pop()
-    if len(docids) != count:
-        raise IndexFormatError(f"{path}: {len(docids)} docids, the manifest says {count}")
-    return docids
+class Docids(Sequence[str]):
+    """The docids of consecutive rows, kept as the UTF-8 bytes of ``docids.txt`` files with the offset of each line
+    (about 5 bytes beside its text a docid, where a list of Python strings takes about 60): ``docids[row]``, a
+    slice (a list), ``len``, iteration, and ``==`` / ``+`` with another sequence of docids as with a list.
+
+    parts: (file bytes, starts [n + 1] uint32 or int64: the offset of each line and one past the last line's end)
+    per file, in row order."""
+
+    _DECODE_ROWS = 1 << 16  # docids decoded at once by iteration
+
+    def __init__(self, parts: Sequence[tuple[bytes, np.ndarray]] = ()):
+        self._parts = [(blob, starts) for blob, starts in parts if len(starts) > 1]
+        self._base = np.cumsum([0] + [len(starts) - 1 for _, starts in self._parts]).astype(np.int64)
+
+    @classmethod
+    def read(cls, path: Path, count: int) -> "Docids":
+        """The docids of a ``docids.txt`` file (one a line, UTF-8), which must hold ``count`` of them."""
+        if not path.is_file():
+            raise FileNotFoundError(f"index file missing: {path}")
+        blob = path.read_bytes()
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        view = memoryview(blob)
+        try:
+            for start in range(0, len(blob), 1 << 24):  # checked a block at a time, never all decoded at once
+                decoder.decode(view[start:start + (1 << 24)], final=start + (1 << 24) >= len(blob))
+        except UnicodeDecodeError as err:
+            raise IndexFormatError(f"{path}: not UTF-8 text ({err})") from None
+        if blob and not blob.endswith(b"\n"):
+            blob += b"\n"  # a last line without its newline is a docid too
+        ends = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == ord("\n"))
+        if len(ends) != count:
+            raise IndexFormatError(f"{path}: {len(ends)} docids, the manifest says {count}")
+        starts = np.concatenate([[0], ends + 1]).astype(np.uint32 if len(blob) < 1 << 32 else np.int64)
+        return cls([(blob, starts)])
+
+    @classmethod
+    def join(cls, tables: Sequence["Docids"]) -> "Docids":
+        """The rows of ``tables`` one after the other (their bytes shared, not copied)."""
+        return cls([part for table in tables for part in table._parts])
+
+    def __len__(self) -> int:
+        return int(self._base[-1])
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(len(self)))]
+        row = operator.index(row)
+        if row < 0:
+            row += len(self)
+        if not 0 <= row < len(self):
+            raise IndexError(f"docid row {row} out of range [0, {len(self)})")
+        number = 0 if len(self._parts) == 1 else int(np.searchsorted(self._base, row, side="right")) - 1
+        blob, starts = self._parts[number]
+        local = row - int(self._base[number])
+        return blob[int(starts[local]):int(starts[local + 1]) - 1].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        for blob, starts in self._parts:
+            for first in range(0, len(starts) - 1, self._DECODE_ROWS):
+                last = min(first + self._DECODE_ROWS, len(starts) - 1)
+                yield from blob[int(starts[first]):int(starts[last]) - 1].decode("utf-8").split("\n")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # mutable-sequence semantics of the list it stands for: compared by value
+
+    def __add__(self, other: Sequence[str]) -> list[str]:
+        return [*self, *other]
+
+    def __repr__(self) -> str:
+        return f"Docids({len(self)} rows)"
 
 
 def load_codec(index_dir: Path, manifest: Manifest, verify_all: bool = False):
@@ -207,14 +284,17 @@ class StoredIndex:
         tokens = [s.info.num_tokens for s in self.segments]
         self.row_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.token_base = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
-        self.offsets = np.concatenate([[0]] + [s.offsets[1:] + base for s, base in
-                                                zip(self.segments, self.token_base)]).astype(np.int64)
-        self.lengths = np.diff(self.offsets)
+        if len(self.segments) == 1:  # the segment's own arrays (8 bytes a document each), not copies
+            self.offsets, self.lengths = self.segments[0].offsets, self.segments[0].lengths
+        else:
+            self.offsets = np.concatenate([[0]] + [s.offsets[1:] + base for s, base in
+                                                    zip(self.segments, self.token_base)]).astype(np.int64)
+            self.lengths = np.diff(self.offsets)
         self.deleted = np.concatenate([s.deleted for s in self.segments]) if self.segments else np.zeros(0, bool)
         self.live = ~self.deleted
         self.live.flags.writeable = False  # one generation's documents: the count below stays true
         self._num_live = int(self.live.sum())
-        self.docids = [docid for s in self.segments for docid in s.docids]
+        self.docids = Docids.join([s.docids for s in self.segments])
         self._docid_rows: dict[str, int] | None = None
         self._kept = None
         self._num_live_kept: int | None = None

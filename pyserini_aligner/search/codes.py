@@ -34,6 +34,7 @@ from pyserini_aligner.search.candidates import best_entries
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
 GPU_ELEMENTS = 1 << 28  # the same bound on a GPU: larger blocks, fewer kernel launches and host round trips a batch
+NORM_CACHE_BYTES = 256 << 20  # shards keep their tokens' inverse norms while the index's tokens × (4 + 2 + R) fit
 PAIR_MAX_SUB = 8  # on a GPU without kernels, codes of sub-vectors this short decode two sub-quantisers at a time
 
 
@@ -64,6 +65,8 @@ class CodeShard:
         self.token_m = self.token_books.shape[0]
         self.pair_tables(paired_decoding(self.device, self.token_books))
         self._inverse_norms: Tensor | None = None
+        tokens = sum(seg.info.num_tokens for seg in store.segments)  # the whole index's, however it is split
+        self.keeps_norms = tokens * (6 + self.token_m) <= NORM_CACHE_BYTES  # see inverse_norms_at
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -75,10 +78,13 @@ class CodeShard:
         cat = (lambda parts: parts[0]) if len(segs) == 1 else np.concatenate
         self.token_ids = _tensor(cat([s.centroid_ids.view(np.int16) for s in segs]), self.device)
         self.token_codes = _tensor(cat([s.residuals for s in segs]), self.device)
-        token_base = np.concatenate([[0], np.cumsum([s.info.num_tokens for s in segs])])
-        self.offsets = _tensor(np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(segs, token_base)])
-                               .astype(np.int64), self.device)
-        self.lengths = self.offsets[1:] - self.offsets[:-1]
+        if len(segs) == 1:  # one segment: its own arrays (shared on the CPU)
+            self.offsets, self.lengths = _tensor(segs[0].offsets, self.device), _tensor(segs[0].lengths, self.device)
+        else:
+            token_base = np.concatenate([[0], np.cumsum([s.info.num_tokens for s in segs])])
+            self.offsets = _tensor(np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(segs, token_base)])
+                                   .astype(np.int64), self.device)
+            self.lengths = self.offsets[1:] - self.offsets[:-1]
         self.kept = _tensor(np.concatenate([s.kept for s in segs]), self.device) if self.refine_kept else None
         self.allowed = _tensor(allowed_rows(store)[self.row_base:self.row_base + self.num_rows], self.device)
         self._build_ivf(segs, np.concatenate([[0], np.cumsum(rows)]))
@@ -322,7 +328,7 @@ class CodeShard:
                 mask &= self.kept[positions]
             sal = None if q_sal is None else q_sal[part, :n]
             if self.device.type == "cpu":
-                scores = scores_from_similarity(self.similarity(q[part, :n], positions), q_mask[part, :n], mask,
+                scores = scores_from_similarity(self.similarity(q[part, :n], positions, mask), q_mask[part, :n], mask,
                                                 strategy, sal)
             else:
                 scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n],
@@ -330,11 +336,12 @@ class CodeShard:
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
 
-    def similarity(self, q: Tensor, positions: Tensor) -> Tensor:
+    def similarity(self, q: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
         """q·d [B, C, n, L] (float32) of queries q [B, n, d] with the tokens at shard ``positions`` [B, C, L], read
         from their codes without decoding: q·c from a query-centroid table plus Σ_m q_m·r_m from per-sub-quantiser
         look-up tables (asymmetric distance computation; the CPU's refinement, a few times cheaper than decoding
-        and multiplying), times the token's :meth:`inverse_norms`: q·d of the unit-length decoded token."""
+        and multiplying), times the token's inverse norm (:meth:`inverse_norms_at`): q·d of the unit-length decoded
+        token. mask [B, C, L] or None: the tokens scored (the others' values are undefined)."""
         b, n = q.shape[:2]
         q = q.float()
         m = self.token_m
@@ -351,7 +358,7 @@ class CodeShard:
         index[..., 1:] += (b * self.nlist + owner * (m * 256)).unsqueeze(-1) + \
             torch.arange(m, dtype=torch.int32, device=self.device) * 256
         sim = torch.nn.functional.embedding_bag(index.view(-1, 1 + m), rows, mode="sum")
-        sim = sim.view(*positions.shape, n) * self.inverse_norms()[positions].unsqueeze(-1)  # [b, C, L, n]
+        sim = sim.view(*positions.shape, n) * self.inverse_norms_at(positions, mask).unsqueeze(-1)  # [b, C, L, n]
         return sim.transpose(-1, -2)
 
     def decode(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -375,6 +382,20 @@ class CodeShard:
             codes = codes[..., 0::2] * 256 + codes[..., 1::2]
         residual = torch.nn.functional.embedding(codes + self._book_base, self._flat_books)  # [..., R or R/2, ·]
         return torch.nn.functional.embedding(ids, self.centroids) + residual.flatten(-2)
+
+    def inverse_norms_at(self, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """float32 [...]: 1 / |centroid + residual| of the tokens at shard ``positions`` [...] (only where ``mask``
+        [...] is True, zero elsewhere, when given): read from :meth:`inverse_norms` when the index is small enough
+        for its shards to keep them (``keeps_norms``: every token's 4 bytes, and 2 + R read once, within
+        ``NORM_CACHE_BYTES``), else computed for these tokens alone (the same values: a token's norm is its own row's
+        float64 sum), so that a large index keeps neither 4 bytes a token in memory nor every token's codes paged in."""
+        if self.keeps_norms or self._inverse_norms is not None:
+            return self.inverse_norms()[positions]
+        if mask is None:
+            return 1.0 / row_norms(self._sums(positions)).clamp_min(1e-12)
+        out = torch.zeros(positions.shape, device=self.device)
+        out[mask] = 1.0 / row_norms(self._sums(positions[mask])).clamp_min(1e-12)
+        return out
 
     def inverse_norms(self) -> Tensor:
         """float32 [tokens]: 1 / |centroid + residual| of every token of the shard, computed once (decoding scales

@@ -1,7 +1,7 @@
-"""Backends on the CPU through FAISS: a compressed index (:class:`FaissIVF`: FAISS's ``IndexIVFPQ`` scans the inverted
-lists, interaction and refinement read the memory-mapped codes, one :class:`.torch_codes.TorchCodes` a segment) and
-an fp16 index (:class:`FaissFlat`: each segment's FAISS index finds the tokens, refinement scores the stored float16
-tokens)."""
+"""Backends on the CPU through FAISS: a compressed index (:class:`FaissIVF`: FAISS's ``IndexIVFPQ`` scans the
+memory-mapped inverted lists (:class:`MappedLists`), interaction and refinement read the memory-mapped codes, one
+:class:`.torch_codes.TorchCodes` a segment) and an fp16 index (:class:`FaissFlat`: each segment's FAISS index finds the
+tokens, refinement scores the stored float16 tokens)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,22 +13,100 @@ from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
 from pyserini_aligner.search.candidates import merge_probes
+from pyserini_aligner.search.codes import probe_parts
 from pyserini_aligner.search.allowed import AllowedRows, allowed_entries, allowed_rows, row_selector
 from pyserini_aligner.search.flat import search_index
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
 DEFAULT_EF_SEARCH = 128
+LOADED_ENTRIES = 1 << 21  # inverted-list entries handed to FAISS at once (8 + M bytes each, twice while loading)
+
+
+class MappedLists:
+    """Every segment's inverted lists, left in their memory-mapped files: for each part of a batch's probes, only
+    the lists that part probes are handed to a FAISS ``IndexIVFPQ`` (which holds 8 + M bytes an entry), scanned and
+    dropped, so that an index's memory does not grow with its lists (an index of at most LOADED_ENTRIES entries is
+    handed over whole, once). A list holds the same entries in the same
+    order (segment after segment, labelled by global document row) as an index of all of them, so FAISS finds the
+    same entries."""
+
+    def __init__(self, store: StoredIndex):
+        import faiss
+
+        self.index = store.codec.faiss_index()  # the quantizer and the codebooks; entries come per search
+        self._idle = faiss.ArrayInvertedLists(self.index.nlist, self.index.code_size)  # empty, between searches
+        self.index.replace_invlists(self._idle, False)
+        self.parts = [(seg.ivf_offsets, seg.ivf_docs, seg.ivf_codes, int(base))
+                      for seg, base in zip(store.segments, store.row_base)]
+        self.list_sizes = sum((np.diff(offsets) for offsets, *_ in self.parts), np.zeros(self.index.nlist, np.int64))
+        self._listno_bytes = self.index.coarse_code_size()  # FAISS's codes with their list: list number, then code
+        # an index of at most LOADED_ENTRIES entries is loaded once and kept: no search copies its lists again
+        self.resident = int(self.list_sizes.sum()) <= LOADED_ENTRIES
+        if self.resident:
+            self._load(np.flatnonzero(self.list_sizes))
+
+    def search(self, x: np.ndarray, lists: np.ndarray, lists_scores: np.ndarray, k: int,
+               params) -> tuple[np.ndarray, np.ndarray]:
+        """(scores [R, k] float32, rows [R, k] int64) as ``IndexIVF.search_preassigned`` over all the lists: x [R, d]
+        float32 probes, lists / lists_scores [R, P] each probe's lists and their centroid scores; ``params``: the
+        FAISS search parameters (nprobe, selector)."""
+        import faiss
+
+        distances = np.empty((len(x), k), dtype=np.float32)
+        labels = np.empty((len(x), k), dtype=np.int64)
+        if self.resident:
+            self.index.search_preassigned_c(len(x), faiss.swig_ptr(x), k, faiss.swig_ptr(lists),
+                                            faiss.swig_ptr(lists_scores), faiss.swig_ptr(distances),
+                                            faiss.swig_ptr(labels), False, params)
+            return distances, labels
+        entries = np.where(lists >= 0, self.list_sizes[lists], 0).sum(1)  # FAISS marks missing lists −1
+        try:
+            for part, _ in probe_parts(entries, max(LOADED_ENTRIES, int(entries.max(initial=0)))):
+                wanted = np.unique(lists[part])
+                self._load(wanted[wanted >= 0])
+                xs, ls, ss = (np.ascontiguousarray(a[part]) for a in (x, lists, lists_scores))
+                d, i = np.empty((len(xs), k), dtype=np.float32), np.empty((len(xs), k), dtype=np.int64)
+                self.index.search_preassigned_c(len(xs), faiss.swig_ptr(xs), k, faiss.swig_ptr(ls),
+                                                faiss.swig_ptr(ss), faiss.swig_ptr(d), faiss.swig_ptr(i), False,
+                                                params)
+                distances[part], labels[part] = d, i
+        finally:
+            self.index.replace_invlists(self._idle, False)  # frees the entries
+            self.index.ntotal = 0
+        return distances, labels
+
+    def _load(self, wanted: np.ndarray) -> None:
+        """Make the FAISS index hold exactly the entries of lists ``wanted`` (sorted list numbers), in lists of its
+        own (freed when replaced)."""
+        import faiss
+
+        lists = faiss.ArrayInvertedLists(self.index.nlist, self.index.code_size)
+        self.index.replace_invlists(lists, True)
+        lists.this.disown()  # the index owns and frees it
+        self.index.ntotal = 0
+        width = self._listno_bytes
+        for offsets, docs, codes, base in self.parts:
+            starts, counts = offsets[wanted], offsets[wanted + 1] - offsets[wanted]
+            total = int(counts.sum())
+            if total == 0:
+                continue
+            positions = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total)
+            coded = np.empty((total, width + codes.shape[1]), dtype=np.uint8)
+            coded[:, :width] = np.repeat(wanted, counts).astype("<i8").view(np.uint8).reshape(total, 8)[:, :width]
+            coded[:, width:] = codes[positions]
+            ids = docs[positions].astype(np.int64) + base
+            self.index.add_sa_codes(coded, ids)
 
 
 class FaissIVF(Staged):
-    """A compressed index on the CPU: FAISS's IndexIVFPQ over every segment's inverted lists (labelled by global
-    document row) finds each probe's best entries; interaction and refinement decode the memory-mapped codes."""
+    """A compressed index on the CPU: FAISS's IndexIVFPQ scans every segment's memory-mapped inverted lists
+    (:class:`MappedLists`, labelled by global document row) for each probe's best entries; interaction and refinement
+    decode the memory-mapped codes."""
 
     def __init__(self, store: StoredIndex, scoring: Scoring):
         self.store, self.device, self.num_rows = store, torch.device("cpu"), store.num_docs
-        parts = [(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
-                 for seg, base in zip(store.segments, store.row_base)]
-        self.index = store.codec.faiss_index(parts)
+        self.lists = MappedLists(store)
+        self.index = self.lists.index
         self.codes = SegmentCodes([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
             if store.segments else None
         allowed = allowed_rows(store)
@@ -46,11 +124,7 @@ class FaissIVF(Staged):
         if selector is not None:
             params.sel = selector
         lists_scores, lists = search_index(self.index.quantizer, x, nprobe)
-        distances = np.empty((len(x), per_token), dtype=np.float32)
-        labels = np.empty((len(x), per_token), dtype=np.int64)
-        self.index.search_preassigned_c(len(x), faiss.swig_ptr(x), per_token, faiss.swig_ptr(lists),
-                                        faiss.swig_ptr(lists_scores), faiss.swig_ptr(distances),
-                                        faiss.swig_ptr(labels), False, params)
+        distances, labels = self.lists.search(x, lists, lists_scores, per_token, params)
         return torch.from_numpy(distances), torch.from_numpy(labels)
 
     def interaction(self, q, q_mask, rows, valid) -> Tensor:

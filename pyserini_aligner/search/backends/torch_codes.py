@@ -3,6 +3,7 @@ device, a :class:`..codes.CodeShard`) and :class:`SegmentCodes` (every segment's
 scored by a thread each)."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -62,12 +63,13 @@ class TorchCodes(Staged):
 
 class SegmentCodes:
     """Every segment's memory-mapped codes (``parts``, one CPU :class:`TorchCodes` each, in segment order), scored
-    at once by a thread each (tensor operations release the GIL while they run); each part scores only the
-    candidates it holds and the parts' scores are combined by an element-wise maximum."""
+    by a thread each, at most a thread a CPU core at once (tensor operations release the GIL while they run); each
+    part scores only the candidates it holds and the parts' scores are combined by an element-wise maximum."""
 
     def __init__(self, parts: list[TorchCodes]):
         self.parts = parts
-        self._pool = ThreadPoolExecutor(len(parts), thread_name_prefix="aligner-segment") if len(parts) > 1 else None
+        workers = min(len(parts), os.cpu_count() or 1)  # more would only hold more scratch memory at once
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="aligner-segment") if len(parts) > 1 else None
 
     def _each(self, step: Callable, *inputs) -> Tensor:
         if self._pool is None:
