@@ -9,7 +9,8 @@ import pytest
 
 from pyserini_aligner.alignment import Strategy
 from pyserini_aligner.search import AlignerSearcher
-from pyserini_aligner.search.options import DEEP_FACTOR, Depth, SearchOptions
+from pyserini_aligner.search.options import (DEEP_FACTOR, FILTER_DEEPEN, FILTER_EXHAUSTIVE, Depth, SearchOptions,
+                                            filtered_depth)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -65,3 +66,26 @@ def test_the_depth_of_a_search():
     assert options.depth(1000, store, True) == Depth(2000, 40, 0, 1000)  # 4k > live: no interaction stage
     fp16 = SimpleNamespace(num_live=30, codec=None, manifest=None)
     assert SearchOptions().resolved().depth(10, fp16, False) == Depth(100, 8, 0, 30)
+
+
+def test_the_depth_of_a_filtered_search():
+    """A filter matching at most FILTER_EXHAUSTIVE × the refined count: every match refined, unprobed. Otherwise the
+    probes' lists grow as the matches grow rarer (live / matching times, at most FILTER_DEEPEN times and nlist), K
+    and the refined count stay, and the interaction stage narrows at most the matching documents."""
+    depth = Depth(per_probe=100, nprobe=8, interaction=3000, refined=128)
+    assert filtered_depth(depth, 0, 10_000, 64) == Depth(0, 0, 0, 0)
+    assert filtered_depth(depth, 7, 10_000, 64) == Depth(0, 0, 0, 7) and filtered_depth(depth, 7, 10_000, 64).every_row
+    edge = FILTER_EXHAUSTIVE * depth.refined
+    assert filtered_depth(depth, edge, 10_000, 64).every_row and not filtered_depth(depth, edge + 1, 10_000, 64).every_row
+    assert filtered_depth(depth, 10_000, 10_000, 64) == depth  # a filter matching every document
+    assert filtered_depth(depth, 5_000, 10_000, 64) == Depth(100, 16, 3000, 128)  # half: twice the lists
+    assert filtered_depth(depth, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 1000, 128)  # bounded
+    assert filtered_depth(depth, 1_000, 10_000, 20) == Depth(100, 20, 1000, 128)  # at most every list
+    assert filtered_depth(depth, 1_000, 10_000, None) == Depth(100, 8, 1000, 128)  # fp16: no inverted lists
+    assert filtered_depth(depth._replace(interaction=0), 1_000, 10_000, 64).interaction == 0
+    store = SimpleNamespace(num_live=10_000, codec=object(), codec_spec=SimpleNamespace(nlist=64),
+                            num_live_kept=640_000)
+    options = SearchOptions(k_per_token=100, max_candidates=128, interaction_candidates=0, nprobe=8).resolved()
+    assert options.depth(10, store, True, matching=5_000) == filtered_depth(options.depth(10, store, True), 5_000,
+                                                                          10_000, 64)
+    assert options.depth(10, store, True, matching=None) == options.depth(10, store, True)

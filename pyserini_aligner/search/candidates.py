@@ -121,6 +121,13 @@ def rank_candidates(scores: Tensor, rows: Tensor, owner: Tensor, batch: int, lim
     return ranked_into(query, rank, proxy, batch, width, -torch.inf), ranked_into(query, rank, doc, batch, width, -1)
 
 
+def every_candidate(rows: Tensor, batch: int) -> tuple[Tensor, Tensor]:
+    """(rows [B, M], valid [B, M]): every one of ``rows`` [M] (ascending) a candidate of each of ``batch`` queries
+    (a filtered search that refines all the rows it matches)."""
+    rows = rows.unsqueeze(0).expand(batch, -1).contiguous()
+    return rows, torch.ones_like(rows, dtype=torch.bool)
+
+
 def ascending(rows: Tensor) -> tuple[Tensor, Tensor]:
     """(rows [B, W] sorted ascending with −1 last, valid [B, W]) of candidate ``rows`` (−1 where none)."""
     out = torch.where(rows >= 0, rows, torch.full_like(rows, np.iinfo(np.int64).max)).sort(dim=1).values

@@ -29,7 +29,7 @@ from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, score
 from pyserini_aligner.index.codec import row_norms, unit_rows
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner import kernels
-from pyserini_aligner.search.allowed import allowed_rows
+from pyserini_aligner.search.allowed import AllowedRows, allowed_rows
 from pyserini_aligner.search.candidates import best_entries
 
 _MAX_ELEMENTS = 1 << 26  # bound on the largest intermediate tensor (scores, padded entries, decoded tokens)
@@ -133,10 +133,13 @@ class CodeShard:
         return copy
 
     # ------------------------------------------------------------------ step 1
-    def probe(self, probes: Tensor, k_per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+    def probe(self, probes: Tensor, k_per_token: int, nprobe: int,
+              allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         """(scores [R, K] float32, global rows [R, K] int64) of each probe's K best entries of allowed rows
-        (:func:`.allowed.allowed_rows`) in its ``nprobe`` nearest lists, best first; −inf / −1 where fewer exist.
-        probes [R, d]."""
+        (:func:`.allowed.allowed_rows`, or ``allowed`` when given: a filtered search's) in its ``nprobe`` nearest
+        lists, best first; −inf / −1 where fewer exist. probes [R, d]."""
+        mask = self.allowed if allowed is None else \
+            allowed.on(self.device)[self.row_base:self.row_base + self.num_rows]
         probes = probes.to(self.device, torch.float32)
         nprobe = min(nprobe, self.nlist)
         width = max(1, k_per_token)
@@ -151,20 +154,21 @@ class CodeShard:
         for part, span in probe_parts(entries, max(self.elements // 4, int(entries.max()))):
             if not isinstance(part, slice):
                 part = torch.from_numpy(part).to(self.device)
-            scores, docs = self._probe_entries(probes[part], cval[part], cidx[part], span)
+            scores, docs = self._probe_entries(probes[part], cval[part], cidx[part], span, mask)
             out_scores[part], rows = best_entries(scores, docs, width)
             out_rows[part] = torch.where(rows >= 0, rows + self.row_base, rows)
         return out_scores, out_rows
 
-    def _probe_entries(self, probes: Tensor, cval: Tensor, cidx: Tensor, span: int) -> tuple[Tensor, Tensor]:
+    def _probe_entries(self, probes: Tensor, cval: Tensor, cidx: Tensor, span: int,
+                       allowed: Tensor) -> tuple[Tensor, Tensor]:
         """(scores [r, span] float32, shard-local docs [r, span]) of every entry of each probe's lists, packed list
         after list (:func:`pyserini_aligner.kernels.probe_entries`; −inf past a probe's entries and for rows
-        not allowed). probes [r, d], cval / cidx [r, P]: the probed lists' centroid scores and ids; span: the most
-        entries a probe has."""
+        not ``allowed`` [rows of the shard], bool). probes [r, d], cval / cidx [r, P]: the probed lists' centroid
+        scores and ids; span: the most entries a probe has."""
         r, nprobe = cidx.shape
         lut = torch.einsum("rms,mks->rmk", probes.view(r, self.m, -1), self.books).reshape(r, -1)  # [r, M·256]
         if kernels.available(self.device):
-            return kernels.probe_entries(lut, cval, cidx, self.ivf_offsets, self.ivf_codes, self.ivf_docs, self.allowed,
+            return kernels.probe_entries(lut, cval, cidx, self.ivf_offsets, self.ivf_codes, self.ivf_docs, allowed,
                                          torch.ones(r, dtype=torch.bool, device=self.device), span)
         scores = torch.full((r, span), -torch.inf, device=self.device)
         docs = torch.zeros((r, span), dtype=torch.long, device=self.device)
@@ -185,7 +189,7 @@ class CodeShard:
         score = cval.reshape(-1).index_select(0, cell) + residual
         doc = self.ivf_docs.index_select(0, pos).long()
         at = torch.arange(total, device=self.device) - first[owner * nprobe]  # packed position within the probe
-        scores[owner, at] = torch.where(self.allowed[doc], score, torch.full_like(score, -torch.inf))
+        scores[owner, at] = torch.where(allowed[doc], score, torch.full_like(score, -torch.inf))
         docs[owner, at] = doc
         return scores, docs
 

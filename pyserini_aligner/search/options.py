@@ -24,17 +24,43 @@ DEFAULT_BATCH_SIZE = 32
 # exhaustive scoring of the same index).
 DEPTH_DEFAULTS = {"cuda": (3000, 8, 256, 12288), "cpu": (100, 8, 128, 0)}
 DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
+# A filtered search refines every matching document, without probing, when at most this many times the refined count
+# match; otherwise it probes with the filter's mask, its inverted lists deepened for the rarer matches by at most
+# FILTER_DEEPEN times (the probes scan that many times the entries; skipping the others costs little).
+FILTER_EXHAUSTIVE = 4
+FILTER_DEEPEN = 4
 
 
 class Depth(NamedTuple):
     """How deep a top-k search goes: ``per_probe`` (K) entries kept per probe, ``nprobe`` inverted lists probed per
     probe, ``interaction`` (W) candidates narrowed by centroid interaction (0: none), ``refined`` (C) candidates
-    rescored with the full alignment score."""
+    rescored with the full alignment score. ``per_probe`` 0 (:attr:`every_row`): no candidate generation, every
+    allowed row of a filtered search is refined (``refined`` of them)."""
 
     per_probe: int
     nprobe: int
     interaction: int
     refined: int
+
+    @property
+    def every_row(self) -> bool:
+        """Whether the search refines every allowed row instead of probing (a filter that matches few rows)."""
+        return self.per_probe == 0
+
+
+def filtered_depth(depth: Depth, matching: int, live: int, nlist: int | None) -> Depth:
+    """The depth of a search that ``depth`` (unfiltered) would make, restricted to ``matching`` of the ``live``
+    documents (a compressed index: ``nlist`` inverted lists; None for an fp16 index). At most FILTER_EXHAUSTIVE ×
+    the refined count match: every one is refined, unprobed (exhaustive over the filter). Otherwise the probes skip
+    the other rows' entries and keep their K best matching ones, as in an index of the matching documents alone,
+    which would hold live/matching times fewer entries a list: the inverted lists probed grow by that ratio (at most
+    FILTER_DEEPEN times, at most nlist), and the centroid interaction narrows at most the matching documents."""
+    if matching <= FILTER_EXHAUSTIVE * depth.refined:
+        return Depth(0, 0, 0, matching)
+    nprobe = depth.nprobe
+    if nlist is not None:
+        nprobe = min(nlist, max(nprobe, math.ceil(nprobe * min(FILTER_DEEPEN, live / matching))))
+    return Depth(depth.per_probe, nprobe, min(depth.interaction, matching), depth.refined)
 
 
 def _count(value) -> bool:
@@ -173,10 +199,11 @@ class SearchOptions:
                             interaction_candidates=default_w if self.interaction_candidates is None
                             else self.interaction_candidates)
 
-    def depth(self, k: int, store: "StoredIndex", has_interaction: bool) -> Depth:
+    def depth(self, k: int, store: "StoredIndex", has_interaction: bool, matching: int | None = None) -> Depth:
         """The depth of a top-k search of ``store`` by a backend that has (or not) the centroid-interaction stage,
         from resolved options: K and the refined count are at least ``DEEP_FACTOR``·k, so that a deep search (hybrid
-        and reranking pipelines take 1000 hits) finds what exhaustive scoring finds."""
+        and reranking pipelines take 1000 hits) finds what exhaustive scoring finds. ``matching``: a filtered
+        search's count of matching live documents (:func:`filtered_depth`)."""
         live = max(store.num_live, 1)
         limit = min(max(self.max_candidates, DEEP_FACTOR * k), live)
         staged = self.interaction_candidates and has_interaction
@@ -188,7 +215,10 @@ class SearchOptions:
             nlist = store.codec_spec.nlist
             mean_list = max(store.num_live_kept / max(nlist, 1), 1.0)  # deleted entries are never probed
             nprobe = min(nlist, max(nprobe, math.ceil(2 * per_token / mean_list)))
-        return Depth(per_token, nprobe, wide, limit)
+        depth = Depth(per_token, nprobe, wide, limit)
+        if matching is None:
+            return depth
+        return filtered_depth(depth, matching, live, store.codec_spec.nlist if store.codec is not None else None)
 
 
 def search_options(options: SearchOptions | None = None, **changes) -> SearchOptions:

@@ -13,11 +13,17 @@ the codes (a batch split across the copies: the first searched in this process, 
 worker process holds a share of the segments on each (each step on all devices at once).
 A searcher is safe to share across threads (one search runs at a time) and keeps serving the index generation it
 opened until :meth:`AlignerSearcher.reopen`.
+
+A search may be restricted by a filter (:class:`pyserini_aligner.filters.Filter`, or a collection of docids): it is
+resolved against the open generation (its live matching rows, kept for the last FILTER_CACHE filters) and applied
+inside candidate generation by every backend, so that a search returns k hits whenever k documents match, ranked as
+a search of the matching documents alone; when few match, all of them are refined (:func:`.options.filtered_depth`).
 """
 from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,9 +31,11 @@ import numpy as np
 import torch
 
 from pyserini_aligner.dist import DistContext
+from pyserini_aligner.filters import Filter
 from pyserini_aligner.index.format import read_manifest
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.resolve import model_for_index
+from pyserini_aligner.search.allowed import AllowedRows, matching_rows
 from pyserini_aligner.search.backends.base import Scoring, step_clock
 from pyserini_aligner.search.backends.choose import close_backend, front_end, open_backend
 from pyserini_aligner.search.encoding import check_threads, graphed_query_encoder
@@ -36,6 +44,7 @@ from pyserini_aligner.textio import check_collection, check_unique_ids, is_blank
 
 # options read at each search (the depth, the batch): changed by configure without reopening the backend
 SEARCH_TIME = frozenset({"max_candidates", "interaction_candidates", "batch_size"})
+FILTER_CACHE = 8  # filters whose resolved rows a searcher keeps (per index generation)
 
 
 @lru_cache(maxsize=None)
@@ -81,6 +90,7 @@ class AlignerSearcher:
         self.encoder_arg = encoder
         self.timings: dict[str, float] | None = None  # set to {} to add up seconds per search step
         self._lock = threading.RLock()
+        self._filters: OrderedDict = OrderedDict()  # (generation, Filter) -> AllowedRows, the most recent last
         self.encode_threads = torch.get_num_threads()  # torch's setting when the searcher was made
         self.model = self.graphed = self.engine = self.front = None
         self._open(StoredIndex(self.index_dir), encoder, self.options)
@@ -106,6 +116,7 @@ class AlignerSearcher:
         engine = open_backend(store, options, scoring, searcher_class=type(self), encoder=self.encoder_arg)
         close_backend(previous)  # worker processes of the last generation
         self.engine, self.front = engine, front_end(engine, options, scoring, model, graphed, self.encode_threads)
+        self._filters.clear()  # rows of the last generation (and forms made for its backend)
         self.model, self.graphed, self.scoring, self.options = model, graphed, scoring, options
         self.store, self.manifest = store, store.manifest
         self.strategy, self.use_salience = strategy, scoring.use_salience
@@ -208,27 +219,60 @@ class AlignerSearcher:
         """Documents (rows) the backend holds (a rank's share of the index, or all of it)."""
         return self.engine.num_rows
 
-    def depth(self, k: int) -> Depth:
-        """The depth of a top-k search of the open index generation (:meth:`.options.SearchOptions.depth`)."""
-        return self.options.depth(k, self.store, self.front.has_interaction)
+    def depth(self, k: int, filter=None) -> Depth:
+        """The depth of a top-k search of the open index generation (:meth:`.options.SearchOptions.depth`),
+        restricted by ``filter`` (see :meth:`search`) when given."""
+        with self._lock:
+            allowed = self._allowed(filter)
+            return self.options.depth(k, self.store, self.front.has_interaction,
+                                      None if allowed is None else allowed.count)
+
+    def matching(self, filter) -> int:
+        """How many live documents of the open index generation ``filter`` (see :meth:`search`) matches."""
+        if filter is None:
+            raise TypeError("matching needs a filter")
+        with self._lock:
+            return self._allowed(filter).count
+
+    def _allowed(self, filter) -> AllowedRows | None:
+        """The rows ``filter`` (None, a Filter, a collection of docids, or rows already resolved against this
+        generation) allows, resolved once per generation and filter."""
+        if filter is None:
+            return None
+        if isinstance(filter, AllowedRows):
+            if len(filter) != self.store.num_docs:
+                raise ValueError(f"allowed rows for {len(filter)} documents; the index has {self.store.num_docs}")
+            return filter
+        filter = as_filter(filter)
+        key = (self.manifest.generation, filter)
+        if key in self._filters:
+            self._filters.move_to_end(key)
+        else:
+            self._filters[key] = matching_rows(self.store, filter)
+            while len(self._filters) > FILTER_CACHE:
+                self._filters.popitem(last=False)
+        return self._filters[key]
 
     # ------------------------------------------------------------------ public API
     def search(self, q: str, k: int = 10, threads: int | None = None, remove_dups: bool = False,
-               return_vector: bool = False):
+               return_vector: bool = False, filter=None):
         """Top-k documents for query text ``q`` as DenseSearchResult(docid, score), best first ([] for an empty query).
-        ``threads`` run the search steps (default: torch's thread count when the searcher was made).
+        ``threads`` run the search steps (default: torch's thread count when the searcher was made). ``filter``:
+        only documents it matches are returned (a :class:`pyserini_aligner.filters.Filter`, or a collection of
+        docids; a single string is a TypeError); k of them whenever k match, none when none does.
 
         remove_dups is accepted for Pyserini compatibility (results are unique per document already). With
         return_vector, returns (query vectors [n, d], [PrfDenseSearchResult(docid, score, doc vectors [m, d])]).
         """
         if not isinstance(q, str):
             raise TypeError(f"query must be a string, got {type(q).__name__}")
-        hits = self.batch_search([q], ["q"], k=k, threads=threads, return_vector=return_vector)
+        hits = self.batch_search([q], ["q"], k=k, threads=threads, return_vector=return_vector, filter=filter)
         return (hits[0]["q"], hits[1]["q"]) if return_vector else hits["q"]
 
     def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int | None = None,
-                     return_vector: bool = False):
-        """{q_id: [DenseSearchResult]} for many queries (batched encoding and search).
+                     return_vector: bool = False, filter=None):
+        """{q_id: [DenseSearchResult]} for many queries (batched encoding and search), restricted by ``filter``
+        (see :meth:`search`).
 
         With return_vector, returns ({q_id: query vectors [n, d]}, {q_id: [PrfDenseSearchResult]}).
         """
@@ -239,13 +283,15 @@ class AlignerSearcher:
         check_unique_ids(q_ids, "q_ids")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        filter = as_filter(filter)
         dense, prf = dense_result_classes()
         results, vectors = {}, {}
         check_threads(threads if threads is not None else 1)
         with self._lock:
             for start in range(0, len(queries), self.batch_size):
                 texts, ids = queries[start:start + self.batch_size], q_ids[start:start + self.batch_size]
-                for qid, query_vectors, hits in zip(ids, *self.search_texts(texts, k, threads, return_vector)):
+                for qid, query_vectors, hits in zip(ids, *self.search_texts(texts, k, threads, return_vector,
+                                                                            filter)):
                     vectors[qid] = query_vectors
                     if return_vector:
                         results[qid] = [prf(self.docids[row], score, self._doc_vectors(row)) for row, score in hits]
@@ -253,44 +299,63 @@ class AlignerSearcher:
                         results[qid] = [dense(self.docids[row], score) for row, score in hits]
         return (vectors, results) if return_vector else results
 
-    def rank(self, queries: list[str], k: int = 10, threads: int | None = None) -> list[list[tuple[str, float]]]:
+    def rank(self, queries: list[str], k: int = 10, threads: int | None = None,
+             filter=None) -> list[list[tuple[str, float]]]:
         """Top-k (docid, score) lists, best first, one per query: ``batch_search`` over plain data (no Pyserini
-        result objects, so it also runs where Pyserini is not installed)."""
+        result objects, so it also runs where Pyserini is not installed), restricted by ``filter`` (see
+        :meth:`search`)."""
         check_collection(queries, "queries")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        filter = as_filter(filter)
         ranked = []
         check_threads(threads if threads is not None else 1)
         with self._lock:
             for start in range(0, len(queries), self.batch_size):
-                _, hits = self.search_texts(queries[start:start + self.batch_size], k, threads, vectors=False)
+                _, hits = self.search_texts(queries[start:start + self.batch_size], k, threads, vectors=False,
+                                            filter=filter)
                 ranked += [[(self.docids[row], score) for row, score in query_hits] for query_hits in hits]
         return ranked
 
-    def search_texts(self, texts: list[str], k: int, threads: int | None = None, vectors: bool = True):
+    def search_texts(self, texts: list[str], k: int, threads: int | None = None, vectors: bool = True,
+                     filter=None):
         """(query vectors [n, d] per text, [(doc row, score)] per text, best first) of one batch of texts (blank
         texts get no hits). Queries are encoded with torch's thread setting of when the searcher was made (as
         Pyserini's encoders use torch's); ``threads`` threads (default: the same number) run the search (FAISS and
         the tensor steps). ``vectors``: whether the caller reads the query vectors (worker processes then send them
-        back; else they are empty)."""
-        live = [i for i, text in enumerate(texts) if not is_blank(text)]
-        hits: list[list[tuple[int, float]]] = [[] for _ in texts]
-        query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
-        if not live or self.store.num_live == 0:
+        back; else they are empty). ``filter``: see :meth:`search` (or an :class:`.allowed.AllowedRows` of this
+        generation)."""
+        with self._lock:
+            allowed = self._allowed(filter)
+            live = [i for i, text in enumerate(texts) if not is_blank(text)]
+            hits: list[list[tuple[int, float]]] = [[] for _ in texts]
+            query_vectors = [np.zeros((0, self.dimension), dtype=np.float32) for _ in texts]
+            found = self.store.num_live if allowed is None else allowed.count  # documents a search may return
+            if not live or found == 0:
+                return query_vectors, hits
+            k = min(k, found)  # no more hits than allowed documents: a huge k must not size the buffers
+            depth = self.options.depth(k, self.store, self.front.has_interaction, None if allowed is None
+                                       else allowed.count)
+            clock = step_clock(self.timings, self.model.device)
+            live_vectors, live_hits = self.front.search_texts([texts[i] for i in live], depth, k, threads, vectors,
+                                                              clock, allowed)
+            for j, i in enumerate(live):
+                hits[i] = live_hits[j]
+                if live_vectors is not None:
+                    query_vectors[i] = live_vectors[j]
             return query_vectors, hits
-        k = min(k, self.store.num_live)  # no more hits than live documents: a huge k must not size the buffers
-        clock = step_clock(self.timings, self.model.device)
-        live_vectors, live_hits = self.front.search_texts([texts[i] for i in live], self.depth(k), k, threads,
-                                                          vectors, clock)
-        for j, i in enumerate(live):
-            hits[i] = live_hits[j]
-            if live_vectors is not None:
-                query_vectors[i] = live_vectors[j]
-        return query_vectors, hits
 
     def _doc_vectors(self, row: int) -> np.ndarray:
         start, end = self.store.offsets[row], self.store.offsets[row + 1]
         return self.store.token_vectors(np.arange(start, end)).numpy()
+
+
+def as_filter(filter) -> Filter | AllowedRows | None:
+    """``filter`` as a search takes it: None, a Filter or resolved rows as they are, any other collection as docids
+    (:meth:`.filters.Filter.docids`: TypeError for a single string)."""
+    if filter is None or isinstance(filter, (Filter, AllowedRows)):
+        return filter
+    return Filter.docids(filter)
 
 
 def distributed_searcher(index_dir: str | os.PathLike, ctx: DistContext, encoder=None,

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from pyserini_aligner.alignment import Strategy
-from pyserini_aligner.search.candidates import narrow, select_candidates, top_hits
+from pyserini_aligner.search.allowed import AllowedRows
+from pyserini_aligner.search.candidates import every_candidate, narrow, select_candidates, top_hits
 from pyserini_aligner.search.encoding import balanced_slices
 from pyserini_aligner.search.options import Depth
 
@@ -108,9 +109,11 @@ class SearchBackend(Protocol):
     has_interaction: bool  # whether it has the centroid-interaction stage (the depth's W applies)
     placement: str  # "one" device, or several in "replicate" / "shard" placement
 
-    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         """(scores [B, k'] float32, global doc rows [B, k'] int64), best first, k' <= k; −inf / −1 past the
-        documents found."""
+        documents found. ``allowed``: the only rows a filtered search may return (None: every live row); candidate
+        generation skips the others (``depth.every_row``: it refines every allowed row, unprobed)."""
 
 
 class FrontEnd(Protocol):
@@ -122,9 +125,10 @@ class FrontEnd(Protocol):
     has_interaction: bool  # whether it has the centroid-interaction stage (the depth's W applies)
 
     def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
-                     clock: Clock = no_clock) -> tuple[list | None, list]:
+                     clock: Clock = no_clock, allowed: AllowedRows | None = None) -> tuple[list | None, list]:
         """(query vectors [n, d] per text, or None unless ``vectors``; [(doc row, score)] per text, best first) of
-        non-blank ``texts``; ``threads``: the search threads (None: the front end's default)."""
+        non-blank ``texts``; ``threads``: the search threads (None: the front end's default); ``allowed``: the only
+        rows a filtered search may return (None: every live row)."""
 
 
 class Staged:
@@ -135,8 +139,10 @@ class Staged:
     has_interaction = True
     placement = "one"
 
-    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
-        """(scores [R, K], global doc rows [R, K]) of each probe's K best indexed tokens; probes [R, d]."""
+    def probe(self, probes: Tensor, per_token: int, nprobe: int,
+              allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
+        """(scores [R, K], global doc rows [R, K]) of each probe's K best indexed tokens of live rows, or of
+        ``allowed`` rows when given; probes [R, d]."""
         raise NotImplementedError
 
     def interaction(self, q: Tensor, q_mask: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
@@ -148,8 +154,9 @@ class Staged:
         """Alignment scores [B, C] of candidate ``rows`` [B, C] (−inf where not valid)."""
         raise NotImplementedError
 
-    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
-        rows, valid = self.candidates(queries, depth, clock)
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
+        rows, valid = self.candidates(queries, depth, clock, allowed=allowed)
         q, q_mask = queries.vectors, queries.mask
         if depth.interaction:
             rows, valid = narrow(self.interaction(q, q_mask, rows, valid), rows.to(self.device), depth.refined)
@@ -157,12 +164,16 @@ class Staged:
         refined = self.refine(q, q_mask, queries.refine_salience, rows, valid)
         return top_hits(refined, rows.to(refined.device), k)
 
-    def candidates(self, queries: Queries, depth: Depth, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = no_clock,
+                   allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         """(rows [B, W] ascending, valid [B, W]): each query's best documents by the proxy score
-        (:func:`..candidates.select_candidates` over :meth:`probe`), W = the depth's interaction width or else its
-        refinement width."""
+        (:func:`..candidates.select_candidates` over :meth:`probe`, of ``allowed`` rows when given), W = the depth's
+        interaction width or else its refinement width; with ``depth.every_row``, every allowed row."""
+        if depth.every_row:
+            return every_candidate(allowed.rows(self.device), len(queries))
         owner, token = queries.probe_mask.nonzero(as_tuple=True)
-        probe_scores, probe_rows = self.probe(queries.vectors[owner, token], depth.per_probe, depth.nprobe)
+        probe_scores, probe_rows = self.probe(queries.vectors[owner, token], depth.per_probe, depth.nprobe,
+                                              allowed)
         clock("probe")
         weights = queries.salience[owner, token].to(probe_scores.device) if queries.weighted else None
         found = select_candidates(probe_scores, probe_rows, owner.to(probe_scores.device), len(queries),

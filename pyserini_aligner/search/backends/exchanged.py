@@ -8,7 +8,8 @@ all ranks is found (the ranks share that work), each rank ranks the documents it
 candidates; on GPUs each rank then fetches the tokens of its part of the queries' candidates and scores them itself,
 on CPUs every rank scores those it holds and the scores are combined. Placement "replicate": every rank searches its
 consecutive part of the batch over its copy and the hits are gathered. Either way every rank ends with the ranking a
-single process computes over the whole index. Collectives (:class:`pyserini_aligner.dist.Collectives`) exchange
+single process computes over the whole index. A filtered search's rows (:class:`..allowed.AllowedRows`) are resolved
+by every rank from the same filter, over the whole index. Collectives (:class:`pyserini_aligner.dist.Collectives`) exchange
 tensors (on the GPUs under NCCL, through the host under Gloo).
 """
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pyserini_aligner.search.allowed import AllowedRows
 from pyserini_aligner.search.backends.base import Clock, Queries, Staged, batch_parts, concat, no_clock, on_host
 from pyserini_aligner.search.backends.torch_codes import TorchCodes
-from pyserini_aligner.search.candidates import ascending, best_of_parts, narrow, probe_floors, rank_candidates, top_hits
+from pyserini_aligner.search.candidates import (ascending, best_of_parts, every_candidate, narrow, probe_floors,
+                                                rank_candidates, top_hits)
 from pyserini_aligner.search.codes import CodeShard
 from pyserini_aligner.search.options import Depth
 
@@ -52,11 +55,12 @@ class Exchanged(Staged):
         """Documents (rows) this rank holds."""
         return 0 if self.local is None else self.local.num_rows
 
-    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         if not self._splits():
-            return super().search(queries, depth, k, clock)
+            return super().search(queries, depth, k, clock, allowed)
         parts = batch_parts(queries, self.exchange.world_size)
-        rows, valid = self.candidates(queries, depth, clock, parts)
+        rows, valid = self.candidates(queries, depth, clock, parts, allowed)
         mine = queries.part(parts[self.exchange.rank]).to(self.device)
         q, q_mask = mine.vectors, mine.mask
         if depth.interaction:
@@ -80,14 +84,18 @@ class Exchanged(Staged):
                                                              for rank, (base, rows) in enumerate(every))
         return bool(self._holders)
 
-    def candidates(self, queries: Queries, depth: Depth, clock: Clock = no_clock,
-                   parts: list[slice] | None = None) -> tuple[Tensor, Tensor]:
+    def candidates(self, queries: Queries, depth: Depth, clock: Clock = no_clock, parts: list[slice] | None = None,
+                   allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         """(rows [B, W] ascending, valid [B, W]) of every query, or with ``parts`` (one slice of the batch a rank)
-        of this rank's part of the queries only."""
+        of this rank's part of the queries only; of ``allowed`` rows only when given (``depth.every_row``: all of
+        them)."""
+        if depth.every_row:
+            mine = parts[self.exchange.rank] if parts is not None else slice(0, len(queries))
+            return every_candidate(allowed.rows(self.device), mine.stop - mine.start)
         owner, token = queries.probe_mask.nonzero(as_tuple=True)
         probes = queries.vectors[owner, token]
         if self.local is not None:
-            scores, rows = self.local.probe(probes, depth.per_probe, depth.nprobe)
+            scores, rows = self.local.probe(probes, depth.per_probe, depth.nprobe, allowed)
         else:  # the shape every shard returns (codes.CodeShard.probe), with nothing found
             scores = torch.full((len(probes), max(1, depth.per_probe)), -torch.inf, device=self.device)
             rows = torch.full(scores.shape, -1, dtype=torch.long, device=self.device)
@@ -187,10 +195,11 @@ class ExchangedReplica:
         self.local, self.exchange, self.device = local, exchange, local.device
         self.num_rows = local.num_rows
 
-    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         part = batch_parts(queries, self.exchange.world_size)[self.exchange.rank]
         if part.start == part.stop:
             mine = on_host((torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long)), k)
         else:
-            mine = on_host(self.local.search(queries.part(part).to(self.local.device), depth, k), k)
+            mine = on_host(self.local.search(queries.part(part).to(self.local.device), depth, k, allowed=allowed), k)
         return concat(self.exchange.all_gather(mine), k)

@@ -13,7 +13,7 @@ from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
 from pyserini_aligner.search.candidates import merge_probes
-from pyserini_aligner.search.allowed import allowed_entries, allowed_rows, row_selector
+from pyserini_aligner.search.allowed import AllowedRows, allowed_entries, allowed_rows, row_selector
 from pyserini_aligner.search.flat import search_index
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
@@ -34,15 +34,17 @@ class FaissIVF(Staged):
         allowed = allowed_rows(store)
         self._selector = None if allowed.all() else row_selector(allowed)  # FAISS skips the other rows' entries
 
-    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+    def probe(self, probes: Tensor, per_token: int, nprobe: int,
+              allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         """The coarse step (each probe's nprobe nearest centroids) on torch's BLAS, then FAISS scans the chosen
-        lists, skipping the entries of rows that are not allowed."""
+        lists, skipping the entries of rows that are not allowed (deleted, or outside ``allowed``)."""
         import faiss
 
         x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
         params = faiss.SearchParametersIVF(nprobe=nprobe)
-        if self._selector is not None:
-            params.sel = self._selector
+        selector = self._selector if allowed is None else allowed.selector()
+        if selector is not None:
+            params.sel = selector
         lists_scores, lists = search_index(self.index.quantizer, x, nprobe)
         distances = np.empty((len(x), per_token), dtype=np.float32)
         labels = np.empty((len(x), per_token), dtype=np.int64)
@@ -90,11 +92,14 @@ class FaissFlat(Staged):
                     raise ValueError(f"ef_search given but the index ({store.manifest.index_type}) is not an HNSW "
                                      "index") from None
 
-    def probe(self, probes: Tensor, per_token: int, nprobe: int) -> tuple[Tensor, Tensor]:
+    def probe(self, probes: Tensor, per_token: int, nprobe: int,
+              allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         x = np.ascontiguousarray(probes.cpu().numpy(), dtype=np.float32)
         parts = []
-        for (index, base), seg, allowed in zip(self.index, self.store.segments, self._allowed):
-            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)), allowed)
+        entries = self._allowed if allowed is None else allowed.form("fp16 entries", lambda: [
+            allowed_entries(self.store, number, allowed.mask) for number in range(len(self.store.segments))])
+        for (index, base), seg, kept in zip(self.index, self.store.segments, entries):
+            distances, labels = search_index(index, x, min(per_token, max(index.ntotal, 1)), kept)
             found = labels >= 0  # a FAISS label is a position in the segment's faiss_ids, not a token position
             positions = seg.faiss_ids[np.where(found, labels, 0)] if index.ntotal else np.zeros_like(labels)
             rows = np.where(found, self.store.doc_of_token(positions + base), -1)

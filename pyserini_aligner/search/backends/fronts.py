@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from pyserini_aligner.salience import prune_mask
+from pyserini_aligner.search.allowed import AllowedRows
 from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, SearchBackend, no_clock
 from pyserini_aligner.search.encoding import Encoded as EncodedQueries
 from pyserini_aligner.search.encoding import compute_threads
@@ -34,13 +35,13 @@ class Encoded:
         self.has_interaction = engine.has_interaction
 
     def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
-                     clock: Clock = no_clock) -> tuple[list | None, list]:
+                     clock: Clock = no_clock, allowed: AllowedRows | None = None) -> tuple[list | None, list]:
         q, q_mask, q_sal = self.encode(texts)
         clock("encode")
         queries = Queries(q, q_mask, q_sal, prune_mask(q_sal, q_mask, self.scoring.query_prune),
                           self.scoring.use_salience)
         with compute_threads(self.threads if threads is None else threads):
-            scores, rows = self.engine.search(queries, depth, k, clock)
+            scores, rows = self.engine.search(queries, depth, k, clock, allowed)
             scores, rows = scores.cpu().numpy(), rows.cpu().numpy()
         clock("refine")
         host = None
@@ -52,16 +53,16 @@ class Encoded:
 
 class GraphedOne:
     """One query at a time through ``plan`` (a :class:`..graphs.GraphedSearch`: its encoding and search replayed
-    from CUDA graphs, captured per query width, depth and k on first use); batches, and every query once the plan
-    cannot be captured, through ``rest``."""
+    from CUDA graphs, captured per query width, depth and k on first use); batches, filtered searches (the plan
+    masks the deleted rows only), and every query once the plan cannot be captured, through ``rest``."""
 
     def __init__(self, plan, rest: Encoded):
         self.plan, self.rest = plan, rest
         self.engine, self.has_interaction = rest.engine, rest.has_interaction
 
     def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
-                     clock: Clock = no_clock) -> tuple[list | None, list]:
-        if len(texts) == 1 and self.plan is not None:
+                     clock: Clock = no_clock, allowed: AllowedRows | None = None) -> tuple[list | None, list]:
+        if len(texts) == 1 and self.plan is not None and allowed is None:
             try:
                 scores, rows, tokens = self.plan(texts[0], depth, k)
             except RuntimeError as err:  # a strategy whose scoring reads sizes back to the host cannot be captured
@@ -73,4 +74,4 @@ class GraphedOne:
                 query_vectors = self.plan.encoder.out.vectors[0, :tokens].float().cpu().numpy()
                 clock("search")
                 return [query_vectors], [found_hits(scores, rows)]
-        return self.rest.search_texts(texts, depth, k, threads, vectors, clock)
+        return self.rest.search_texts(texts, depth, k, threads, vectors, clock, allowed)

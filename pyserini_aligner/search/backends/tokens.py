@@ -16,7 +16,8 @@ from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, no_clock
 from pyserini_aligner.search.options import Depth
-from pyserini_aligner.search.allowed import allowed_rows
+from pyserini_aligner.search.allowed import AllowedRows, allowed_rows
+from pyserini_aligner.search.candidates import every_candidate
 
 _DECODE_CHUNK = 1 << 18  # tokens decoded at once when loading
 _MAX_ELEMENTS = 1 << 27  # bound on the largest intermediate tensor (similarities, padded candidate tokens)
@@ -51,17 +52,24 @@ class TorchTokenIndex:
         self.lengths = offsets[1:] - offsets[:-1]
 
     def search(self, q: Tensor, q_mask: Tensor, q_sal: Tensor, probe_mask: Tensor, k: int, k_per_token: int,
-               max_candidates: int, strategy: Strategy, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               max_candidates: int, strategy: Strategy, weights: Tensor | None = None,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         """Top-k (scores [B, k] float32, doc rows [B, k] int64; row −1 and score −inf where fewer were found).
 
         q [B, n, d], q_mask / probe_mask [B, n] bool (probe_mask = tokens sent to candidate generation), q_sal [B, n]
         (used in the score only when the index keeps saliences), weights [B, n] token weights of the proxy score.
+        allowed: the only rows a filtered search may return (None: every live row); with k_per_token 0 every one of
+        them is refined (:attr:`..options.Depth.every_row`).
         """
         q = q.to(self.device, self.dtype)
         q_mask, probe_mask = q_mask.to(self.device), probe_mask.to(self.device)
         limit = min(max(max_candidates, k), self.num_docs)
-        rows, valid = self._candidates(q, probe_mask, k_per_token, limit,
-                                       None if weights is None else weights.to(self.device))
+        if k_per_token == 0:
+            rows, valid = every_candidate(allowed.rows(self.device), len(q))
+        else:
+            rows, valid = self._candidates(q, probe_mask, k_per_token, limit,
+                                           None if weights is None else weights.to(self.device),
+                                           None if allowed is None else allowed.on(self.device)[self.kept_docs])
         scores = self._refine(q, q_mask, q_sal.to(self.device), rows, valid, strategy)
         rows, order = rows.sort(dim=1)  # ties go to the lower document row, as in the FAISS path
         scores = scores.gather(1, order).sort(dim=1, descending=True, stable=True)
@@ -71,17 +79,21 @@ class TorchTokenIndex:
         return best_scores, torch.where(torch.isfinite(best_scores), best_rows, torch.full_like(best_rows, -1))
 
     def _candidates(self, q: Tensor, probe_mask: Tensor, k_per_token: int, limit: int,
-                    weights: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(doc rows [B, limit], valid [B, limit]) ranked by Σ_tokens w · (best hit similarity − K-th similarity)."""
+                    weights: Tensor | None, tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(doc rows [B, limit], valid [B, limit]) ranked by Σ_tokens w · (best hit similarity − K-th similarity);
+        tokens [kept tokens] (bool) or None: only these kept tokens are searched (a filtered search's)."""
         batch, n = probe_mask.shape
         owner, token = probe_mask.nonzero(as_tuple=True)
         probes = q[owner, token]  # [R, d]
         gains = q.new_zeros(batch, self.num_docs, dtype=torch.float32)
         found = torch.zeros(batch, self.num_docs, dtype=torch.bool, device=self.device)
-        per_token = min(k_per_token, len(self.kept_vectors))
+        per_token = min(k_per_token, len(self.kept_vectors) if tokens is None else int(tokens.sum()))
         step = max(1, _MAX_ELEMENTS // max(len(self.kept_vectors), self.num_docs, 1))
         for start in range(0, len(probes), step):
-            values, hits = (probes[start:start + step] @ self.kept_vectors.T).topk(per_token, dim=1)
+            similarity = probes[start:start + step] @ self.kept_vectors.T
+            if tokens is not None:
+                similarity.masked_fill_(~tokens, -torch.inf)
+            values, hits = similarity.topk(per_token, dim=1)
             values, docs = values.float(), self.kept_docs[hits]
             gain = values - values[:, -1:]
             if weights is not None:
@@ -126,6 +138,8 @@ class TorchTokens:
         self.device = self.tokens.device
         self.num_rows = store.num_docs
 
-    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock) -> tuple[Tensor, Tensor]:
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
         return self.tokens.search(queries.vectors, queries.mask, queries.salience, queries.probe_mask, k,
-                                  depth.per_probe, depth.refined, self.scoring.strategy, queries.refine_salience)
+                                  depth.per_probe, depth.refined, self.scoring.strategy, queries.refine_salience,
+                                  allowed)

@@ -25,8 +25,8 @@ class TorchCodes(Staged):
         """Documents (rows) this backend holds."""
         return self.shard.num_rows
 
-    def probe(self, probes, per_token, nprobe):
-        return self.shard.probe(probes, per_token, nprobe)
+    def probe(self, probes, per_token, nprobe, allowed=None):
+        return self.shard.probe(probes, per_token, nprobe, allowed)
 
     def interaction(self, q, q_mask, rows, valid):
         return self.shard.interaction(q, q_mask, rows, valid)

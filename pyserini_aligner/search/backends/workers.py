@@ -11,7 +11,8 @@ on GPUs, Gloo on CPUs), each holds consecutive segments, and all of them search 
 of a torchrun job do (:class:`.exchanged.Exchanged`): each ranks the candidates it holds, the
 best of all are kept and scored, and the first worker returns the ranking. Either way the ranking is the one a
 single device computes over the whole index. The workers open the index generation the parent opened and are
-stopped with the backend.
+stopped with the backend. A filtered search's rows (:class:`..allowed.AllowedRows`, resolved here) go to the workers
+packed one bit a row.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 import weakref
 from typing import Any, Sequence
 
+from pyserini_aligner.search.allowed import AllowedRows
 from pyserini_aligner.search.backends.base import Clock, no_clock
 from pyserini_aligner.search.encoding import text_parts
 from pyserini_aligner.search.options import Depth, SearchOptions
@@ -38,9 +40,9 @@ def gpu_worker_threads(workers: int) -> int:
 def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: str, searcher_class: type,
            encoder, options: SearchOptions, threads: int, group_file: str | None) -> None:
     """A worker's life: open the index on ``device`` (in the process group for "shard"), report ("ready",
-    generation, rows held), then answer ("search", texts, k, threads, vectors) with ("ok", vectors or None, hits,
-    seconds the search took here) until ("stop",) or the parent goes away, then leave the process group. Errors are
-    reported as ("error", one line)."""
+    generation, rows held), then answer ("search", texts, k, threads, vectors, allowed rows packed or None) with
+    ("ok", vectors or None, hits, seconds the search took here) until ("stop",) or the parent goes away, then leave
+    the process group. Errors are reported as ("error", one line)."""
     try:
         import torch
         import torch.distributed as dist
@@ -70,9 +72,10 @@ def _serve(conn, rank: int, world: int, device: str, placement: str, index_dir: 
         if message[0] == "stop":
             break
         try:
-            _, texts, k, threads, want_vectors = message
+            _, texts, k, threads, want_vectors, packed = message
             start = time.perf_counter()
-            vectors, hits = searcher.search_texts(texts, k, threads, want_vectors)
+            vectors, hits = searcher.search_texts(texts, k, threads, want_vectors,
+                                                  None if packed is None else AllowedRows.unpack(packed))
             conn.send(("ok", vectors if want_vectors else None, hits if rank == 0 or placement != "shard" else None,
                        time.perf_counter() - start))
         except BaseException as err:  # noqa: BLE001
@@ -224,22 +227,24 @@ class Workers:
         return self
 
     def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
-                     clock: Clock = no_clock) -> tuple[list | None, list]:
+                     clock: Clock = no_clock, allowed: AllowedRows | None = None) -> tuple[list | None, list]:
         """(query vectors per text, or None unless ``vectors``; [(doc row, score)] per text) of non-blank texts;
-        ``threads``: the search threads (None: each device's default). Each device searches at its own depth for k
-        (``depth`` is this process's)."""
-        found = self._search(texts, k, threads, vectors)
+        ``threads``: the search threads (None: each device's default); ``allowed``: the only rows a filtered search
+        may return. Each device searches at its own depth for k (``depth`` is this process's)."""
+        found = self._search(texts, k, threads, vectors, allowed)
         clock("search")
         return found
 
-    def _search(self, texts: list[str], k: int, threads: int | None, vectors: bool) -> tuple[list | None, list]:
+    def _search(self, texts: list[str], k: int, threads: int | None, vectors: bool,
+                allowed: AllowedRows | None) -> tuple[list | None, list]:
         if not self._finalizer.alive:
             raise RuntimeError("the search workers were stopped (after an error); open the searcher again")
         start = time.perf_counter()
         self.last_seconds = [None] * len(self.devices)
+        packed = None if allowed is None else allowed.packed()
         if self.placement == "shard":
             for rank in range(len(self.conns)):
-                self._send(rank, ("search", texts, k, threads, vectors))
+                self._send(rank, ("search", texts, k, threads, vectors, packed))
             replies = self._replies(range(len(self.conns)))
             self.last_wall = time.perf_counter() - start
             self.last_seconds = [reply[3] for reply in replies]
@@ -247,9 +252,9 @@ class Workers:
         parts = text_parts(texts, len(self.devices)) if len(texts) > 1 else [slice(0, len(texts))]
         busy = [rank for rank, part in enumerate(parts[1:]) if part.stop > part.start]
         for rank in busy:  # the workers' parts first, so that they search while this process searches its own
-            self._send(rank, ("search", texts[parts[rank + 1]], k, threads, vectors))
+            self._send(rank, ("search", texts[parts[rank + 1]], k, threads, vectors, packed))
         try:
-            local_vectors, local_hits = self.local.search_texts(texts[parts[0]], k, threads, vectors)
+            local_vectors, local_hits = self.local.search_texts(texts[parts[0]], k, threads, vectors, allowed)
         except BaseException:
             self._replies(busy)  # the workers' answers to this batch, so that the next batch reads its own
             raise
