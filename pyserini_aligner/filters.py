@@ -7,7 +7,7 @@ Predicates (:meth:`Filter.where`)::
     year >= 2015 AND (journal = 'Nature' OR journal LIKE 'Cell%') AND NOT retracted = TRUE
     metadata.url IS NOT NULL AND id NOT IN ('d1', 'd2')
 
-- A field is a name of letters, digits and ``_`` (not starting with a digit), or any text in double quotes
+- A field is a name of ASCII letters, digits and ``_`` (not starting with a digit), or any text in double quotes
   (``"two words"``, ``""`` for a quote); dots reach into objects (``metadata.url``). ``id`` is the docid.
 - Literals: 'strings' (``''`` for a quote), numbers (``12``, ``-1.5e3``), ``TRUE``, ``FALSE``. Keywords are
   case-insensitive: ``AND OR NOT IN LIKE IS NULL TRUE FALSE``; precedence NOT, then AND, then OR.
@@ -27,6 +27,7 @@ formatted into SQL) and evaluates the predicate over all rows with numpy: second
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -176,7 +177,7 @@ class Filter:
         """bool [store.num_docs]: the rows of index generation ``store`` (a :class:`.index.reader.StoredIndex`)
         whose document matches, deleted rows included (a search also masks those). FilterError naming a field that
         the index does not store."""
-        known = set(getattr(store, "field_names", ()))
+        known = set(store.field_names)
         for name in self.fields:
             if name != ID_FIELD and name not in known:
                 stored = ", ".join(sorted(known)) if known else "none besides id (the docid)"
@@ -204,12 +205,13 @@ def _count(node: InSet) -> int:
 
 
 def _json_scalar(line: str):
-    """The number or boolean a line reads as in JSON (None otherwise)."""
+    """The finite number or the boolean a line reads as in JSON (None otherwise)."""
     try:
         value = json.loads(line)
     except ValueError:
         return None
-    return value if isinstance(value, (bool, int, float)) and not isinstance(value, str) else None
+    finite = isinstance(value, (int, float)) and math.isfinite(value)
+    return value if isinstance(value, bool) or finite else None
 
 
 def in_set(path: tuple, values: Iterable, where: str) -> InSet:
@@ -218,7 +220,7 @@ def in_set(path: tuple, values: Iterable, where: str) -> InSet:
     for value in values:
         if isinstance(value, bool):
             booleans.add(value)
-        elif isinstance(value, (int, float)) and np.isfinite(value):
+        elif isinstance(value, (int, float)) and math.isfinite(value):
             numbers.add(value)
         elif isinstance(value, str):
             strings.add(value)
@@ -474,7 +476,7 @@ class _Parser:
             return STRING, token.text[1:-1].replace("''", "'")
         if token.kind == "number":
             value = float(token.text) if re.search(r"[.eE]", token.text) else int(token.text)
-            if not np.isfinite(value):
+            if not math.isfinite(value):
                 raise self._fail(token, "a finite number")
             return NUMBER, value
         if token.kind == "keyword" and token.text in ("TRUE", "FALSE"):

@@ -37,7 +37,7 @@ def explanations(default_index, corpus):
 
 
 def doc_text(corpus: Path, docid: str) -> str:
-    return next(text for d, text, _ in read_json_collection(corpus) if d == docid)
+    return next(text for d, text, *_ in read_json_collection(corpus) if d == docid)
 
 
 def test_explanations_match_the_searcher(explanations, default_index, model):
@@ -92,7 +92,7 @@ def test_missing_or_wrong_corpus(default_index, corpus, model, explanations):
     with pytest.raises(ValueError, match="no document with id 'nope'"):
         explain(default_index, QUERY, docids=["nope"], corpus=corpus)
     ex = explanations[0]
-    other = next(d for d, _, _ in read_json_collection(corpus) if d != ex.docid)
+    other = next(d for d, *_ in read_json_collection(corpus) if d != ex.docid)
     from pyserini_aligner.index import StoredIndex
 
     store = StoredIndex(default_index)

@@ -17,13 +17,15 @@ from pyserini_aligner.filters import Filter, FilterError
 from pyserini_aligner.index import (CorpusError, IndexFormatError, StoredIndex, build_index, derive_index,
                                     read_corpus, read_json_collection, read_manifest)
 from pyserini_aligner.index import __main__ as index_cli
-from pyserini_aligner.index.commit import _OWNED, write_manifest
+from pyserini_aligner.index.commit import write_manifest
 from pyserini_aligner.index.faults import ENV as FAULT_ENV
 from pyserini_aligner.index.format import FIELDS, MANIFEST, _crc_text
 from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.index.shards import merge_indexes
 
 from conftest import killed_at, make_beir_folder, scifact_docs
+from test_index import write_jsonl
+from test_live import unreferenced
 
 REPO = Path(__file__).resolve().parents[1]
 JOURNALS = ["Nature", "Cell", "Science", "Cell Reports"]
@@ -43,11 +45,6 @@ def records(n: int, start: int = 0, words: int = 10) -> list[dict]:
                 record["year"] = None
         out.append(record)
     return out
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def fields_of(record: dict) -> dict:
@@ -213,15 +210,6 @@ def crash_base(tmp_path_factory, model) -> Path:
     build_index(records(16), target, model, codec="IVF8,PQ4", progress=False, model_name="aligner")
     AlignerIndex(target, model).delete([records(16)[1]["id"]])
     return target
-
-
-def unreferenced(index: Path) -> list[str]:
-    manifest = read_manifest(index)
-    wanted = {s.name for s in manifest.segments} | {manifest.codec_dir}
-    stray = [p.name for p in index.iterdir() if _OWNED.match(p.name) and p.name not in wanted]
-    for seg in manifest.segments:
-        stray += [f"{seg.name}/{p.name}" for p in (index / seg.name).iterdir() if p.name not in seg.files]
-    return stray
 
 
 @pytest.mark.parametrize("operation, point", [

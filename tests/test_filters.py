@@ -21,7 +21,8 @@ def random_fields(rng: random.Random) -> dict:
     """Fields of one document: every key may be missing or null; values of mixed types."""
     fields = {}
     choices = {
-        "year": lambda: rng.choice([rng.randint(1990, 2020), rng.randint(1990, 2020) + 0.5, str(rng.randint(1990, 2020))]),
+        "year": lambda: rng.choice([rng.randint(1990, 2020), rng.randint(1990, 2020) + 0.5,
+                                    str(rng.randint(1990, 2020))]),
         "title": lambda: rng.choice(WORDS) + rng.choice(["", " x", "_y", "%"]),
         "flag": lambda: rng.choice([True, False, 1, 0]),
         "tag": lambda: rng.choice(TAGS + [["red"], {"k": 1}]),

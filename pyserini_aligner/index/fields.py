@@ -21,8 +21,10 @@ from pyserini_aligner.filters import BOOL, COMPOSITE, NULL, NUMBER, STRING
 from pyserini_aligner.index.io import file_record
 
 RESERVED = ("id", "contents")  # a JsonCollection record's docid and text: never stored as fields
-_TYPES = {"null": NULL, "true": BOOL, "false": BOOL, "integer": NUMBER, "real": NUMBER, "text": STRING,
-          "object": COMPOSITE, "array": COMPOSITE}
+_TYPES = {"true": BOOL, "false": BOOL, "integer": NUMBER, "real": NUMBER, "text": STRING, "object": COMPOSITE,
+          "array": COMPOSITE}  # SQLite's json_type -> type code (anything else: NULL)
+_TYPE_CASE = "CASE json_type(doc, ?1) " + " ".join(f"WHEN '{name}' THEN {code}" for name, code in _TYPES.items()) + \
+    f" ELSE {NULL} END"
 _BATCH = 4096  # rows inserted per executemany
 
 
@@ -111,39 +113,42 @@ def _json_path(keys: tuple[str, ...]) -> str | None:
 
 def read_column(path: Path | None, keys: tuple[str, ...], count: int) -> tuple[np.ndarray, np.ndarray]:
     """The value at nested ``keys`` of every row of a segment of ``count`` rows: (type codes uint8 [count]:
-    :data:`.filters.NULL`, ``BOOL``, ``NUMBER``, ``STRING`` or ``COMPOSITE``; values object [count]: None, bool, int or float, str, or the JSON text of an
-    object or array). Rows without fields, or without the key, are NULL (all of them when ``path`` is None)."""
+    :data:`.filters.NULL`, ``BOOL``, ``NUMBER``, ``STRING`` or ``COMPOSITE``; values object [count]: None, bool,
+    int or float, str, or the JSON text of an object or array). Rows without fields, or without the key, are NULL
+    (all of them when ``path`` is None)."""
     codes, values = np.zeros(count, dtype=np.uint8), np.full(count, None, dtype=object)
     if path is None:
         return codes, values
     db = connect(path)
     try:
         json_path = _json_path(keys)
-        if json_path is not None:
-            found = db.execute("SELECT row, json_type(doc, ?1), json_extract(doc, ?1) FROM fields "
-                               "WHERE json_type(doc, ?1) IS NOT NULL", (json_path,)).fetchall()
+        if json_path is not None:  # typed in SQLite: one pass of C over the documents
+            found = db.execute(f"SELECT row, {_TYPE_CASE}, json_extract(doc, ?1) FROM fields",
+                               (json_path,)).fetchall()
         else:
             found = [(row, *_descend(json.loads(doc), keys)) for row, doc in db.execute("SELECT row, doc FROM fields")]
     finally:
         db.close()
     if found:
         rows, types, extracted = zip(*found)
-        rows = np.asarray(rows, dtype=np.int64)
-        codes[rows] = [_TYPES[t] if t is not None else NULL for t in types]
-        values[rows] = [bool(v) if t in ("true", "false") else v for t, v in zip(types, extracted)]
+        rows = np.array(rows, dtype=np.int64)
+        codes[rows] = np.array(types, dtype=np.uint8)
+        values[rows] = np.array(extracted, dtype=object)
+        booleans = rows[codes[rows] == BOOL]
+        values[booleans] = values[booleans].astype(bool)  # SQLite gives JSON true / false as 1 / 0
     return codes, values
 
 
-def _descend(record, keys: tuple[str, ...]) -> tuple[str | None, object]:
-    """(SQLite's JSON type name, value as json_extract gives it) at nested ``keys`` of a parsed record."""
+def _descend(record, keys: tuple[str, ...]) -> tuple[int, object]:
+    """(type code, value as json_extract gives it) at nested ``keys`` of a parsed record."""
     for key in keys:
         if not isinstance(record, dict) or key not in record:
-            return None, None
+            return NULL, None
         record = record[key]
     if record is None:
-        return "null", None
+        return NULL, None
     if isinstance(record, bool):
-        return ("true" if record else "false"), int(record)
+        return BOOL, int(record)
     if isinstance(record, (dict, list)):
-        return ("object" if isinstance(record, dict) else "array"), json.dumps(record, ensure_ascii=False)
-    return {str: "text", int: "integer", float: "real"}[type(record)], record
+        return COMPOSITE, json.dumps(record, ensure_ascii=False)
+    return {str: STRING, int: NUMBER, float: NUMBER}[type(record)], record

@@ -12,8 +12,8 @@ import numpy as np
 
 from pyserini_aligner.index.codec_spec import PQ_CENTROIDS, CodecSpec
 from pyserini_aligner.index.format import (CODEC_CENTROIDS, CODEC_CODEBOOKS, CODEC_REFINE_BOOKS, CODEC_SCALES,
-                                           DOCIDS, FIELDS, FAISS_IDS, FAISS_INDEX, IVF_CODES, IVF_DOCS, IVF_OFFSETS, KEPT,
-                                           KEPT_BITS, MANIFEST, OFFSETS, SALIENCE, SMALL_FILE, TOKEN_CENTROIDS,
+                                           DOCIDS, FAISS_IDS, FAISS_INDEX, FIELDS, IVF_CODES, IVF_DOCS, IVF_OFFSETS,
+                                           KEPT, KEPT_BITS, MANIFEST, OFFSETS, SALIENCE, SMALL_FILE, TOKEN_CENTROIDS,
                                            TOKEN_RESIDUALS, VECTORS, IndexFormatError, Manifest, SegmentInfo,
                                            faiss_error_message, read_manifest)
 from pyserini_aligner.index import checksums
