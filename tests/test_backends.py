@@ -1,6 +1,6 @@
 """The search backends behind AlignerSearcher's seam: each one, searched to exhaustion, ranks as a loop over every
 live document with the slow alignment score of tests/reference.py; several (CPU) devices rank exactly as one in both
-placements; the placement rules and the batch split."""
+placements, filtered searches too; the placement rules and the batch split."""
 from __future__ import annotations
 
 import os
@@ -52,6 +52,21 @@ def codes_index(tmp_path_factory, model) -> Path:
 @pytest.fixture(scope="module")
 def fp16_index(tmp_path_factory, model) -> Path:
     return segmented_index(tmp_path_factory.mktemp("fp16") / "idx", model, "fp16")
+
+
+def half_filter(docids: list[str]) -> list[str]:
+    """Every other document of the index, and the deleted one: a filter that devices and ranks resolve alike."""
+    return [docid for row, docid in enumerate(docids) if row % 2 == 0 or docid == GONE]
+
+
+def filtered_rankings(searcher: AlignerSearcher) -> list:
+    """The rankings of :func:`half_filter` that processes are compared on: every match refined (k=3), then probed
+    with the mask (one candidate refined per query)."""
+    chosen = half_filter(list(searcher.docids))
+    ranked = [searcher.rank(QUERIES, k=3, filter=chosen)]
+    searcher.configure(max_candidates=1)
+    assert not searcher.depth(1, chosen).every_row
+    return ranked + [searcher.rank(QUERIES, k=1, filter=chosen)]
 
 
 def exhaustive_knobs(index: Path) -> dict:
@@ -124,6 +139,12 @@ def test_several_devices_rank_exactly_as_one(codes_index, model, placement, coun
         got, want = two.rank(texts, k=k), one.rank(texts, k=k)
         for a, b in zip(got, want):
             assert_same_ranking(a, b)
+    chosen = half_filter(list(one.docids))  # sent to the workers as rows; every match refined
+    for texts, k in ((QUERIES, 3), (QUERIES[:1], 5)):
+        got, want = two.rank(texts, k=k, filter=chosen), one.rank(texts, k=k, filter=chosen)
+        for a, b in zip(got, want, strict=True):
+            assert_same_ranking(a, b)
+            assert {d for d, _ in a} <= set(chosen) - {GONE}
 
 
 def test_staged_backends_probe_alike(codes_index, model):
@@ -277,6 +298,7 @@ def _split_rank(rank: int, world: int, index: str, knobs: dict, group_file: str,
                                    **knobs)
         searcher.engine.split = True
         ranked = [searcher.rank(QUERIES, k=k) for k in (3, 10)] + [searcher.rank(QUERIES[:1], k=5)]
+        ranked += filtered_rankings(searcher)  # each rank resolves the filter itself
         results.put((rank, ranked, searcher.engine._holders))
         dist.destroy_process_group()
     except BaseException as err:  # noqa: BLE001 - reported to the test
@@ -289,13 +311,13 @@ def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, 
     path, forced here over Gloo) return the one-device ranking on every rank: batches of three queries over two or
     three ranks, one query (the other ranks score nothing), the interaction stage on. A rank computes its queries'
     tables over its part of the batch, and a CPU's products can differ in the last bit with the rows around them,
-    so scores agree to float32 rounding."""
+    so scores agree to float32 rounding. Filtered searches (every match refined, and probed with the mask) too."""
     import torch.multiprocessing as mp
 
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
                  batch_size=3)
     one = AlignerSearcher(codes_index, **knobs)
-    want = [one.rank(QUERIES, k=k) for k in (3, 10)] + [one.rank(QUERIES[:1], k=5)]
+    want = [one.rank(QUERIES, k=k) for k in (3, 10)] + [one.rank(QUERIES[:1], k=5)] + filtered_rankings(one)
     context = mp.get_context("spawn")
     results = context.Queue()
     processes = [context.Process(target=_split_rank, args=(rank, world, str(codes_index), knobs,
@@ -308,6 +330,6 @@ def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, 
     for rank, ranked, holders in got:
         assert not isinstance(ranked, str), ranked
         assert len(holders) == world  # every rank holds segments: the queries were split
-        for got_run, want_run in zip(ranked, want):
+        for got_run, want_run in zip(ranked, want, strict=True):
             for a, b in zip(got_run, want_run, strict=True):
                 assert_same_ranking(a, b)

@@ -27,8 +27,9 @@ def queries() -> list[str]:
     return [json.loads(line)["text"] for line in lines]
 
 
-def static_ranking(searcher: AlignerSearcher, text: str, k: int) -> list[tuple[str, float]]:
-    """``text`` searched through a StaticPlan over one shard holding every segment, padded to its width bucket."""
+def static_ranking(searcher: AlignerSearcher, text: str, k: int, filter=None) -> list[tuple[str, float]]:
+    """``text`` searched through a StaticPlan over one shard holding every segment, padded to its width bucket;
+    restricted by ``filter`` (docids): the plan's probes read the live rows it matches."""
     store = searcher.store
     shard = CodeShard(store, list(range(len(store.segments))), "cpu", searcher.refine_with)
     out = searcher.model.encode_padded([text], is_query=True)
@@ -37,8 +38,10 @@ def static_ranking(searcher: AlignerSearcher, text: str, k: int) -> list[tuple[s
     q = torch.nn.functional.pad(out.vectors[0].float(), (0, 0, 0, pad))
     q_mask = torch.nn.functional.pad(out.mask[0], (0, pad))
     q_sal = torch.nn.functional.pad(out.salience[0].float(), (0, pad))
-    plan = StaticPlan(shard, width, searcher.depth(k), k, searcher.query_prune, searcher.strategy,
-                      searcher.use_salience)
+    wanted = set(filter or ())
+    allowed = None if filter is None else torch.tensor([d in wanted for d in store.docids]) & shard.allowed
+    plan = StaticPlan(shard, width, searcher.depth(k, filter), k, searcher.query_prune, searcher.strategy,
+                      searcher.use_salience, allowed)
     scores, rows = plan.run(q, q_mask, q_sal)
     return [(store.docids[r], s) for r, s in zip(rows.tolist(), scores.tolist()) if r >= 0]
 
@@ -77,6 +80,20 @@ def test_static_plan_over_segments_with_deletions(two_segment_index, model, quer
         got = static_ranking(searcher, text, 10)
         assert not gone & {d for d, _ in got}
         assert_same(got, want)
+
+
+def test_static_plan_probes_a_filter_as_the_engine(default_index, model, queries):
+    """A filtered search that probes (its matches outnumber the depth it refines) ranks through the plan, the
+    filter's rows in the plan's buffer, as step by step; its hits are the filter's."""
+    searcher = AlignerSearcher(default_index, encoder=model, backend="torch", k_per_token=20, max_candidates=8,
+                               interaction_candidates=40)
+    chosen = searcher.docids[::2]
+    for k in (1, 5):
+        assert not searcher.depth(k, chosen).every_row
+        for text, want in zip(queries, searcher.rank(queries, k=k, filter=chosen)):
+            got = static_ranking(searcher, text, k, chosen)
+            assert len(got) == k and {d for d, _ in got} <= set(chosen)
+            assert_same(got, want)
 
 
 def test_width_bucket():

@@ -76,7 +76,8 @@ def test_the_depth_of_a_filtered_search():
     assert filtered_depth(depth, 0, 10_000, 64) == Depth(0, 0, 0, 0)
     assert filtered_depth(depth, 7, 10_000, 64) == Depth(0, 0, 0, 7) and filtered_depth(depth, 7, 10_000, 64).every_row
     edge = FILTER_EXHAUSTIVE * depth.refined
-    assert filtered_depth(depth, edge, 10_000, 64).every_row and not filtered_depth(depth, edge + 1, 10_000, 64).every_row
+    assert filtered_depth(depth, edge, 10_000, 64).every_row
+    assert not filtered_depth(depth, edge + 1, 10_000, 64).every_row
     assert filtered_depth(depth, 10_000, 10_000, 64) == depth  # a filter matching every document
     assert filtered_depth(depth, 5_000, 10_000, 64) == Depth(100, 16, 3000, 128)  # half: twice the lists
     assert filtered_depth(depth, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 1000, 128)  # bounded

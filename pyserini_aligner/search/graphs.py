@@ -33,11 +33,14 @@ _BLOCK = 1 << 24  # elements of the largest padded intermediate (entries, centro
 class StaticPlan:
     """The search of one query of at most ``width`` tokens against ``shard`` (which holds the whole index), with
     the depth (K entries per probe, nprobe, W candidates narrowed by centroid interaction or 0, C refined) and k
-    fixed. :meth:`run` allocates the same tensors on every call and never reads a value back to the host."""
+    fixed. :meth:`run` allocates the same tensors on every call and never reads a value back to the host.
+    ``allowed``: bool [shard rows], the rows the probes may take (default the shard's live rows), read at each run
+    (a graph's buffer that a filtered search fills)."""
 
     def __init__(self, shard: CodeShard, width: int, depth: Depth, k: int, query_prune: float,
-                 strategy: Strategy, use_salience: bool):
+                 strategy: Strategy, use_salience: bool, allowed: Tensor | None = None):
         self.shard, self.width, self.k, self.strategy = shard, width, k, strategy
+        self.allowed = shard.allowed if allowed is None else allowed
         self.query_prune, self.use_salience = query_prune, use_salience
         self.probes = keep_count(width, query_prune)  # most probes a query of ``width`` tokens keeps
         self.nprobe = min(depth.nprobe, shard.nlist)
@@ -69,7 +72,7 @@ class StaticPlan:
         if kernels.available(probes.device):
             # the probe's entries packed list after list, in at most nprobe × the longest list's places
             score, docs = kernels.probe_entries(lut, cval, cidx, shard.ivf_offsets, shard.ivf_codes, shard.ivf_docs,
-                                                shard.allowed, valid, self.nprobe * self.cap)
+                                                self.allowed, valid, self.nprobe * self.cap)
         else:
             score, docs = self._probe_torch(lut, cval, cidx, valid)
         flat = score.reshape(r, -1)
@@ -99,7 +102,7 @@ class StaticPlan:
             for m in range(1, shard.m):  # CodeShard.probe's order of additions
                 residual = residual + looked[..., m]
             entry = shard.ivf_docs[pos].long()
-            ok = (span < lengths) & shard.allowed[entry] & valid[part].view(-1, 1, 1)
+            ok = (span < lengths) & self.allowed[entry] & valid[part].view(-1, 1, 1)
             score[part] = torch.where(ok, cval[part].unsqueeze(-1) + residual, torch.full_like(residual, -math.inf))
             docs[part] = entry
         return score, docs
@@ -178,7 +181,8 @@ class GraphedSearch:
 
     ``encoder`` is a :class:`GraphedQueryEncoder`; plans are captured on first use per (padded
     width, depth, k) and kept (the ``keep`` most recent). All plans share one memory pool: they never run at once,
-    and each call copies its result to the host before the next starts.
+    and each call copies its result to the host before the next starts. Every plan probes the rows of one buffer
+    (``allowed``): the live rows, or a filtered search's rows copied in before its replay.
     """
 
     def __init__(self, encoder, shard: CodeShard, query_prune: float, strategy: Strategy, use_salience: bool,
@@ -187,13 +191,16 @@ class GraphedSearch:
         self.query_prune, self.strategy, self.use_salience, self.keep = query_prune, strategy, use_salience, keep
         self.graphs: OrderedDict = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle()
+        self.allowed = shard.allowed.clone()  # what the plans probe
+        self.filtered = False  # whether it holds a filter's rows (else the live rows)
 
     def _graph(self, width: int, depth: Depth, k: int):
         key = (width, depth, k)
         if key in self.graphs:
             self.graphs.move_to_end(key)
             return self.graphs[key]
-        plan = StaticPlan(self.shard, width, depth, k, self.query_prune, self.strategy, self.use_salience)
+        plan = StaticPlan(self.shard, width, depth, k, self.query_prune, self.strategy, self.use_salience,
+                          self.allowed)
         out = self.encoder.out
         inputs = (out.vectors[0, :width], out.mask[0, :width], out.salience[0, :width])
         device = self.shard.device
@@ -210,9 +217,13 @@ class GraphedSearch:
             self.graphs.popitem(last=False)
         return graph, result
 
-    def __call__(self, text: str, depth: Depth, k: int) -> tuple[Tensor, Tensor, int]:
+    def __call__(self, text: str, depth: Depth, k: int, allowed: Tensor | None = None) -> tuple[Tensor, Tensor, int]:
         """(scores [k], rows [k]) on the host, and the query's real token count (its vectors stay in
-        ``self.encoder.out``)."""
+        ``self.encoder.out``). ``allowed``: bool [shard rows] on the shard's device, the only rows a filtered search
+        may return (None: the live rows)."""
+        if allowed is not None or self.filtered:
+            self.allowed.copy_(self.shard.allowed if allowed is None else allowed)
+            self.filtered = allowed is not None
         self.encoder(text)
         tokens = self.encoder.tokens
         graph, (scores, rows) = self._graph(width_bucket(tokens, self.encoder.ids.shape[1]), depth, k)

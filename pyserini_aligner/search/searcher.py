@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
+from typing import Collection
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from pyserini_aligner.textio import check_collection, check_unique_ids, is_blank
 # options read at each search (the depth, the batch): changed by configure without reopening the backend
 SEARCH_TIME = frozenset({"max_candidates", "interaction_candidates", "batch_size"})
 FILTER_CACHE = 8  # filters whose resolved rows a searcher keeps (per index generation)
+Filtering = Filter | Collection[str] | None  # what a search is restricted by: a Filter, docids, or nothing
 
 
 @lru_cache(maxsize=None)
@@ -219,7 +221,7 @@ class AlignerSearcher:
         """Documents (rows) the backend holds (a rank's share of the index, or all of it)."""
         return self.engine.num_rows
 
-    def depth(self, k: int, filter=None) -> Depth:
+    def depth(self, k: int, filter: Filtering = None) -> Depth:
         """The depth of a top-k search of the open index generation (:meth:`.options.SearchOptions.depth`),
         restricted by ``filter`` (see :meth:`search`) when given."""
         with self._lock:
@@ -227,14 +229,14 @@ class AlignerSearcher:
             return self.options.depth(k, self.store, self.front.has_interaction,
                                       None if allowed is None else allowed.count)
 
-    def matching(self, filter) -> int:
-        """How many live documents of the open index generation ``filter`` (see :meth:`search`) matches."""
-        if filter is None:
-            raise TypeError("matching needs a filter")
+    def matching(self, filter: Filtering) -> int:
+        """How many live documents of the open index generation ``filter`` (see :meth:`search`; None: every one)
+        matches."""
         with self._lock:
-            return self._allowed(filter).count
+            allowed = self._allowed(filter)
+            return self.store.num_live if allowed is None else allowed.count
 
-    def _allowed(self, filter) -> AllowedRows | None:
+    def _allowed(self, filter: Filtering | AllowedRows) -> AllowedRows | None:
         """The rows ``filter`` (None, a Filter, a collection of docids, or rows already resolved against this
         generation) allows, resolved once per generation and filter."""
         if filter is None:
@@ -255,7 +257,7 @@ class AlignerSearcher:
 
     # ------------------------------------------------------------------ public API
     def search(self, q: str, k: int = 10, threads: int | None = None, remove_dups: bool = False,
-               return_vector: bool = False, filter=None):
+               return_vector: bool = False, filter: Filtering = None):
         """Top-k documents for query text ``q`` as DenseSearchResult(docid, score), best first ([] for an empty query).
         ``threads`` run the search steps (default: torch's thread count when the searcher was made). ``filter``:
         only documents it matches are returned (a :class:`pyserini_aligner.filters.Filter`, or a collection of
@@ -270,7 +272,7 @@ class AlignerSearcher:
         return (hits[0]["q"], hits[1]["q"]) if return_vector else hits["q"]
 
     def batch_search(self, queries: list[str], q_ids: list[str], k: int = 10, threads: int | None = None,
-                     return_vector: bool = False, filter=None):
+                     return_vector: bool = False, filter: Filtering = None):
         """{q_id: [DenseSearchResult]} for many queries (batched encoding and search), restricted by ``filter``
         (see :meth:`search`).
 
@@ -300,7 +302,7 @@ class AlignerSearcher:
         return (vectors, results) if return_vector else results
 
     def rank(self, queries: list[str], k: int = 10, threads: int | None = None,
-             filter=None) -> list[list[tuple[str, float]]]:
+             filter: Filtering = None) -> list[list[tuple[str, float]]]:
         """Top-k (docid, score) lists, best first, one per query: ``batch_search`` over plain data (no Pyserini
         result objects, so it also runs where Pyserini is not installed), restricted by ``filter`` (see
         :meth:`search`)."""
@@ -318,7 +320,7 @@ class AlignerSearcher:
         return ranked
 
     def search_texts(self, texts: list[str], k: int, threads: int | None = None, vectors: bool = True,
-                     filter=None):
+                     filter: Filtering | AllowedRows = None):
         """(query vectors [n, d] per text, [(doc row, score)] per text, best first) of one batch of texts (blank
         texts get no hits). Queries are encoded with torch's thread setting of when the searcher was made (as
         Pyserini's encoders use torch's); ``threads`` threads (default: the same number) run the search (FAISS and
@@ -350,7 +352,7 @@ class AlignerSearcher:
         return self.store.token_vectors(np.arange(start, end)).numpy()
 
 
-def as_filter(filter) -> Filter | AllowedRows | None:
+def as_filter(filter: Filtering | AllowedRows) -> Filter | AllowedRows | None:
     """``filter`` as a search takes it: None, a Filter or resolved rows as they are, any other collection as docids
     (:meth:`.filters.Filter.docids`: TypeError for a single string)."""
     if filter is None or isinstance(filter, (Filter, AllowedRows)):

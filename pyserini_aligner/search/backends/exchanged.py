@@ -9,8 +9,8 @@ candidates; on GPUs each rank then fetches the tokens of its part of the queries
 on CPUs every rank scores those it holds and the scores are combined. Placement "replicate": every rank searches its
 consecutive part of the batch over its copy and the hits are gathered. Either way every rank ends with the ranking a
 single process computes over the whole index. A filtered search's rows (:class:`..allowed.AllowedRows`) are resolved
-by every rank from the same filter, over the whole index. Collectives (:class:`pyserini_aligner.dist.Collectives`) exchange
-tensors (on the GPUs under NCCL, through the host under Gloo).
+by every rank from the same filter, over the whole index. Collectives (:class:`pyserini_aligner.dist.Collectives`)
+exchange tensors (on the GPUs under NCCL, through the host under Gloo).
 """
 from __future__ import annotations
 

@@ -53,8 +53,9 @@ class Encoded:
 
 class GraphedOne:
     """One query at a time through ``plan`` (a :class:`..graphs.GraphedSearch`: its encoding and search replayed
-    from CUDA graphs, captured per query width, depth and k on first use); batches, filtered searches (the plan
-    masks the deleted rows only), and every query once the plan cannot be captured, through ``rest``."""
+    from CUDA graphs, captured per query width, depth and k on first use, a filtered search's rows copied into the
+    buffer its probes read); batches, filtered searches that refine every match (``depth.every_row``), and every
+    query once the plan cannot be captured, through ``rest``."""
 
     def __init__(self, plan, rest: Encoded):
         self.plan, self.rest = plan, rest
@@ -62,9 +63,12 @@ class GraphedOne:
 
     def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
                      clock: Clock = no_clock, allowed: AllowedRows | None = None) -> tuple[list | None, list]:
-        if len(texts) == 1 and self.plan is not None and allowed is None:
+        if len(texts) == 1 and self.plan is not None and not depth.every_row:
+            shard = self.plan.shard
+            rows_of = None if allowed is None else \
+                allowed.on(shard.device)[shard.row_base:shard.row_base + shard.num_rows]
             try:
-                scores, rows, tokens = self.plan(texts[0], depth, k)
+                scores, rows, tokens = self.plan(texts[0], depth, k, rows_of)
             except RuntimeError as err:  # a strategy whose scoring reads sizes back to the host cannot be captured
                 log.warning("single queries run step by step (CUDA graph capture failed: %s)",
                             str(err).splitlines()[0])
