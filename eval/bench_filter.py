@@ -132,8 +132,8 @@ def exhaustive_top(scores: torch.Tensor, docids: Sequence[str], ids: list[str] |
         wanted = set(ids)
         keep = torch.tensor([docid in wanted for docid in docids])
         scores = scores.masked_fill(~keep, -torch.inf)
-    best = scores.sort(dim=1, descending=True, stable=True)
-    return [[(docids[r], s) for r, s in zip(rows[:K], values[:K]) if s != -float("inf")]
+    best = scores.topk(min(K, scores.shape[1]), dim=1)
+    return [[(docids[r], s) for r, s in zip(rows, values) if s != -float("inf")]
             for rows, values in zip(best.indices.tolist(), best.values.tolist())]
 
 

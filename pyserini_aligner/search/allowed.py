@@ -3,11 +3,15 @@
 boolean per row, its FAISS selector, and its entries of an fp16 segment's token index."""
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import numpy as np
 import torch
 
 from pyserini_aligner.filters import Filter
 from pyserini_aligner.index.reader import StoredIndex
+
+T = TypeVar("T")
 
 
 def allowed_rows(store: StoredIndex) -> np.ndarray:
@@ -52,7 +56,7 @@ class AllowedRows:
     def __len__(self) -> int:
         return len(self.mask)
 
-    def form(self, key, make):
+    def form(self, key: object, make: Callable[[], T]) -> T:
         """The form ``key`` of these rows, ``make()`` on first use."""
         if key not in self._forms:
             self._forms[key] = make()
