@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from pyserini_aligner.alignment import Strategy
+    from pyserini_aligner.filters import Filter
 
 USAGE_EXIT = 2  # a flag value or combination that can't work (argparse's own status)
 ERROR_EXIT = 1  # the command failed while it ran
@@ -131,6 +132,61 @@ def strategy(text: str) -> Strategy:
         return parse_strategy(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def search_filter(text: str, field: str | None = None) -> Filter:
+    """The filter of ``--filter TEXT`` (and ``--filter-field FIELD``), parsed before anything loads: ``@FILE`` is the
+    documents whose ``field`` (default: the docid) is one of the file's lines, anything else a predicate over the
+    stored fields (:meth:`.filters.Filter.where`). FilterError (a ValueError) naming the token, file or flag."""
+    from pyserini_aligner.filters import ID_FIELD, Filter, FilterError
+
+    if text.startswith("@"):
+        return Filter.from_file(text[1:], field or ID_FIELD)
+    if field is not None:
+        raise FilterError("--filter-field goes with --filter @FILE (a predicate names its fields itself)")
+    return Filter.where(text)
+
+
+def add_filter_flags(parser: argparse.ArgumentParser) -> None:
+    """``--filter EXPR|@FILE`` and ``--filter-field FIELD`` of the search command lines (parsed by
+    :func:`parse_filter_flags`)."""
+    parser.add_argument("--filter", metavar="EXPR|@FILE", default=None,
+                        help="search only the documents it matches: a predicate over the fields stored with the "
+                             "index, e.g. \"year >= 2020 AND lang = 'en'\" (id is the docid), or @FILE, a file of "
+                             "values one per line (docids, or values of --filter-field)")
+    parser.add_argument("--filter-field", metavar="FIELD", default=None,
+                        help="the stored field that the values of --filter @FILE are matched against (default: the "
+                             "docid)")
+
+
+def parse_filter_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Replace ``args.filter`` (the text of :func:`add_filter_flags`' flags) by its Filter (None without one); a
+    malformed filter is argparse's usage error naming the flag and the token (exit status 2)."""
+    if args.filter is None:
+        if args.filter_field is not None:
+            parser.error("argument --filter-field: goes with --filter @FILE")
+        return
+    from pyserini_aligner.filters import FilterError
+
+    try:
+        args.filter = search_filter(args.filter, args.filter_field)
+    except FilterError as error:
+        parser.error(f"argument --filter: {one_line(error)}")
+
+
+def filter_matches(searcher, flt: Filter) -> int:
+    """How many documents of ``searcher``'s index (an AlignerSearcher) ``flt`` matches, before any query: a filter
+    that matches none is told in one ``warning:`` line on stderr (its searches have no hits); UsageError naming the
+    field for a filter the index can't evaluate (a field it does not store)."""
+    from pyserini_aligner.filters import FilterError
+
+    try:
+        count = searcher.matching(flt)
+    except FilterError as error:
+        raise UsageError(f"--filter: {one_line(error)}") from None
+    if count == 0:
+        print(f"warning: --filter matches no document of {searcher.index_dir}: the run has no hits", file=sys.stderr)
+    return count
 
 
 def add_quiet_flag(parser: argparse.ArgumentParser) -> None:

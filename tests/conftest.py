@@ -318,3 +318,54 @@ def stale_run(folder: Path) -> Path:
     path = folder / "run.trec"
     path.write_text("q1 Q0 stale 1 1.0 OLD\n")
     return path
+
+
+FIELDED_DOCS = 60  # documents of the index that stores fields
+JOURNALS = ("Nature", "Cell", "Science")
+
+
+def fielded_records() -> list[dict]:
+    """The first FIELDED_DOCS SciFact documents (texts cut to 32 words) as JsonCollection records with fields besides
+    ``id`` and ``contents``: ``year`` 2000 + i % 10 (a number), ``kind`` "even" or "odd" (i % 2), ``journal`` one of
+    JOURNALS, left out of every fifth document."""
+    records = []
+    for i, record in enumerate(scifact_docs(FIELDED_DOCS, 32)):
+        record.update(year=2000 + i % 10, kind="odd" if i % 2 else "even")
+        if i % 5:
+            record["journal"] = JOURNALS[i % 3]
+        records.append(record)
+    return records
+
+
+@pytest.fixture(scope="session")
+def fielded_corpus(tmp_path_factory) -> Path:
+    """:func:`fielded_records` as a JsonCollection file."""
+    with built_once(tmp_path_factory, "fielded.jsonl") as path:
+        if not path.is_file():
+            path.write_text("".join(json.dumps(r) + "\n" for r in fielded_records()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def fielded_index(tmp_path_factory, model, fielded_corpus) -> Path:
+    """An exact index (codec fp16, β^d = 1) of :func:`fielded_corpus`, its fields stored with it."""
+    from pyserini_aligner.index import build_index, read_json_collection
+    from pyserini_aligner.index.format import MANIFEST
+
+    with built_once(tmp_path_factory, "fielded_fp16") as target:
+        if not (target / MANIFEST).is_file():
+            build_index(read_json_collection(fielded_corpus), target, model, codec="fp16", doc_prune=1.0,
+                        progress=False, model_name="aligner")
+    return target
+
+
+@pytest.fixture(scope="session")
+def fielded_lucene(tmp_path_factory) -> Path:
+    """A Lucene index (BM25, raw documents stored) of the documents of :func:`fielded_corpus`."""
+    from pyserini_aligner.bm25 import build_lucene_index
+    from pyserini_aligner.data import Doc
+
+    with built_once(tmp_path_factory, "fielded_lucene") as target:
+        if not target.is_dir():
+            build_lucene_index((Doc(r["id"], "", r["contents"]) for r in fielded_records()), target)
+    return target

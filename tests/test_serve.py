@@ -328,9 +328,9 @@ def recording_batch_search(searcher):
     """A QueryBatcher's search function over ``searcher`` that records each batch's size, and the list it records in."""
     sizes = []
 
-    def search_batch(texts, k):
+    def search_batch(texts, k, flt):
         sizes.append(len(texts))
-        found = searcher.batch_search(texts, [str(i) for i in range(len(texts))], k=k)
+        found = searcher.batch_search(texts, [str(i) for i in range(len(texts))], k=k, filter=flt)
         return [found[str(i)] for i in range(len(texts))]
 
     return search_batch, sizes
@@ -358,7 +358,7 @@ def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_in
     for answer, expected in zip(got, alone):
         assert_same_ranking([(h.docid, h.score) for h in answer], [(h.docid, h.score) for h in expected])
     greedy = QueryBatcher(search_batch, wait_ms=0, max_batch=8)
-    failing = QueryBatcher(lambda texts, k: 1 / 0, wait_ms=0, max_batch=8)
+    failing = QueryBatcher(lambda texts, k, flt: 1 / 0, wait_ms=0, max_batch=8)
     with pytest.raises(ZeroDivisionError):
         failing.search("cells", 5)
     assert [h.docid for h in greedy.search(queries[0], 3)] == [h.docid for h in alone[0][:3]]
@@ -378,9 +378,9 @@ def test_batcher_keeps_several_batches_in_flight(default_index):
     search_batch, sizes = recording_batch_search(searcher)
     together = threading.Barrier(3, timeout=60)
 
-    def held(texts, k):
+    def held(texts, k, flt):
         together.wait()
-        return search_batch(texts, k)
+        return search_batch(texts, k, flt)
 
     batcher = QueryBatcher(held, wait_ms=200, max_batch=2, in_flight=3)
     futures = [batcher.submit(q, 4) for q in queries]
@@ -407,7 +407,7 @@ def test_batcher_answers_coroutines_in_batches_as_alone(default_index):
     alone = [[(h.docid, h.score) for h in searcher.search(q, k=4)] for q in queries]
     search_batch, sizes = recording_batch_search(searcher)
     batcher = QueryBatcher(search_batch, wait_ms=200, max_batch=6)
-    failing = QueryBatcher(lambda texts, k: 1 / 0, wait_ms=50, max_batch=6)
+    failing = QueryBatcher(lambda texts, k, flt: 1 / 0, wait_ms=50, max_batch=6)
 
     async def run():
         got = await asyncio.gather(*(batcher.submit_async(q, 4) for q in queries))

@@ -15,7 +15,8 @@ module name:
 - ``pyserini.search.__main__``: forwarded to ``pyserini.search.lucene`` with this interpreter, exit status kept;
 - ``pyserini.search.faiss.__main__``, ``pyserini.search.hybrid.__main__``: with an AligneR index or encoder (``aligner``
   or a checkpoint folder, told by its config.json), errors give one line and a non-zero exit and the run file appears
-  only when complete; with ``--help``, Pyserini's help ends with a line on the ``aligner`` encoder;
+  only when complete; ``--filter``/``--filter-field`` restrict both sides of a search (:mod:`.filtered`); with
+  ``--help``, Pyserini's help ends with notes on the ``aligner`` encoder and the filter flags;
 - ``pyserini.encode.__main__`` with an AligneR encoder: refused, naming the command that builds an AligneR index;
 - ``pyserini.server.models``, ``.search_controller``, ``.rest.routes.indexes``, ``.rest.app``: Pyserini's REST and MCP
   servers serve AligneR indexes; ``pyserini.encode.optional._uniir`` imports without its optional package (M-BEIR

@@ -33,13 +33,13 @@ def help_request() -> str | None:
 
 def _sources(command: str) -> list[Path]:
     """Pyserini's ``__main__`` of ``command`` (found without importing its packages) and the plugin's hook
-    modules that add to its help."""
+    modules that add to its help (the notes of :mod:`.hooks` and :mod:`.filtered`)."""
     spec = importlib.util.find_spec("pyserini")
     if spec is None or not spec.submodule_search_locations:
         raise OSError("pyserini is not installed")
     main = Path(list(spec.submodule_search_locations)[0], *command.split(".")[1:], "__main__.py")
     here = Path(__file__).resolve().parent
-    return [main, here / "hooks.py", Path(__file__).resolve()]
+    return [main, here / "hooks.py", here / "filtered.py", Path(__file__).resolve()]
 
 
 def cache_file(command: str) -> Path:

@@ -7,9 +7,16 @@ import os
 import sys
 from pathlib import Path
 from types import CodeType, ModuleType
+from typing import TYPE_CHECKING
 
 from pyserini_aligner.checkpoints import SHIPPED
-from pyserini_aligner.cli import ERROR_EXIT, INTERRUPTED_EXIT, USAGE_EXIT, UsageError, flag_value, one_line
+from pyserini_aligner.cli import (ERROR_EXIT, INTERRUPTED_EXIT, USAGE_EXIT, UsageError, flag_value, one_line,
+                                  search_filter)
+from pyserini_aligner.pyserini_patches import filtered
+from pyserini_aligner.pyserini_patches.filtered import FILTER_FLAGS
+
+if TYPE_CHECKING:
+    from pyserini_aligner.filters import Filter
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "pyserini-aligner"
@@ -92,6 +99,26 @@ def split_lucene_only(argv: list[str], flags: dict[str, int | str] = LUCENE_ONLY
     return kept, dropped
 
 
+def take_filter(argv: list[str]) -> tuple[list[str], Filter | None]:
+    """``argv`` less the filter flags (in any section of ``hybrid``), and their Filter (None without them);
+    UsageError naming the flag and the token for a malformed filter or a flag without its value."""
+    from pyserini_aligner.filters import FilterError
+
+    kept, taken = split_lucene_only(argv, FILTER_FLAGS)
+    if not taken:
+        return kept, None
+    text, field = flag_value(taken, "--filter"), flag_value(taken, "--filter-field")
+    for flag, value in (("--filter", text), ("--filter-field", field)):
+        if value is None and any(arg.split("=", 1)[0] == flag for arg in taken):
+            raise UsageError(f"{flag}: expected one value")
+    if text is None:
+        raise UsageError("--filter-field goes with --filter @FILE")
+    try:
+        return kept, search_filter(text, field)
+    except FilterError as error:
+        raise UsageError(f"--filter: {one_line(error)}") from None
+
+
 @contextlib.contextmanager
 def _openai_key_placeholder():
     """Pyserini builds an OpenAI client at import time, which raises without a key: lend one briefly."""
@@ -152,7 +179,8 @@ def missing_index(where: str) -> str:
 
 
 def patch_faiss_searcher(searcher_module: ModuleType) -> None:
-    """Make ``FaissSearcher(<aligner index>, encoder)`` return an ``AlignerSearcher``; other indexes are untouched,
+    """Make ``FaissSearcher(<aligner index>, encoder)`` return an ``AlignerSearcher`` (searching with the command's
+    ``--filter``: :func:`.filtered.filtered_dense`); other indexes are untouched,
     except that an AligneR (multi-vector) query encoder on a plain FAISS index raises a clear ValueError."""
     faiss_searcher = searcher_module.FaissSearcher
 
@@ -160,7 +188,8 @@ def patch_faiss_searcher(searcher_module: ModuleType) -> None:
         if cls is faiss_searcher and isinstance(index_dir, (str, os.PathLike)) and is_aligner_index(index_dir):
             from pyserini_aligner.search.searcher import AlignerSearcher
 
-            return AlignerSearcher.from_pyserini(index_dir, *args, **{**_SEARCHER_KNOBS, **kwargs})
+            return filtered.filtered_dense(
+                AlignerSearcher.from_pyserini(index_dir, *args, **{**_SEARCHER_KNOBS, **kwargs}))
         aligner_encoder = _is_aligner_encoder(args[0] if args else kwargs.get("query_encoder"))
         if aligner_encoder and isinstance(index_dir, (str, os.PathLike)) and not Path(index_dir).exists():
             raise ValueError(missing_index(f"index_dir {str(index_dir)!r}"))
@@ -357,12 +386,13 @@ def main_code(name: str, inner) -> CodeType | None:
 
 
 def pyserini_help(name: str, namespace: dict) -> None:
-    """``python -m pyserini.search.faiss`` / ``hybrid`` with ``--help``: Pyserini's help, then :data:`HELP_NOTE`."""
+    """``python -m pyserini.search.faiss`` / ``hybrid`` with ``--help``: Pyserini's help, then :data:`HELP_NOTE` and
+    the filter flags' note (:data:`.filtered.HELP_NOTE`)."""
     try:
         exec(_PYSERINI_MAIN[name], namespace)
     except SystemExit as stop:
         if stop.code == 0:
-            print(f"\n{HELP_NOTE}")
+            print(f"\n{HELP_NOTE}\n\n{filtered.HELP_NOTE}")
         raise
 
 
@@ -465,13 +495,21 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
     output = flag_value(sys.argv[1:], "--output")
     topics = flag_value(sys.argv[1:], "--topics")
     status: int | str | None = ERROR_EXIT
+    hybrid_class = None  # Pyserini's HybridSearcher, while a filtered one stands in for it
     try:
         if output:
             check_output_path(output)
         if topics and Path(topics).suffix.lower() in TSV_SUFFIXES and Path(topics).is_file():
             check_tsv_qids(topics)
+        sys.argv[1:], command_filter = take_filter(sys.argv[1:])
         sys.argv[1:] = complete_aligner_flags(name, sys.argv[1:])
         _SEARCHER_KNOBS.update(check_search_flags(name, sys.argv[1:]))
+        filtered.activate(command_filter)
+        if command_filter is not None and name == "pyserini.search.hybrid.__main__":
+            import pyserini.search.hybrid
+
+            hybrid_class = pyserini.search.hybrid.HybridSearcher
+            pyserini.search.hybrid.HybridSearcher = filtered.filtered_hybrid_class(hybrid_class)
         _atomic_output_writers(pyserini.output_writer)
         checkpoints = _argv_checkpoints()
         if checkpoints:
@@ -495,6 +533,9 @@ def guard_pyserini_main(name: str, namespace: dict) -> None:
         print(f"error: {one_line(error)}", file=sys.stderr)
     finally:
         _SEARCHER_KNOBS.clear()  # this command's only
+        filtered.activate(None)
+        if hybrid_class is not None:
+            pyserini.search.hybrid.HybridSearcher = hybrid_class
         if status not in (0, None) and discard_output(output):
             print(f"removed {output}: an earlier run that this failed search did not replace", file=sys.stderr)
     sys.exit(status)

@@ -2,7 +2,8 @@
 
 - ``models``: the index type ``aligner`` lists the served names; ``IndexStatus`` and ``IndexSetting`` carry the
   AligneR fields (documents, generation, strategy, depth, fusion settings), and the settings a request posts beyond
-  Pyserini's reach the controller;
+  Pyserini's reach the controller; ``SearchParams`` takes a filter (``filter``, or ``docids``, or ``filter_field``
+  and ``values``), handed on in the query object, where MCP's ``search`` tool takes it too;
 - ``search_controller``: ``SearchController`` serves the indexes of :mod:`.served` (others go to Pyserini's own
   code; an unknown name is a 404), and the default prebuilt index is not loaded when AligneR indexes are registered;
 - ``rest.routes.indexes``: the routes' controller calls (synchronous in Pyserini's code) are awaited: a search of a
@@ -26,7 +27,8 @@ from types import ModuleType
 from typing import Any
 
 from pyserini_aligner.serve import config as serve_config
-from pyserini_aligner.serve.config import RequestError, UnknownIndex
+from pyserini_aligner.serve.config import (BM25_SUFFIX, FILTER_KEYS, HYBRID_SUFFIX, BadFilter, RequestError,
+                                           UnknownIndex)
 
 log = logging.getLogger(__name__)
 INDEX_TYPE = "aligner"
@@ -185,7 +187,22 @@ def patch_models(models: ModuleType) -> None:
             POSTED_SETTINGS.set(dict(self.model_extra or {}))
             return self
 
-    for patched in (IndexStatus, IndexSetting):
+    class SearchParams(models.SearchParams):  # the filter's types are checked with the query's (a 400 naming it)
+        filter: Any = None
+        filter_field: Any = None
+        values: Any = None
+        docids: Any = None
+
+        @model_validator(mode="after")
+        def _filter_in_query(self):
+            """The filter goes to the controller in the query object ({"query_txt": ..., "filter": ...})."""
+            given = {key: getattr(self, key) for key in FILTER_KEYS if getattr(self, key) is not None}
+            if given:
+                query = self.query if isinstance(self.query, dict) else {"query_txt": self.query}
+                self.query = {**query, **given}
+            return self
+
+    for patched in (IndexStatus, IndexSetting, SearchParams):
         patched.__module__ = models.__name__
         setattr(models, patched.__name__, patched)
 
@@ -216,6 +233,9 @@ def patch_controller(module: ModuleType) -> None:
                instruction_config=None):
         served = registry().get(index_name)
         if served is None:
+            if isinstance(query, dict) and any(query.get(key) is not None for key in FILTER_KEYS):
+                raise BadFilter(f"index {index_name}: a filter applies to the AligneR indexes served here (and their "
+                                f"{BM25_SUFFIX} and {HYBRID_SUFFIX} pairs)")
             return original["search"](self, query, index_name, k, qid, ef_search, encoder, query_generator,
                                       instruction_config)
         return served.search(query, k, qid)

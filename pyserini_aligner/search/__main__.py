@@ -1,8 +1,9 @@
 """``python -m pyserini_aligner.search --index <dir> --topics <file|ir_datasets id> --output run.trec``
 
-Pyserini's search flags plus AligneR's knobs; an unknown flag is an error. ``python -m pyserini.search[.lucene]
---index <aligner index>`` lands here too (see ``pyserini_aligner.pyserini_patches.hooks``), less the Lucene-only flags
-that it drops with a warning (``LUCENE_ONLY_FLAGS`` there).
+Pyserini's search flags plus AligneR's knobs and ``--filter EXPR|@FILE`` (only the documents a filter matches); an
+unknown flag is an error. ``python -m pyserini.search[.lucene] --index <aligner index>`` lands here too (see
+``pyserini_aligner.pyserini_patches.hooks``), less the Lucene-only flags that it drops with a warning
+(``LUCENE_ONLY_FLAGS`` there).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import sys
 from tqdm import tqdm
 
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
-from pyserini_aligner.cli import (HelpFormatter, UsageError, add_quiet_flag, device, flag_value, fraction,
-                                  positive_int, run_main, strategy)
+from pyserini_aligner.cli import (HelpFormatter, UsageError, add_filter_flags, add_quiet_flag, device,
+                                  filter_matches, flag_value, fraction, parse_filter_flags, positive_int, run_main,
+                                  strategy)
 from pyserini_aligner.textio import OutputPathError, check_output_path, discard_output
 from pyserini_aligner.data import load_topics
 from pyserini_aligner.hits import drop_query_hits
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="documents refined per query (at least --hits; default by device)")
     parser.add_argument("--refine-with", choices=["all", "kept"], default="all",
                         help="score candidates with all stored doc tokens or only the indexed ones")
+    add_filter_flags(parser)
     parser.add_argument("--tag", default="AligneR", help="run tag (last column of --output-format trec)")
     parser.add_argument("--distributed", action="store_true",
                         help="under torchrun: every rank searches with its share of the index's segments or, "
@@ -89,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "rank 0 writes the run")
     add_quiet_flag(parser)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, ``filter`` parsed into a Filter (argparse's usage error for a malformed one)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    parse_filter_flags(parser, args)
+    return args
 
 
 def search_options(args: argparse.Namespace):
@@ -145,7 +156,8 @@ def run_distributed(args: argparse.Namespace) -> None:
         with tqdm(total=len(qids), unit="query", disable=args.quiet or ctx.rank != 0) as bar:
             for start in range(0, len(qids), args.batch_size):
                 batch = qids[start:start + args.batch_size]
-                ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
+                ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads,
+                                       filter=args.filter)
                 hits.update(zip(batch, ranked))
                 bar.update(len(batch))
         if args.remove_query:
@@ -160,13 +172,22 @@ def run_distributed(args: argparse.Namespace) -> None:
             dist.destroy_process_group()
 
 
+def matches_some(searcher, args: argparse.Namespace) -> bool:
+    """Whether --filter (if given) matches some document of ``searcher``'s index (:func:`.cli.filter_matches`)."""
+    if args.filter is None:
+        return True
+    count = filter_matches(searcher, args.filter)
+    log.info("--filter matches %d documents", count)
+    return count > 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a search; returns the exit status (:func:`pyserini_aligner.cli.run_main`). A failed search leaves no run
     under --output: a run there from an earlier command is removed, so that it can't be taken for this one's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     status = 1
     try:
-        status = run_main(build_parser().parse_args, search, argv)
+        status = run_main(parse_args, search, argv)
     finally:
         output = flag_value(argv, "--output")
         if status != 0 and discard_output(output):
@@ -189,11 +210,13 @@ def search(args: argparse.Namespace) -> None:
     searcher = AlignerSearcher(args.index, query_encoder(args), search_options(args))
     qids = list(topics)
     extra = 1 if args.remove_query else 0
-    hits = {}
-    with tqdm(total=len(qids), unit="query", disable=args.quiet) as bar:
-        for start in range(0, len(qids), args.batch_size):
-            batch = qids[start:start + args.batch_size]
-            ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads)
+    hits = {qid: [] for qid in qids}  # no hits for any query when --filter matches no document
+    searched = qids if matches_some(searcher, args) else []
+    with tqdm(total=len(searched), unit="query", disable=args.quiet) as bar:
+        for start in range(0, len(searched), args.batch_size):
+            batch = searched[start:start + args.batch_size]
+            ranked = searcher.rank([topics[q] for q in batch], k=args.hits + extra, threads=args.threads,
+                                   filter=args.filter)
             hits.update(zip(batch, ranked))  # plain (docid, score) lists: Pyserini (and its JVM) stay unloaded
             bar.update(len(batch))
     if args.remove_query:

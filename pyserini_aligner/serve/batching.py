@@ -3,9 +3,9 @@
 A caller submits its query and waits on a future: a thread (a worker thread of the web server) on a
 ``concurrent.futures.Future``, a coroutine on an asyncio future of its event loop. The batcher's own thread takes the
 first query waiting, gathers those that arrive within ``wait_ms`` (at most ``max_batch``), runs them as one batch per
-hit count and hands every caller its own hits: the asyncio futures of one loop are all settled by one callback on that
-loop, so a batch wakes the loop once rather than once per query (each wake-up makes the batcher's thread wait for the
-interpreter lock while the loop works). The event loop only ever awaits.
+hit count and filter and hands every caller its own hits: the asyncio futures of one loop are all settled by one
+callback on that loop, so a batch wakes the loop once rather than once per query (each wake-up makes the batcher's
+thread wait for the interpreter lock while the loop works). The event loop only ever awaits.
 
 With ``in_flight`` above one, each batch is searched on a thread of its own (at most ``in_flight`` at once) and the
 next is gathered at once, so a searcher that merges the batches it receives (a search process serving several
@@ -19,15 +19,19 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-SearchBatch = Callable[[list[str], int], Sequence[list]]  # (queries, k) -> hits per query, in order
+if TYPE_CHECKING:
+    from pyserini_aligner.filters import Filter
+
+SearchBatch = Callable[[list[str], int, "Filter | None"], Sequence[list]]  # (queries, k, filter) -> hits per query
 
 
 @dataclasses.dataclass
 class _Pending:
     query: str
     k: int
+    filter: Filter | None
     future: Future | asyncio.Future
     loop: asyncio.AbstractEventLoop | None = None  # the loop of an asyncio future
 
@@ -46,9 +50,10 @@ class QueryBatcher:
     """Run ``search_batch`` over batches of the queries submitted concurrently.
 
     A batch holds the queries waiting when one of ``in_flight`` batches may start plus those arriving within
-    ``wait_ms`` of the first one, up to ``max_batch``; queries asking for different numbers of hits are searched as
-    separate batches (the depth of a search depends on it, so each answer is the one a search of that query alone
-    gives). ``search_batch`` is called from up to ``in_flight`` threads at once.
+    ``wait_ms`` of the first one, up to ``max_batch``; queries asking for different numbers of hits or with different
+    filters are searched as separate batches (the depth of a search depends on the first, and one search call takes
+    one filter, so each answer is the one a search of that query alone gives). ``search_batch`` is called from up to
+    ``in_flight`` threads at once.
     """
 
     def __init__(self, search_batch: SearchBatch, wait_ms: float, max_batch: int, name: str = "batcher",
@@ -65,24 +70,24 @@ class QueryBatcher:
         self._thread = threading.Thread(target=self._run, name=f"aligner-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, query: str, k: int) -> Future:
-        """A future of the hits of ``query`` (top ``k``)."""
+    def submit(self, query: str, k: int, flt: Filter | None = None) -> Future:
+        """A future of the hits of ``query`` (top ``k`` of the documents filter ``flt`` matches; all without one)."""
         self._check_open()
         future: Future = Future()
-        self._queue.put(_Pending(query, k, future))
+        self._queue.put(_Pending(query, k, flt, future))
         return future
 
-    def submit_async(self, query: str, k: int) -> asyncio.Future:
-        """An asyncio future (of the running event loop) of the hits of ``query`` (top ``k``)."""
+    def submit_async(self, query: str, k: int, flt: Filter | None = None) -> asyncio.Future:
+        """An asyncio future (of the running event loop) of the hits of ``query`` (top ``k``, filter ``flt``)."""
         self._check_open()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put(_Pending(query, k, future, loop))
+        self._queue.put(_Pending(query, k, flt, future, loop))
         return future
 
-    def search(self, query: str, k: int) -> list:
-        """The hits of ``query``, searched in the next batch (waits for it)."""
-        return self.submit(query, k).result()
+    def search(self, query: str, k: int, flt: Filter | None = None) -> list:
+        """The hits of ``query`` (top ``k``, filter ``flt``), searched in the next batch (waits for it)."""
+        return self.submit(query, k, flt).result()
 
     def close(self) -> None:
         """Stop after the queries already submitted; later calls return at once."""
@@ -133,15 +138,19 @@ class QueryBatcher:
                                  daemon=True).start()
 
     def _search(self, batch: list[_Pending]) -> None:
-        """Search ``batch``, one search per hit count, and answer its callers; frees the batch's slot."""
+        """Search ``batch``, one search per hit count and filter, and answer its callers; frees the batch's slot."""
         try:
-            by_k: dict[int, list[_Pending]] = {}
+            groups: list[list[_Pending]] = []  # filters are compared by value (equal filters share a search)
             for item in batch:
                 if item.loop is not None or item.future.set_running_or_notify_cancel():
-                    by_k.setdefault(item.k, []).append(item)
-            for k, items in by_k.items():
+                    group = next((g for g in groups if g[0].k == item.k and g[0].filter == item.filter), None)
+                    if group is None:
+                        groups.append([item])
+                    else:
+                        group.append(item)
+            for items in groups:
                 try:
-                    found = self.search_batch([item.query for item in items], k)
+                    found = self.search_batch([item.query for item in items], items[0].k, items[0].filter)
                 except BaseException as error:  # noqa: BLE001 - handed to every caller of the batch
                     self._answer(items, [None] * len(items), error)
                     continue

@@ -18,6 +18,7 @@ ENV_MAX_QUERY_CHARS = "PYSERINI_ALIGNER_MAX_QUERY_CHARS"
 ENV_CONCURRENCY = "PYSERINI_ALIGNER_CONCURRENCY"  # requests an HTTP worker handles in threads at once
 ENV_SOCKETS = "PYSERINI_ALIGNER_SEARCH_SOCKETS"  # NAME=PATH[,...]: the search process of NAME, started by the parent
 BM25_SUFFIX, HYBRID_SUFFIX = ".bm25", ".hybrid"
+FILTER_KEYS = ("filter", "filter_field", "values", "docids")  # a search request's filter, in its query object
 DEFAULT_BATCH_WAIT_MS = 2.0
 DEFAULT_MAX_BATCH = 32
 DEFAULT_RELOAD_S = 1.0
@@ -32,6 +33,12 @@ class RequestError(ValueError):
     """A request the server refuses; ``status`` is its HTTP status (a ValueError, as Pyserini's routes expect)."""
 
     status = 422
+
+
+class BadFilter(RequestError):
+    """A search request's filter that is malformed or that the index can't evaluate (a field it does not store)."""
+
+    status = 400
 
 
 class UnknownIndex(RequestError):

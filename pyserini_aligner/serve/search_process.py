@@ -6,9 +6,10 @@ it back. :class:`SearchProcess` starts ``python -m pyserini_aligner.serve.search
 opens the index and answers requests over Unix sockets (pickled frames: an 8-byte length, then the pickle): the
 owner's socket pair and, with ``listen``, the connections of other processes (:class:`SearchClient`: HTTP workers of
 ``--workers``, a few connections each). Each connection has one request in flight. The searches that arrived while
-the process was busy, from every connection, are searched together as one batch per ``k``; other requests (reopen,
-update, info) run first, between batches, so a batch always runs on one generation and one setting. Every reply
-carries the index's current information, so each connection sees settings and generations changed through another.
+the process was busy, from every connection, are searched together as one batch per ``k`` and filter; other requests
+(reopen, update, info, docids) run first, between batches, so a batch always runs on one generation and one setting.
+Every reply carries the index's current information, so each connection sees settings and generations changed through
+another.
 The process exits when its owner closes its end (or dies).
 """
 from __future__ import annotations
@@ -23,7 +24,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from pyserini_aligner.filters import Filter
 
 _HEADER = struct.Struct("<Q")
 _READ_BUFFER = 1 << 20  # bytes a socket read asks for
@@ -91,10 +95,16 @@ class _Child:
         self.batches = self.queries = 0
         self._info = index_info(self.searcher)
 
-    def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
-        found = self.searcher.rank(queries, k=k)
+    def search(self, queries: list[str], k: int, flt: Filter | None = None) -> list[list[tuple[str, float]]]:
+        found = self.searcher.rank(queries, k=k, filter=flt)
         self.batches, self.queries = self.batches + 1, self.queries + len(queries)
         return found
+
+    def docids(self, flt: Filter) -> list[str]:
+        """The docids of the live documents that filter ``flt`` matches (the BM25 side of a filtered hybrid)."""
+        from pyserini_aligner.bm25 import filtered_docids
+
+        return filtered_docids(flt, self.searcher.store)
 
     def reopen(self) -> None:
         self.searcher.reopen()
@@ -112,7 +122,10 @@ class _Child:
 
 
 def _failure(error: Exception) -> tuple[str, str]:
-    kind = "value" if isinstance(error, ValueError) else "os" if isinstance(error, OSError) else "other"
+    from pyserini_aligner.filters import FilterError
+
+    kind = ("filter" if isinstance(error, FilterError) else "value" if isinstance(error, ValueError)
+            else "os" if isinstance(error, OSError) else "other")
     text = str(error).strip()
     return kind, text.splitlines()[0] if text else type(error).__name__
 
@@ -191,30 +204,36 @@ class _Service:
         return pending
 
     def answer(self, pending: list[tuple[socket.socket, tuple]]) -> None:
-        """Requests other than searches first, in the order received; then the searches, one batch per k."""
-        by_k: dict[int, list[tuple[socket.socket, list[str]]]] = {}
+        """Requests other than searches first, in the order received; then the searches, one batch per k and filter
+        (equal filters share one)."""
+        batches: list[tuple[int, Any, list[tuple[socket.socket, list[str]]]]] = []
         for conn, (operation, *arguments) in pending:
             if operation == "search":
-                queries, k = arguments
-                by_k.setdefault(k, []).append((conn, queries))
+                queries, k, flt = arguments
+                batch = next((b for b in batches if b[0] == k and b[1] == flt), None)
+                if batch is None:
+                    batches.append((k, flt, [(conn, queries)]))
+                else:
+                    batch[2].append((conn, queries))
                 continue
             try:
+                result = None
                 if operation == "open":
                     self.child = _Child(*arguments)
                     gc.collect()
                     gc.freeze()  # the model and the index stay out of later collections (no pauses between batches)
-                elif operation in ("reopen", "update"):
-                    getattr(self.child, operation)(*arguments)
+                elif operation in ("reopen", "update", "docids"):
+                    result = getattr(self.child, operation)(*arguments)
                 elif operation != "info":
                     raise ValueError(f"unknown operation {operation!r}")
-                reply = ("ok", None)
+                reply = ("ok", result)
             except Exception as error:  # noqa: BLE001 - every failure goes back to the caller, which decides
                 reply = ("error", *_failure(error))
             self.send(conn, reply)
-        for k, asked in by_k.items():
+        for k, flt, asked in batches:
             texts = [text for _, queries in asked for text in queries]
             try:
-                found = self.child.search(texts, k)
+                found = self.child.search(texts, k, flt)
             except Exception as error:  # noqa: BLE001 - the batch's error goes to every caller in it
                 for conn, _ in asked:
                     self.send(conn, ("error", *_failure(error)))
@@ -273,20 +292,23 @@ class _Connection:
         if reply[0] == "ok":
             return reply[1]
         _, kind, message, _ = reply
-        raise {"value": ValueError, "os": OSError}.get(kind, RuntimeError)(message)
+        from pyserini_aligner.filters import FilterError
+
+        raise {"filter": FilterError, "value": ValueError, "os": OSError}.get(kind, RuntimeError)(message)
 
     def call(self, operation: str, *arguments: Any) -> Any:
-        """The search process's answer to ``operation`` (``search``, ``reopen``, ``update`` or ``info``; the last
-        three answer None and refresh ``info``); its exception (as ValueError, OSError or RuntimeError, message kept)
-        if it raised one."""
+        """The search process's answer to ``operation`` (``search``, ``docids`` (of a filter), ``reopen``, ``update``
+        or ``info``; the last three answer None; every answer refreshes ``info``); its exception (as FilterError,
+        ValueError, OSError or RuntimeError, message kept) if it raised one."""
         with self._lock:
             if self._sock is None:
                 self._connect()
             return self._ask(operation, *arguments)
 
-    def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
-        """(docid, score) of the top ``k`` of each query, best first, as ``AlignerSearcher.rank``."""
-        return self.call("search", queries, k)
+    def search(self, queries: list[str], k: int, flt: Filter | None = None) -> list[list[tuple[str, float]]]:
+        """(docid, score) of the top ``k`` of each query among the documents filter ``flt`` matches (all without
+        one), best first, as ``AlignerSearcher.rank``."""
+        return self.call("search", queries, k, flt)
 
     def close(self) -> None:
         with self._lock:
@@ -432,9 +454,10 @@ class SearchClient:
             with self._lock:
                 self._idle.append(connection)  # the most recent first: a lone caller keeps using one connection
 
-    def search(self, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
-        """(docid, score) of the top ``k`` of each query, best first, as ``AlignerSearcher.rank``."""
-        return self.call("search", queries, k)
+    def search(self, queries: list[str], k: int, flt: Filter | None = None) -> list[list[tuple[str, float]]]:
+        """(docid, score) of the top ``k`` of each query among the documents filter ``flt`` matches (all without
+        one), best first, as ``AlignerSearcher.rank``."""
+        return self.call("search", queries, k, flt)
 
     def close(self) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """The indexes a server serves: AligneR indexes (batched searches, reloaded when a new generation is committed),
 the Lucene BM25 index registered with one (``NAME.bm25``, also the source of its document texts) and their hybrid
-(``NAME.hybrid``, Pyserini's HybridSearcher fusion). Each answers in the shapes of Pyserini's SearchController."""
+(``NAME.hybrid``, Pyserini's HybridSearcher fusion). Each answers in the shapes of Pyserini's SearchController; a
+search request may carry a filter (:func:`query_filter`), which restricts every side of it."""
 from __future__ import annotations
 
 import json
@@ -8,15 +9,20 @@ import logging
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from pyserini_aligner.serve.batching import QueryBatcher
-from pyserini_aligner.serve.config import (BM25_SUFFIX, HYBRID_SUFFIX, NotFound, RequestError, ServeConfig,
-                                           UnknownIndex)
+from pyserini_aligner.serve.config import (BM25_SUFFIX, FILTER_KEYS, HYBRID_SUFFIX, BadFilter, NotFound,
+                                           RequestError, ServeConfig, UnknownIndex)
 from pyserini_aligner.serve.search_process import SearchClient, SearchProcess
 
+if TYPE_CHECKING:
+    from pyserini_aligner.filters import Filter
+
 log = logging.getLogger(__name__)
+FILTER_CACHE = 8  # filters whose docids a BM25 index keeps, for its filtered searches
 DEFAULT_FUSION_HITS = 100  # hits taken from each side of a hybrid before fusion (Pyserini's fusion --hits)
 # batches an HTTP worker of --workers has at its search process at once: the process merges what all workers sent
 # while it searched, so a query waits for the batch running and its own, not for its worker's earlier batches
@@ -38,6 +44,40 @@ def query_text(query: Any, max_chars: int) -> str:
     return query
 
 
+def query_filter(query: Any) -> Filter | None:
+    """The :class:`pyserini_aligner.filters.Filter` of a search request, from its query object ({"query_txt": ...}):
+    ``filter`` (a predicate over the stored fields), ``docids`` (a list of docids), or ``values`` (a list) matched
+    against ``filter_field`` (default: the docid); None without one. BadFilter (400) naming the key or the token."""
+    if not isinstance(query, dict):
+        return None
+    given = {key: query[key] for key in FILTER_KEYS if query.get(key) is not None}
+    if not given:
+        return None
+    from pyserini_aligner.filters import ID_FIELD, Filter, FilterError
+
+    if "filter_field" in given and "values" not in given:
+        raise BadFilter("filter_field goes with values")
+    if len(given.keys() & {"filter", "docids", "values"}) != 1:
+        raise BadFilter("a filter is one of filter (a predicate), docids (a list) or values (a list, with "
+                        f"filter_field); got {', '.join(given)}")
+    for key in ("filter", "filter_field"):
+        if key in given and not isinstance(given[key], str):
+            raise BadFilter(f"{key} must be a string, got {given[key]!r}")
+    for key in ("docids", "values"):
+        if key in given and not isinstance(given[key], list):
+            raise BadFilter(f"{key} must be a list, got {given[key]!r}")
+    if "docids" in given and not all(isinstance(docid, str) for docid in given["docids"]):
+        raise BadFilter("docids must be a list of strings")
+    try:
+        if "filter" in given:
+            return Filter.where(given["filter"])
+        if "docids" in given:
+            return Filter.docids(given["docids"])
+        return Filter.values(given.get("filter_field", ID_FIELD), given["values"])
+    except (FilterError, TypeError) as error:  # TypeError: a value that can't be hashed, such as a list
+        raise BadFilter(str(error)) from None
+
+
 def check_hits(k: Any) -> int:
     """A request's ``hits``: an integer >= 1 (more than the index holds gives them all: the searcher caps it, as for
     the command lines)."""
@@ -57,6 +97,26 @@ def candidates(served, hits) -> list[dict[str, Any]]:
                     "document_txt": doc.get("contents") or doc.get("text") or doc.get("segment") or "",
                     "document_img_path": None, "encoded_img": None})
     return out
+
+
+def filtered_search(search: Callable[[], list]) -> list:
+    """``search()``, a FilterError (a field the index does not store) refused as :class:`BadFilter`."""
+    from pyserini_aligner.filters import FilterError
+
+    try:
+        return search()
+    except FilterError as error:
+        raise BadFilter(str(error)) from None
+
+
+async def filtered_wait(future) -> list:
+    """The result of ``future`` (an awaitable search), a FilterError refused as :class:`BadFilter`."""
+    from pyserini_aligner.filters import FilterError
+
+    try:
+        return await future
+    except FilterError as error:
+        raise BadFilter(str(error)) from None
 
 
 class LuceneDocs:
@@ -114,13 +174,15 @@ class ServedIndex:
     def __init__(self, name: str, config: ServeConfig, docs: LuceneDocs | None):
         self.name, self.config, self.docs = name, config, docs
 
-    def hits(self, text: str, k: int) -> list:
+    def hits(self, text: str, k: int, flt: Filter | None = None) -> list:
+        """The top ``k`` hits of ``text`` among the documents filter ``flt`` matches (all without one)."""
         raise NotImplementedError
 
     def search(self, query: Any, k: int, qid: str = "") -> dict[str, Any]:
         """Pyserini's search answer: {"query": {"qid", "query_txt"}, "candidates": [...]}."""
-        text = query_text(query, self.config.max_query_chars)
-        found = self.hits(text, check_hits(k))
+        text, flt = query_text(query, self.config.max_query_chars), query_filter(query)
+        k = check_hits(k)
+        found = filtered_search(lambda: self.hits(text, k, flt))
         return {"query": {"qid": qid, "query_txt": text}, "candidates": candidates(self, found)}
 
     def document_or_none(self, docid: str) -> dict[str, str] | None:
@@ -177,18 +239,23 @@ class ServedAligner(ServedIndex):
                 watch_generation(self.process, self.path, name, config.reload_s)
         self.batcher = QueryBatcher(self._search_batch, config.batch_wait_ms, config.max_batch, name, in_flight)
 
-    def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
+    def _search_batch(self, queries: list[str], k: int, flt: Filter | None) -> list[list[Hit]]:
         """Hits per query of one batch (on the batcher's thread, searched by the index's process)."""
-        return [[Hit(docid, score) for docid, score in found] for found in self.process.search(queries, k)]
+        return [[Hit(docid, score) for docid, score in found] for found in self.process.search(queries, k, flt)]
 
-    def hits(self, text: str, k: int) -> list:
-        return self.batcher.search(text, k)
+    def hits(self, text: str, k: int, flt: Filter | None = None) -> list:
+        return self.batcher.search(text, k, flt)
+
+    def docids(self, flt: Filter) -> list[str]:
+        """The docids of the documents of the served generation that filter ``flt`` matches."""
+        return self.process.call("docids", flt)
 
     async def search_async(self, query: Any, k: Any, qid: str = "") -> dict[str, Any]:
         """:meth:`search` for an event loop: awaits the batch without holding a thread (the document texts, read from
         Lucene, are fetched in a worker thread)."""
-        text = query_text(query, self.config.max_query_chars)
-        found = await self.batcher.submit_async(text, check_hits(k))
+        text, flt = query_text(query, self.config.max_query_chars), query_filter(query)
+        future = self.batcher.submit_async(text, check_hits(k), flt)
+        found = await filtered_wait(future)
         answer = {"query": {"qid": qid, "query_txt": text}}
         if self.docs is None:
             return {**answer, "candidates": candidates(self, found)}
@@ -253,20 +320,42 @@ class ServedAligner(ServedIndex):
 
 
 class ServedLucene(ServedIndex):
-    """The Lucene index registered with AligneR index ``aligner``, searched with BM25 (Pyserini's defaults)."""
+    """The Lucene index registered with AligneR index ``aligner``, searched with BM25 (Pyserini's defaults). A
+    filtered search is restricted by Lucene to the docids the filter matches in the AligneR index's served generation
+    (kept for the last FILTER_CACHE filters)."""
 
     kind = "bm25"
 
     def __init__(self, name: str, aligner: ServedAligner):
         super().__init__(name, aligner.config, aligner.docs)
         self.aligner = aligner
+        self._filtered: OrderedDict = OrderedDict()  # (filter, generation) -> FilteredLucene, the most recent last
+        self._lock = threading.Lock()
 
     @property
     def size(self) -> int:
         return self.docs.searcher.num_docs
 
-    def hits(self, text: str, k: int) -> list:
-        return self.docs.searcher.search(text, k)
+    def hits(self, text: str, k: int, flt: Filter | None = None) -> list:
+        if flt is None:
+            return self.docs.searcher.search(text, k)
+        return self.filtered(flt).search(text, k)
+
+    def filtered(self, flt: Filter):
+        """The BM25 searcher restricted to the documents that ``flt`` matches in the served generation."""
+        from pyserini_aligner.bm25 import FilteredLucene
+
+        key = (flt, self.aligner.process.info["generation"])
+        with self._lock:
+            if key in self._filtered:
+                self._filtered.move_to_end(key)
+                return self._filtered[key]
+        searcher = FilteredLucene(self.docs.searcher, self.aligner.docids(flt))
+        with self._lock:
+            self._filtered[key] = searcher
+            while len(self._filtered) > FILTER_CACHE:
+                self._filtered.popitem(last=False)
+        return searcher
 
     def status(self) -> dict[str, Any]:
         size = sum(f.stat().st_size for f in Path(self.docs.path).iterdir() if f.is_file())
@@ -285,12 +374,12 @@ class ServedHybrid(ServedIndex):
         self.dense, self.sparse, self.aligner = dense, sparse, dense
         self.fusion = {"hits": DEFAULT_FUSION_HITS, "alpha": 0.1, "normalization": False, "weight_on_dense": False}
 
-    def hits(self, text: str, k: int) -> list:
+    def hits(self, text: str, k: int, flt: Filter | None = None) -> list:
         from pyserini.search.hybrid import HybridSearcher
 
         fusion = dict(self.fusion)
-        dense = self.dense.batcher.submit(text, fusion["hits"])
-        sparse = self.sparse.hits(text, fusion["hits"])
+        dense = self.dense.batcher.submit(text, fusion["hits"], flt)
+        sparse = self.sparse.hits(text, fusion["hits"], flt)
         return HybridSearcher._hybrid_results(dense.result(), sparse, fusion["alpha"], k, fusion["normalization"],
                                               fusion["weight_on_dense"])
 
