@@ -96,7 +96,7 @@ def markdown(report: dict) -> str:
              f"default index `{report['index_type']}` searched with the CPU defaults (faiss backend, "
              f"{report['threads']} thread); overlap@10 with exhaustive scoring of the matching documents over the "
              f"full fp16 index, and over the default index's own stored tokens (what refining every match finds; "
-             f"the rest is lost to the codes and β^d).", "",
+             f"the rest is lost to the codes).", "",
              "| filter | matching | depth (K, nprobe, W, C) | queries with min(10, matching) hits | hits outside "
              "| overlap@10 | overlap@10, the index's own scores | p50 ms | p50 vs unfiltered |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
