@@ -71,24 +71,33 @@ def test_the_depth_of_a_search():
 def test_the_depth_of_a_filtered_search():
     """A filter matching at most FILTER_EXHAUSTIVE × the refined count: every match refined, unprobed. Otherwise the
     probes' lists grow as the matches grow rarer (live / matching times, at most FILTER_DEEPEN times and nlist), K
-    stays, the refined count grows by the same ratio (at most FILTER_EXHAUSTIVE times, so a probed filter never
-    refines more than the rarest probed one would refine unprobed), and the interaction stage narrows at most the
-    matching documents."""
-    depth = Depth(per_probe=100, nprobe=8, interaction=3000, refined=128)
-    assert filtered_depth(depth, 0, 10_000, 64) == Depth(0, 0, 0, 0)
-    assert filtered_depth(depth, 7, 10_000, 64) == Depth(0, 0, 0, 7) and filtered_depth(depth, 7, 10_000, 64).every_row
-    edge = FILTER_EXHAUSTIVE * depth.refined
-    assert filtered_depth(depth, edge, 10_000, 64).every_row
-    assert not filtered_depth(depth, edge + 1, 10_000, 64).every_row
-    assert filtered_depth(depth, edge + 1, 10_000, 64).refined == edge  # no more than the edge refines unprobed
-    assert filtered_depth(depth, 10_000, 10_000, 64) == depth  # a filter matching every document
-    assert filtered_depth(depth, 5_000, 10_000, 64) == Depth(100, 16, 3000, 256)  # half: twice the lists and refined
-    assert filtered_depth(depth, 8_000, 10_000, 64) == Depth(100, 10, 3000, 160)  # rounded up
-    assert filtered_depth(depth, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 1000, 128 * FILTER_EXHAUSTIVE)
-    assert filtered_depth(depth, 1_000, 10_000, 20) == Depth(100, 20, 1000, 512)  # at most every list
-    assert filtered_depth(depth, 1_000, 10_000, None) == Depth(100, 8, 1000, 512)  # fp16: no inverted lists
-    assert filtered_depth(depth._replace(interaction=0), 1_000, 10_000, 64).interaction == 0
-    assert filtered_depth(depth._replace(interaction=300), 1_000, 10_000, 64).interaction == 0  # no wider than 512
+    stays, and the interaction stage narrows at most the matching documents; without an interaction stage the refined
+    count grows by the same ratio (at most FILTER_DEEPEN times, so a probed filter never refines more than the
+    rarest probed one would refine unprobed)."""
+    staged = Depth(per_probe=100, nprobe=8, interaction=3000, refined=128)
+    direct = staged._replace(interaction=0)
+    for depth in (staged, direct):
+        assert filtered_depth(depth, 0, 10_000, 64) == Depth(0, 0, 0, 0)
+        assert filtered_depth(depth, 7, 10_000, 64) == Depth(0, 0, 0, 7)
+        assert filtered_depth(depth, 7, 10_000, 64).every_row
+        edge = FILTER_EXHAUSTIVE * depth.refined
+        assert filtered_depth(depth, edge, 10_000, 64).every_row
+        assert not filtered_depth(depth, edge + 1, 10_000, 64).every_row
+        assert filtered_depth(depth, 10_000, 10_000, 64) == depth  # a filter matching every document
+        assert filtered_depth(depth, 1_000, 10_000, 20).nprobe == min(20, 8 * FILTER_DEEPEN)
+        assert filtered_depth(depth, 1_000, 10_000, None).nprobe == 8  # fp16: no inverted lists
+    assert FILTER_DEEPEN >= 2
+    # with an interaction stage: the lists grow, the refined count stays, the interaction narrows the matches at most
+    assert filtered_depth(staged, 5_000, 10_000, 64) == Depth(100, 16, 3000, 128)  # half: twice the lists
+    assert filtered_depth(staged, 8_000, 10_000, 64) == Depth(100, 10, 3000, 128)  # rounded up
+    assert filtered_depth(staged, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 1000, 128)
+    assert filtered_depth(staged, 1_000, 10_000, 5) == Depth(100, 5, 1000, 128)  # at most every list
+    assert filtered_depth(staged._replace(interaction=100), 1_000, 10_000, 64).interaction == 0  # no wider than 128
+    # without one: the refined count grows with the lists
+    assert filtered_depth(direct, 5_000, 10_000, 64) == Depth(100, 16, 0, 256)
+    assert filtered_depth(direct, edge + 1, 10_000, 64).refined <= edge  # no more than the edge refines unprobed
+    assert filtered_depth(direct, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 0, 128 * FILTER_DEEPEN)
+    assert filtered_depth(direct, 1_000, 10_000, None) == Depth(100, 8, 0, 128 * FILTER_DEEPEN)
     store = SimpleNamespace(num_live=10_000, codec=object(), codec_spec=SimpleNamespace(nlist=64),
                             num_live_kept=640_000)
     options = SearchOptions(k_per_token=100, max_candidates=128, interaction_candidates=0, nprobe=8).resolved()

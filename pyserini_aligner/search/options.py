@@ -24,14 +24,14 @@ DEFAULT_BATCH_SIZE = 32
 # exhaustive scoring of the same index).
 DEPTH_DEFAULTS = {"cuda": (3000, 8, 256, 12288), "cpu": (100, 8, 128, 0)}
 DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
-# A filtered search refines every matching document, without probing, when at most this many times the refined count
-# match; otherwise it probes with the filter's mask, its inverted lists deepened for the rarer matches by at most
-# FILTER_DEEPEN times (the probes scan that many times the entries; skipping the others costs little), and refines
-# live/matching times the candidates, at most FILTER_EXHAUSTIVE times (no more than the rarest probed filter would
-# refine unprobed; on SciFact's 5,183 documents a 50 % filter keeps 0.89 of the exact top 10 with 256, 0.83 with 128:
-# python -m eval.experiments.filter_fidelity, docs/results.md).
+# A filtered search refines every matching document, without probing, when at most FILTER_EXHAUSTIVE times the refined
+# count match; otherwise it probes with the filter's mask, its inverted lists deepened for the rarer matches by at most
+# FILTER_DEEPEN times (the probes scan that many times the entries: at 1M passages on a GPU a 5 % filter cost 1.9×
+# the unfiltered p50 with 4 times, 1.2× with 2; python -m eval.bench_filter), and, without a centroid-interaction
+# stage, refines live/matching times the candidates, at most FILTER_DEEPEN times (on SciFact's 5,183 documents a 50 %
+# filter keeps 0.89 of the exact top 10 with 256, 0.83 with 128: python -m eval.experiments.filter_fidelity).
 FILTER_EXHAUSTIVE = 4
-FILTER_DEEPEN = 4
+FILTER_DEEPEN = 2
 
 
 class Depth(NamedTuple):
@@ -57,8 +57,9 @@ def filtered_depth(depth: Depth, matching: int, live: int, nlist: int | None) ->
     the refined count match: every one is refined, unprobed (exhaustive over the filter). Otherwise the probes skip
     the other rows' entries and keep their K best matching ones, as in an index of the matching documents alone,
     which would hold live/matching times fewer entries a list: the inverted lists probed grow by that ratio (at most
-    FILTER_DEEPEN times, at most nlist), the refined count too (at most FILTER_EXHAUSTIVE times: what the rarest
-    probed filter would refine unprobed), and the centroid interaction narrows at most the matching documents (none
+    FILTER_DEEPEN times, at most nlist), the refined count too where no centroid interaction narrows the candidates
+    (at most FILTER_DEEPEN times, so never more than the rarest probed filter would refine unprobed), and the centroid
+    interaction narrows at most the matching documents (none
     when they would be no more than the refined ones)."""
     if matching <= FILTER_EXHAUSTIVE * depth.refined:
         return Depth(0, 0, 0, matching)
@@ -66,7 +67,9 @@ def filtered_depth(depth: Depth, matching: int, live: int, nlist: int | None) ->
     nprobe = depth.nprobe
     if nlist is not None:
         nprobe = min(nlist, max(nprobe, math.ceil(nprobe * min(FILTER_DEEPEN, ratio))))
-    refined = max(depth.refined, math.ceil(depth.refined * min(FILTER_EXHAUSTIVE, ratio)))
+    refined = depth.refined
+    if not depth.interaction:  # no centroid interaction to narrow a wider set: refine more of the probes' candidates
+        refined = max(refined, math.ceil(refined * min(FILTER_DEEPEN, ratio)))
     interaction = min(depth.interaction, matching)
     return Depth(depth.per_probe, nprobe, interaction if interaction > refined else 0, refined)
 
