@@ -63,9 +63,9 @@ def test_long_queries_through_the_harness_search_with_the_jvm(tmp_path):
 
 
 def test_compressed_probe_matches_faiss_search(tmp_path, model, monkeypatch):
-    """A compressed index's probe: the coarse step on torch's BLAS, the memory-mapped lists scanned by FAISS a part
-    at a time, as FAISS's own IndexIVFPQ.search over all the lists in memory gives it, also with deleted documents
-    and with the probes split into parts."""
+    """A compressed index's probe: the coarse step on torch's BLAS, the memory-mapped lists scanned by FAISS (kept
+    loaded for a small index, else a part of the probes at a time and released), as FAISS's own IndexIVFPQ.search
+    over all the lists in memory gives it, also with deleted documents and with the probes split into parts."""
     import torch
 
     from pyserini_aligner.index import build_index, read_json_collection
@@ -79,18 +79,20 @@ def test_compressed_probe_matches_faiss_search(tmp_path, model, monkeypatch):
     build_index(read_json_collection(REPO / "examples" / "quickstart" / "corpus"), index_dir, model, progress=False,
                 model_name="aligner")
     AlignerIndex(index_dir).delete(["4983"])
-    searcher = AlignerSearcher(index_dir, encoder=model)
-    store = searcher.store
-    whole = store.codec.faiss_index([(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base, seg.ivf_codes)
-                                     for seg, base in zip(store.segments, store.row_base)])
-    assert whole.ntotal == sum(seg.info.num_kept for seg in store.segments) > 0
-    probes = torch.from_numpy(np.random.default_rng(0).standard_normal((40, model.config.dim)).astype(np.float32))
-    for per_token, nprobe, loaded in ((5, 1, LOADED_ENTRIES), (50, 4, LOADED_ENTRIES), (200, store.codec_spec.nlist,
-                                                                                          LOADED_ENTRIES), (50, 4, 1)):
-        monkeypatch.setattr(faiss_cpu, "LOADED_ENTRIES", loaded)  # 1: a part of probes at a time
-        scores, labels = searcher.engine.probe(probes, per_token, nprobe)
-        params = faiss.SearchParametersIVF(nprobe=nprobe, sel=row_selector(allowed_rows(store)))
-        expected_scores, expected_labels = whole.search(probes.numpy(), per_token, params=params)
-        assert np.array_equal(labels.numpy(), expected_labels)
-        assert np.array_equal(scores.numpy(), expected_scores)
-    assert searcher.engine.index.ntotal == searcher.engine.index.invlists.compute_ntotal() == 0  # entries released
+    probes = torch.from_numpy(np.random.default_rng(0).standard_normal((40, model.config.dim))
+                              .astype(np.float32))
+    for loaded in (LOADED_ENTRIES, 1):  # 1: a part of the probes at a time
+        monkeypatch.setattr(faiss_cpu, "LOADED_ENTRIES", loaded)
+        searcher = AlignerSearcher(index_dir, encoder=model)
+        store = searcher.store
+        whole = store.codec.faiss_index([(seg.ivf_offsets, np.asarray(seg.ivf_docs, dtype=np.int64) + base,
+                                          seg.ivf_codes) for seg, base in zip(store.segments, store.row_base)])
+        assert whole.ntotal == sum(seg.info.num_kept for seg in store.segments) > 0
+        for per_token, nprobe in ((5, 1), (50, 4), (200, store.codec_spec.nlist)):
+            scores, labels = searcher.engine.probe(probes, per_token, nprobe)
+            params = faiss.SearchParametersIVF(nprobe=nprobe, sel=row_selector(allowed_rows(store)))
+            expected_scores, expected_labels = whole.search(probes.numpy(), per_token, params=params)
+            assert np.array_equal(labels.numpy(), expected_labels)
+            assert np.array_equal(scores.numpy(), expected_scores)
+        held = searcher.engine.index.ntotal
+        assert held == searcher.engine.index.invlists.compute_ntotal() == (whole.ntotal if loaded > 1 else 0)
