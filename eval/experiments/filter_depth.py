@@ -24,17 +24,7 @@ from eval.bench_filter import SELECTIVITIES, measure, random_filters
 from eval.bench_scale.corpus import SyntheticCorpus, read_beir_zip
 from eval.bench_scale.measure import machine_info
 from eval.bench_scale.run import judged_queries, release_memory
-from eval.cli import configure_logging, run_report
-
-
-def _caps(text: str) -> list[int]:
-    try:
-        caps = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4, got {text!r}") from None
-    if not caps or min(caps) < 1:
-        raise argparse.ArgumentTypeError(f"every cap must be >= 1, got {text!r}")
-    return caps
+from eval.cli import configure_logging, positive_ints, run_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index", type=Path, required=True, help="index of the synthetic corpus")
     parser.add_argument("--beir-zip", type=Path, required=True, help="BEIR zip the passages grew from (SciFact)")
     parser.add_argument("--output", type=Path, required=True, help="folder for filter_depth.json and .md")
-    parser.add_argument("--deepen", type=_caps, default=[1, 2, 4, 8], help="caps to compare (default 1,2,4,8)")
+    parser.add_argument("--deepen", type=positive_ints, default=[1, 2, 4, 8],
+                        help="caps to compare (default 1,2,4,8)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=300, help="queries searched together for q/s")
     parser.add_argument("--max-queries", type=int, default=None, help="at most this many judged queries")
