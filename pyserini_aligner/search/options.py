@@ -27,9 +27,10 @@ DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (ch
 # A filtered search refines every matching document, without probing, when at most FILTER_EXHAUSTIVE times the refined
 # count match; otherwise it probes with the filter's mask, its inverted lists deepened for the rarer matches by at most
 # FILTER_DEEPEN times (the probes scan that many times the entries: at 1M passages on a GPU a 5 % filter cost 1.9×
-# the unfiltered p50 with 4 times, 1.2× with 2; python -m eval.bench_filter), and, without a centroid-interaction
-# stage, refines live/matching times the candidates, at most FILTER_DEEPEN times (on SciFact's 5,183 documents a 50 %
-# filter keeps 0.89 of the exact top 10 with 256, 0.83 with 128: python -m eval.experiments.filter_fidelity).
+# the unfiltered p50 with 4 times, 1.4× with 2; python -m eval.bench_filter, eval/results/bench_filter_1m_h200*),
+# and, without a centroid-interaction stage, refines live/matching times the candidates, at most FILTER_DEEPEN times
+# (on SciFact's 5,183 documents a 50 % filter keeps 0.89 of the exact top 10 with 256, 0.83 with 128: python -m
+# eval.experiments.filter_fidelity).
 FILTER_EXHAUSTIVE = 4
 FILTER_DEEPEN = 2
 
