@@ -336,7 +336,7 @@ def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, 
 
 
 @pytest.mark.parametrize("loaded", [1 << 21, 1])
-def test_faiss_probe_reads_the_mapped_lists_as_a_whole_index(codes_index, model, monkeypatch, loaded):
+def test_faiss_probe_reads_the_lists_by_parts_as_a_whole_index(codes_index, model, monkeypatch, loaded):
     """FaissIVF hands FAISS only the lists that each part of the probes scans (one probe a part with ``loaded`` 1),
     read from the segments' files, or every list once when the index holds at most ``loaded`` entries: every probe
     finds the entries, in the order, of FAISS's search of one index holding every segment's lists, deleted documents

@@ -1,5 +1,7 @@
 """A compressed index's codes on a device (CodeShard) against slow loop references: IVF probing, decoding, and
 the scores of fetched documents."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -134,3 +136,51 @@ def test_a_shard_too_large_to_keep_its_norms_refines_to_the_same_bits(two_segmen
     assert computed._inverse_norms is None
     positions = torch.arange(len(computed.token_ids)).view(1, -1)
     assert torch.equal(computed.inverse_norms_at(positions), kept.inverse_norms().view(1, -1))
+
+
+def mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps", encoding="utf-8") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a Linux process's mappings")
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+def test_a_large_index_reads_its_candidates_from_the_files_to_the_same_bits(two_segment_index, monkeypatch,
+                                                                            refine_with):
+    """Past NORM_CACHE_BYTES a one-segment shard on the CPU reads its candidates' tokens from the files by position
+    instead of through the maps: interaction and refinement give the same scores to the last bit, and none of the
+    token files' pages becomes resident in the process (the mapped shard's reads make them resident)."""
+    from pyserini_aligner.alignment import parse_strategy
+    from pyserini_aligner.index.format import TOKEN_CENTROIDS, TOKEN_RESIDUALS
+    from pyserini_aligner.search import codes
+
+    generator = torch.Generator().manual_seed(3)
+    q = torch.nn.functional.normalize(torch.randn(4, 6, StoredIndex(two_segment_index).manifest.dim,
+                                                  generator=generator), dim=-1)
+    q_mask = torch.ones(4, 6, dtype=torch.bool)
+    q_mask[1, 2:] = False
+    for number in (0, 1):
+        monkeypatch.setattr(codes, "NORM_CACHE_BYTES", 0)
+        store = StoredIndex(two_segment_index)
+        reads = CodeShard(store, [number], refine_with=refine_with)
+        folder = store.segments[number].folder
+        rows = torch.randint(0, store.num_docs, (4, 11), generator=generator)  # some held by the other segment
+        valid = torch.rand(4, 11, generator=generator) < 0.8
+        strategy = parse_strategy(store.manifest.default_strategy)
+        got = (reads.interaction(q, q_mask, rows, valid), reads.refine(q, q_mask, None, rows, valid, strategy, 64))
+        assert reads._reads is not None
+        assert mapped_rss(folder / TOKEN_RESIDUALS) == mapped_rss(folder / TOKEN_CENTROIDS) == 0
+        monkeypatch.setattr(codes, "NORM_CACHE_BYTES", 1 << 40)
+        mapped = CodeShard(StoredIndex(two_segment_index), [number], refine_with=refine_with)
+        assert mapped._reads is None
+        assert torch.equal(got[0], mapped.interaction(q, q_mask, rows, valid))
+        assert torch.equal(got[1], mapped.refine(q, q_mask, None, rows, valid, strategy, 64))
+        assert mapped_rss(folder / TOKEN_RESIDUALS) > 0

@@ -34,6 +34,40 @@ def memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
 
+class RowFile:
+    """A file of fixed-size rows (``dtype``, each of ``row_shape``) read by position into memory of the reader's own
+    (``pread``), never mapped: a read of a few rows adds them to the kernel's page cache, not to the process's
+    resident memory (a memory-mapped read maps the kernel's whole page-cache folio around each byte it touches, up
+    to megabytes, so that random reads of a few candidates soon make a large file resident whole)."""
+
+    def __init__(self, path: Path, dtype, row_shape: tuple[int, ...] = ()):
+        self.path, self.dtype, self.row_shape = path, np.dtype(dtype), tuple(row_shape)
+        self.row_bytes = self.dtype.itemsize * int(np.prod(row_shape))
+
+    def ranges(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Rows [Σ counts, *row_shape] of the runs ``starts[i]`` .. ``starts[i] + counts[i]``, one after the other
+        (a run that starts where the one before it ends is read with it, in one call)."""
+        starts, counts = np.asarray(starts, np.int64), np.asarray(counts, np.int64)
+        out = np.empty((int(counts.sum()), *self.row_shape), self.dtype)
+        if not len(out):
+            return out
+        starts, counts = starts[counts > 0], counts[counts > 0]
+        first = np.flatnonzero(np.concatenate([[True], starts[1:] != starts[:-1] + counts[:-1]]))
+        lengths = np.add.reduceat(counts, first) * self.row_bytes
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            at = 0
+            for offset, length in zip((starts[first] * self.row_bytes).tolist(), lengths.tolist()):
+                if os.preadv(fd, [view[at:at + length]], offset) != length:
+                    raise IndexFormatError(f"{self.path}: shorter than its rows (truncated index file; rebuild "
+                                           "the index)")
+                at += length
+        finally:
+            os.close(fd)
+        return out
+
+
 def _expected_sizes(seg: SegmentInfo, dim: int, pq_m: int, nlist: int, residual_m: int = 0) -> dict[str, int]:
     n, t, k = seg.num_docs, seg.num_tokens, seg.num_kept
     sizes = {OFFSETS: 8 * (n + 1)}
@@ -101,6 +135,9 @@ class Segment:
                 raise IndexFormatError(f"{paths[IVF_OFFSETS]}: not a non-decreasing run from 0 to {k} (corrupt)")
             self.ivf_docs = memmap(paths[IVF_DOCS], np.int32, (k,))
             self.ivf_codes = memmap(paths[IVF_CODES], np.uint8, (k, pq_m))
+            self._files = (RowFile(paths[TOKEN_CENTROIDS], np.uint16), RowFile(paths[TOKEN_RESIDUALS], np.uint8,
+                                                                             (residual_m or pq_m,)),
+                           RowFile(paths[IVF_DOCS], np.int32), RowFile(paths[IVF_CODES], np.uint8, (pq_m,)))
             self.vectors = self.salience = None
         else:
             self.vectors = memmap(paths[VECTORS], np.float16, (t, d))
@@ -111,6 +148,23 @@ class Segment:
                 raise IndexFormatError(f"{paths[FAISS_IDS]}: token positions out of range [0, {t})")
         self.docids = Docids.read(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
         self.fields_path = paths.get(FIELDS)  # None: no document of the segment has stored fields
+
+    def read_tokens(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(token counts [N] int64, centroid ids [T] uint16, residual codes [T, R] uint8) of segment ``rows`` [N]
+        (ascending, so that neighbours are read at once), their tokens in row order, read from the files by position
+        (:class:`RowFile`): what refinement needs of a few candidates of a large index, without making the codes
+        resident. Compressed segments only."""
+        centroid_ids, residuals, _, _ = self._files
+        lengths = self.lengths[rows]
+        return lengths, centroid_ids.ranges(self.offsets[rows], lengths), residuals.ranges(self.offsets[rows], lengths)
+
+    def read_lists(self, lists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(entries [L] int64, segment rows [E] int32, codes [E, M] uint8) of inverted lists ``lists`` [L]
+        (ascending), their entries list after list, read from the files by position (:class:`RowFile`).
+        Compressed segments only."""
+        _, _, docs, codes = self._files
+        starts, counts = self.ivf_offsets[lists], self.ivf_offsets[lists + 1] - self.ivf_offsets[lists]
+        return counts, docs.ranges(starts, counts), codes.ranges(starts, counts)
 
     @property
     def kept(self) -> np.ndarray:

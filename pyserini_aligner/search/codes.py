@@ -67,6 +67,10 @@ class CodeShard:
         self._inverse_norms: Tensor | None = None
         tokens = sum(seg.info.num_tokens for seg in store.segments)  # the whole index's, however it is split
         self.keeps_norms = tokens * (6 + self.token_m) <= NORM_CACHE_BYTES  # see inverse_norms_at
+        # a large index's one-segment shard on the CPU reads its candidates' tokens from the files by position
+        # (see fetched): random reads through the maps would soon make the codes resident whole
+        self._reads = store.segments[numbers[0]] if self.device.type == "cpu" and len(numbers) == 1 and \
+            not self.keeps_norms else None
         self.nlist = len(self.centroids)
         self.refine_kept = refine_with == "kept"
         segs = [store.segments[i] for i in numbers]
@@ -204,6 +208,13 @@ class CodeShard:
         residual codes [T, R] or None, kept flags [T] or None) of global ``rows`` [N], their tokens in row order;
         codes and flags only with ``residuals`` (refinement reads them, centroid interaction does not)."""
         local = rows.to(self.device) - self.row_base
+        if self._reads is not None:
+            lengths, ids, codes = (torch.from_numpy(a) for a in self._reads.read_tokens(local.numpy()))
+            kept = None
+            if residuals and self.kept is not None:
+                start = self.offsets[local] - (torch.cumsum(lengths, 0) - lengths)
+                kept = self.kept[torch.repeat_interleave(start, lengths) + torch.arange(len(ids))]
+            return lengths, ids.view(torch.int16), codes if residuals else None, kept
         lengths = self.lengths[local]
         total = int(lengths.sum()) if len(lengths) else 0
         start = self.offsets[local] - (torch.cumsum(lengths, 0) - lengths)  # token position minus output position
@@ -227,7 +238,18 @@ class CodeShard:
         shard.token_codes = self.token_codes[:0] if token_codes is None else token_codes.to(self.device)
         shard.kept = None if kept is None else kept.to(self.device)
         shard._inverse_norms = None  # its own tokens'
+        shard._reads = None  # they are in memory
         return shard
+
+    def fetched(self, rows: Tensor, valid: Tensor, residuals: bool) -> tuple["CodeShard", Tensor, Tensor]:
+        """(a shard holding only the candidates, their rows there [B, C], held [B, C]) for candidate global ``rows``
+        [B, C] where ``valid``: each candidate this shard holds read once (:meth:`documents`, by position from the
+        files when the shard reads them), the others marked not held. Scores there are the scores here: a document's
+        tokens are the same, in the same order."""
+        local, mine, _ = self._held(rows, valid)
+        wanted, at = torch.unique(local[mine], return_inverse=True)
+        shard = self.holding(*self.documents(wanted + self.row_base, residuals))
+        return shard, torch.zeros_like(local).masked_scatter(mine, at), mine
 
     def _held(self, rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(shard-local rows, held mask, token counts) of candidate global ``rows`` [B, C] (0 where not held)."""
@@ -242,6 +264,9 @@ class CodeShard:
         others): MaxSim with every token of a document replaced by its centroid, Σ_i max_j q_i·c(d_j) / n, read from
         the query-centroid scores without decoding anything. q [B, n, d], q_mask [B, n]."""
         q, q_mask = q.to(self.device, torch.float32), q_mask.to(self.device)
+        if self._reads is not None:
+            shard, at, held = self.fetched(rows, valid, residuals=False)
+            return shard.interaction(q, q_mask, at, held)
         local, mine, lengths = self._held(rows.to(self.device), valid.to(self.device))
         if kernels.available(self.device):
             return self._interaction_kernel(q, q_mask, local, mine)
@@ -258,12 +283,12 @@ class CodeShard:
             if total == 0:
                 continue
             doc = torch.repeat_interleave(torch.arange(len(flat), device=self.device), flat, output_size=total)
-            within = torch.arange(total, device=self.device) - (torch.cumsum(flat, 0) - flat)[doc]
-            pos = self.offsets[local[part].reshape(-1)][doc] + within
+            first = torch.cumsum(flat, 0) - flat
+            pos = self.offsets[local[part].reshape(-1)][doc] + torch.arange(total, device=self.device) - first[doc]
             cid = self.token_ids[pos].long() & 0xFFFF
             row = torch.div(doc, count, rounding_mode="floor") * self.nlist + cid
-            values = table.reshape(-1, n).index_select(0, row)  # [T, n]
-            best = torch.segment_reduce(values, "max", lengths=flat, axis=0, unsafe=True).float()  # [b·C, n]
+            # each document's rows of its query's table, reduced by their maximum as they are read (a bag a document)
+            best = torch.nn.functional.embedding_bag(row, table.reshape(-1, n), first, mode="max").float()  # [b·C, n]
             mask = q_mask[part, :n].repeat_interleave(count, dim=0)
             score = torch.where(mask, best, torch.zeros((), device=self.device)).sum(1) / \
                 real[part].clamp_min(1).repeat_interleave(count).float()
@@ -310,6 +335,9 @@ class CodeShard:
         tokens (default: the longest candidate here); a width common to every shard makes the arithmetic, and so
         the scores to the last bit, independent of how the index is split into segments and shards."""
         q, q_mask = q.to(self.device), q_mask.to(self.device)
+        if self._reads is not None:
+            shard, at, held = self.fetched(rows, valid, residuals=True)
+            return shard.refine(q, q_mask, q_sal, at, held, strategy, width)
         local, mine, lengths = self._held(rows.to(self.device), valid.to(self.device))
         out = torch.full(rows.shape, -torch.inf, device=self.device)
         if not mine.numel():

@@ -1,5 +1,5 @@
 """Backends on the CPU through FAISS: a compressed index (:class:`FaissIVF`: FAISS's ``IndexIVFPQ`` scans the
-memory-mapped inverted lists (:class:`MappedLists`), interaction and refinement read the memory-mapped codes, one
+memory-mapped inverted lists (:class:`PagedLists`), interaction and refinement read the memory-mapped codes, one
 :class:`.torch_codes.TorchCodes` a segment) and an fp16 index (:class:`FaissFlat`: each segment's FAISS index finds the
 tokens, refinement scores the stored float16 tokens)."""
 from __future__ import annotations
@@ -22,8 +22,8 @@ DEFAULT_EF_SEARCH = 128
 LOADED_ENTRIES = 1 << 21  # inverted-list entries handed to FAISS at once (8 + M bytes each, twice while loading)
 
 
-class MappedLists:
-    """Every segment's inverted lists, left in their memory-mapped files: for each part of a batch's probes, only
+class PagedLists:
+    """Every segment's inverted lists, left in their files: for each part of a batch's probes, only
     the lists that part probes are handed to a FAISS ``IndexIVFPQ`` (which holds 8 + M bytes an entry), scanned and
     dropped, so that an index's memory does not grow with its lists (an index of at most LOADED_ENTRIES entries is
     handed over whole, once). A list holds the same entries in the same
@@ -36,9 +36,8 @@ class MappedLists:
         self.index = store.codec.faiss_index()  # the quantizer and the codebooks; entries come per search
         self._idle = faiss.ArrayInvertedLists(self.index.nlist, self.index.code_size)  # empty, between searches
         self.index.replace_invlists(self._idle, False)
-        self.parts = [(seg.ivf_offsets, seg.ivf_docs, seg.ivf_codes, int(base))
-                      for seg, base in zip(store.segments, store.row_base)]
-        self.list_sizes = sum((np.diff(offsets) for offsets, *_ in self.parts), np.zeros(self.index.nlist, np.int64))
+        self.parts = [(seg, int(base)) for seg, base in zip(store.segments, store.row_base)]
+        self.list_sizes = sum((np.diff(seg.ivf_offsets) for seg, _ in self.parts), np.zeros(self.index.nlist, np.int64))
         self._listno_bytes = self.index.coarse_code_size()  # FAISS's codes with their list: list number, then code
         # an index of at most LOADED_ENTRIES entries is loaded once and kept: no search copies its lists again
         self.resident = int(self.list_sizes.sum()) <= LOADED_ENTRIES
@@ -85,27 +84,25 @@ class MappedLists:
         lists.this.disown()  # the index owns and frees it
         self.index.ntotal = 0
         width = self._listno_bytes
-        for offsets, docs, codes, base in self.parts:
-            starts, counts = offsets[wanted], offsets[wanted + 1] - offsets[wanted]
-            total = int(counts.sum())
+        for seg, base in self.parts:
+            counts, docs, codes = seg.read_lists(wanted)  # read by position: the lists' files are never mapped in
+            total = len(docs)
             if total == 0:
                 continue
-            positions = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total)
             coded = np.empty((total, width + codes.shape[1]), dtype=np.uint8)
             coded[:, :width] = np.repeat(wanted, counts).astype("<i8").view(np.uint8).reshape(total, 8)[:, :width]
-            coded[:, width:] = codes[positions]
-            ids = docs[positions].astype(np.int64) + base
-            self.index.add_sa_codes(coded, ids)
+            coded[:, width:] = codes
+            self.index.add_sa_codes(coded, docs.astype(np.int64) + base)
 
 
 class FaissIVF(Staged):
     """A compressed index on the CPU: FAISS's IndexIVFPQ scans every segment's memory-mapped inverted lists
-    (:class:`MappedLists`, labelled by global document row) for each probe's best entries; interaction and refinement
+    (:class:`PagedLists`, labelled by global document row) for each probe's best entries; interaction and refinement
     decode the memory-mapped codes."""
 
     def __init__(self, store: StoredIndex, scoring: Scoring):
         self.store, self.device, self.num_rows = store, torch.device("cpu"), store.num_docs
-        self.lists = MappedLists(store)
+        self.lists = PagedLists(store)
         self.index = self.lists.index
         self.codes = SegmentCodes([codes_on(store, [i], "cpu", scoring) for i in range(len(store.segments))]) \
             if store.segments else None
