@@ -71,9 +71,10 @@ def test_the_depth_of_a_search():
 def test_the_depth_of_a_filtered_search():
     """A filter matching at most FILTER_EXHAUSTIVE × the refined count: every match refined, unprobed. Otherwise the
     probes' lists grow as the matches grow rarer (live / matching times, at most FILTER_DEEPEN times and nlist), K
-    stays, and the interaction stage narrows at most the matching documents; without an interaction stage the refined
-    count grows by the same ratio (at most FILTER_DEEPEN times, so a probed filter never refines more than the
-    rarest probed one would refine unprobed)."""
+    stays, and the interaction stage narrows at most the matching documents; without an interaction stage a
+    compressed index narrows FILTER_EXHAUSTIVE × the refined count by centroid interaction (what the rarest probed
+    filter would refine unprobed) and an fp16 index refines more by the same ratio as the lists (at most
+    FILTER_DEEPEN times)."""
     staged = Depth(per_probe=100, nprobe=8, interaction=3000, refined=128)
     direct = staged._replace(interaction=0)
     for depth in (staged, direct):
@@ -93,10 +94,11 @@ def test_the_depth_of_a_filtered_search():
     assert filtered_depth(staged, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 1000, 128)
     assert filtered_depth(staged, 1_000, 10_000, 5) == Depth(100, 5, 1000, 128)  # at most every list
     assert filtered_depth(staged._replace(interaction=100), 1_000, 10_000, 64).interaction == 0  # no wider than 128
-    # without one: the refined count grows with the lists
-    assert filtered_depth(direct, 5_000, 10_000, 64) == Depth(100, 16, 0, 256)
-    assert filtered_depth(direct, edge + 1, 10_000, 64).refined <= edge  # no more than the edge refines unprobed
-    assert filtered_depth(direct, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, 0, 128 * FILTER_DEEPEN)
+    # without one: a compressed index narrows by centroid interaction, an fp16 index refines more
+    assert filtered_depth(direct, 5_000, 10_000, 64) == Depth(100, 16, FILTER_EXHAUSTIVE * 128, 128)
+    assert filtered_depth(direct, edge + 1, 10_000, 64).interaction == edge  # what the edge refines unprobed
+    assert filtered_depth(direct, 1_000, 10_000, 64) == Depth(100, 8 * FILTER_DEEPEN, FILTER_EXHAUSTIVE * 128, 128)
+    assert filtered_depth(direct, 5_000, 10_000, None) == Depth(100, 8, 0, 256)
     assert filtered_depth(direct, 1_000, 10_000, None) == Depth(100, 8, 0, 128 * FILTER_DEEPEN)
     store = SimpleNamespace(num_live=10_000, codec=object(), codec_spec=SimpleNamespace(nlist=64),
                             num_live_kept=640_000)

@@ -27,10 +27,12 @@ DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (ch
 # A filtered search refines every matching document, without probing, when at most FILTER_EXHAUSTIVE times the refined
 # count match; otherwise it probes with the filter's mask, its inverted lists deepened for the rarer matches by at most
 # FILTER_DEEPEN times (the probes scan that many times the entries: at 1M passages on a GPU a 5 % filter cost 1.9×
-# the unfiltered p50 with 4 times, 1.4× with 2; python -m eval.bench_filter, eval/results/bench_filter_1m_h200*),
-# and, without a centroid-interaction stage, refines live/matching times the candidates, at most FILTER_DEEPEN times
-# (on SciFact's 5,183 documents a 50 % filter keeps 0.89 of the exact top 10 with 256, 0.83 with 128: python -m
-# eval.experiments.filter_fidelity).
+# the unfiltered p50 with 4 times, 1.4× with 2; python -m eval.bench_filter, eval/results/bench_filter_1m_h200*).
+# Without a centroid-interaction stage (the CPU's defaults), a probed filter of a compressed index narrows
+# FILTER_EXHAUSTIVE times the refined count by centroid interaction (on SciFact's 5,183 documents a 50 % filter keeps
+# 0.97 of the exhaustive filtered top 10 so, 0.92 refining twice the candidates instead: python -m
+# eval.experiments.filter_fidelity); an fp16 index, which has no centroids, refines live/matching times the
+# candidates, at most FILTER_DEEPEN times.
 FILTER_EXHAUSTIVE = 4
 FILTER_DEEPEN = 2
 
@@ -58,20 +60,24 @@ def filtered_depth(depth: Depth, matching: int, live: int, nlist: int | None) ->
     the refined count match: every one is refined, unprobed (exhaustive over the filter). Otherwise the probes skip
     the other rows' entries and keep their K best matching ones, as in an index of the matching documents alone,
     which would hold live/matching times fewer entries a list: the inverted lists probed grow by that ratio (at most
-    FILTER_DEEPEN times, at most nlist), the refined count too where no centroid interaction narrows the candidates
-    (at most FILTER_DEEPEN times, so never more than the rarest probed filter would refine unprobed), and the centroid
-    interaction narrows at most the matching documents (none
-    when they would be no more than the refined ones)."""
+    FILTER_DEEPEN times, at most nlist). Where the depth has no centroid-interaction stage, a compressed index's
+    probed filter gets one over FILTER_EXHAUSTIVE × the refined count (no more than the rarest probed filter would
+    refine unprobed), and an fp16 index refines that ratio times the candidates (at most FILTER_DEEPEN times). The
+    centroid interaction narrows at most the matching documents (none when they would be no more than the refined
+    ones)."""
     if matching <= FILTER_EXHAUSTIVE * depth.refined:
         return Depth(0, 0, 0, matching)
+    if matching >= live:  # a filter of every live document is no filter
+        return depth
     ratio = live / matching
     nprobe = depth.nprobe
     if nlist is not None:
         nprobe = min(nlist, max(nprobe, math.ceil(nprobe * min(FILTER_DEEPEN, ratio))))
-    refined = depth.refined
-    if not depth.interaction:  # no centroid interaction to narrow a wider set: refine more of the probes' candidates
+    refined, interaction = depth.refined, min(depth.interaction, matching)
+    if not depth.interaction and nlist is not None:  # narrow a wider set by the centroids of all their tokens
+        interaction = FILTER_EXHAUSTIVE * refined
+    elif not depth.interaction:  # no centroids to narrow a wider set: refine more of the probes' candidates
         refined = max(refined, math.ceil(refined * min(FILTER_DEEPEN, ratio)))
-    interaction = min(depth.interaction, matching)
     return Depth(depth.per_probe, nprobe, interaction if interaction > refined else 0, refined)
 
 
