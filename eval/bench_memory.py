@@ -178,8 +178,8 @@ def write_report(report: dict, output: Path) -> None:
     verdict = "within" if total["within_target"] else "over"
     lines += ["", f"Peak {_mib(total['peak_bytes'])} MiB: {verdict} the target of 2 GiB plus the codebooks "
               f"({_mib(total['target_bytes'])} MiB); anonymous memory at most {_mib(total['anon_peak_bytes'])} MiB "
-              "(sampled every 5 ms; the rest of the peak is file pages of the memory-mapped index, which the kernel "
-              f"may drop under memory pressure). Opening the index added {_mib(total['open_anon_bytes'])} MiB "
+              "(sampled every 5 ms; the rest of the peak is file pages: the libraries' code and any index pages "
+              f"mapped in, which the kernel may drop under memory pressure). Opening the index added {_mib(total['open_anon_bytes'])} MiB "
               f"of anonymous memory: {total['open_anon_per_doc']} bytes a document, {total['open_anon_per_kept']} "
               "bytes an inverted-list entry.", ""]
     (output / "bench_memory.md").write_text("\n".join(lines), encoding="utf-8")

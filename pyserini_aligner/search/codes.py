@@ -48,7 +48,8 @@ def _tensor(array: np.ndarray, device: torch.device) -> Tensor:
 
 class CodeShard:
     """Compressed segments ``numbers`` of ``store`` resident on ``device`` (memory-mapped, not copied, on the CPU
-    when there is one segment). Rows are the store's global document rows."""
+    when there is one segment; a large index's one segment on the CPU reads its candidates' tokens from the files by
+    position instead: :meth:`fetched`). Rows are the store's global document rows."""
 
     def __init__(self, store: StoredIndex, numbers: list[int], device: str | torch.device = "cpu",
                  refine_with: str = "all"):

@@ -1,5 +1,5 @@
 """Backends on the CPU through FAISS: a compressed index (:class:`FaissIVF`: FAISS's ``IndexIVFPQ`` scans the
-memory-mapped inverted lists (:class:`PagedLists`), interaction and refinement read the memory-mapped codes, one
+inverted lists read from their files (:class:`PagedLists`), interaction and refinement read the candidates' codes, one
 :class:`.torch_codes.TorchCodes` a segment) and an fp16 index (:class:`FaissFlat`: each segment's FAISS index finds the
 tokens, refinement scores the stored float16 tokens)."""
 from __future__ import annotations
@@ -96,9 +96,9 @@ class PagedLists:
 
 
 class FaissIVF(Staged):
-    """A compressed index on the CPU: FAISS's IndexIVFPQ scans every segment's memory-mapped inverted lists
-    (:class:`PagedLists`, labelled by global document row) for each probe's best entries; interaction and refinement
-    decode the memory-mapped codes."""
+    """A compressed index on the CPU: FAISS's IndexIVFPQ scans every segment's inverted lists (:class:`PagedLists`,
+    labelled by global document row) for each probe's best entries; interaction and refinement decode the
+    candidates' codes (memory-mapped, or read by position for a large index: :class:`..codes.CodeShard`)."""
 
     def __init__(self, store: StoredIndex, scoring: Scoring):
         self.store, self.device, self.num_rows = store, torch.device("cpu"), store.num_docs
