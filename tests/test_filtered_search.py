@@ -24,6 +24,7 @@ from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search.allowed import AllowedRows
 from pyserini_aligner.search.exhaustive import ExhaustiveScorer
+from pyserini_aligner.search.options import FILTER_EXHAUSTIVE
 
 from conftest import assert_same_ranking
 
@@ -170,13 +171,15 @@ def test_deleted_documents_stay_out_of_a_filtered_search(tmp_path, default_index
 
 def test_a_probed_filter_deepens_its_lists_and_still_fills_k(default_index, model, queries):
     """A filter of half the documents, more than a shallow depth refines unprobed, probes twice (live / matching)
-    the inverted lists that an unfiltered search probes, as many entries each, refines twice the candidates, and
-    every query still gets k hits of the filter."""
+    the inverted lists that an unfiltered search probes, as many entries each, narrows FILTER_EXHAUSTIVE times the
+    refined count by centroid interaction (the CPU's defaults have no such stage), refines as many, and every query
+    still gets k hits of the filter."""
     searcher = AlignerSearcher(default_index, encoder=model, max_candidates=SHALLOW)
     chosen = random_docids(list(searcher.docids), 0.5)
     depth, plain = searcher.depth(K, chosen), searcher.depth(K)
     assert not depth.every_row and depth.nprobe == 2 * plain.nprobe and depth.per_probe == plain.per_probe
-    assert depth.refined == 2 * plain.refined
+    assert plain.interaction == 0 and depth.interaction == FILTER_EXHAUSTIVE * plain.refined
+    assert depth.refined == plain.refined
     for hits in searcher.rank(queries, K, filter=chosen):
         assert len(hits) == K and {d for d, _ in hits} <= set(chosen)
 

@@ -288,8 +288,9 @@ class CodeShard:
             pos = self.offsets[local[part].reshape(-1)][doc] + torch.arange(total, device=self.device) - first[doc]
             cid = self.token_ids[pos].long() & 0xFFFF
             row = torch.div(doc, count, rounding_mode="floor") * self.nlist + cid
-            # each document's rows of its query's table, reduced by their maximum as they are read (a bag a document)
-            best = torch.nn.functional.embedding_bag(row, table.reshape(-1, n), first, mode="max").float()  # [b·C, n]
+            values = table.reshape(-1, n).index_select(0, row)  # [T, n]
+            best = torch.full((len(flat), n), -torch.inf, dtype=values.dtype, device=self.device).scatter_reduce_(
+                0, doc.unsqueeze(1).expand(-1, n), values, "amax").float()  # [b·C, n]: each document's maximum
             mask = q_mask[part, :n].repeat_interleave(count, dim=0)
             score = torch.where(mask, best, torch.zeros((), device=self.device)).sum(1) / \
                 real[part].clamp_min(1).repeat_interleave(count).float()
