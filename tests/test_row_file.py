@@ -28,3 +28,13 @@ def test_a_run_past_the_end_of_a_truncated_file_names_it(tmp_path):
     np.arange(40, dtype=np.uint8).tofile(path)
     with pytest.raises(IndexFormatError, match="codes.bin: shorter than its rows"):
         RowFile(path, np.uint8, (4,)).ranges(np.array([8]), np.array([3]))
+
+
+def test_rows_stay_readable_after_the_file_is_removed(tmp_path):
+    """A live update may remove the files of a generation that a reader still searches: as through a memory map,
+    the rows stay readable while the RowFile lives."""
+    path = tmp_path / "ids.bin"
+    np.arange(10, dtype=np.uint16).tofile(path)
+    file = RowFile(path, np.uint16)
+    path.unlink()
+    assert file.ranges(np.array([2]), np.array([3])).tolist() == [2, 3, 4]

@@ -38,11 +38,19 @@ class RowFile:
     """A file of fixed-size rows (``dtype``, each of ``row_shape``) read by position into memory of the reader's own
     (``pread``), never mapped: a read of a few rows adds them to the kernel's page cache, not to the process's
     resident memory (a memory-mapped read maps the kernel's whole page-cache folio around each byte it touches, up
-    to megabytes, so that random reads of a few candidates soon make a large file resident whole)."""
+    to megabytes, so that random reads of a few candidates soon make a large file resident whole). The file is
+    opened once, with the segment, and stays readable while this object lives, as a memory map does: a reader of an
+    index generation keeps its files though a live update removes them."""
 
     def __init__(self, path: Path, dtype, row_shape: tuple[int, ...] = ()):
         self.path, self.dtype, self.row_shape = path, np.dtype(dtype), tuple(row_shape)
         self.row_bytes = self.dtype.itemsize * int(np.prod(row_shape))
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def ranges(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Rows [Σ counts, *row_shape] of the runs ``starts[i]`` .. ``starts[i] + counts[i]``, one after the other
@@ -55,16 +63,12 @@ class RowFile:
         first = np.flatnonzero(np.concatenate([[True], starts[1:] != starts[:-1] + counts[:-1]]))
         lengths = np.add.reduceat(counts, first) * self.row_bytes
         view = memoryview(out.reshape(-1).view(np.uint8))
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            at = 0
-            for offset, length in zip((starts[first] * self.row_bytes).tolist(), lengths.tolist()):
-                if os.preadv(fd, [view[at:at + length]], offset) != length:
-                    raise IndexFormatError(f"{self.path}: shorter than its rows (truncated index file; rebuild "
-                                           "the index)")
-                at += length
-        finally:
-            os.close(fd)
+        at = 0
+        for offset, length in zip((starts[first] * self.row_bytes).tolist(), lengths.tolist()):
+            if os.preadv(self._fd, [view[at:at + length]], offset) != length:
+                raise IndexFormatError(f"{self.path}: shorter than its rows (truncated index file; rebuild the "
+                                       "index)")
+            at += length
         return out
 
 
