@@ -51,13 +51,15 @@ def lost_rank_message(error: BaseException) -> str:
 class Collectives:
     """``broadcast`` (from rank 0) and ``all_gather`` of picklable objects, and all-gather, all-to-all (of equal or of
     varying row counts) and element-wise maximum of tensors, over the default process group, for the rank ``ctx``
-    describes. Tensors travel from the device they are on under NCCL, through the host under Gloo, and come back on
-    the device they were given on."""
+    describes. Tensors travel from the device they are on where the group carries device tensors (NCCL, alone or
+    beside Gloo for CPU tensors), else through the host, and come back on the device they were given on.
+    ``on_device`` (default: whether the group has NCCL) also tells the search to split its work among the ranks, as
+    on GPUs (:mod:`pyserini_aligner.search.backends.exchanged`); True under Gloo runs that path on CPUs."""
 
-    def __init__(self, ctx: DistContext):
+    def __init__(self, ctx: DistContext, on_device: bool | None = None):
         self.ctx = ctx
         self.rank, self.world_size = ctx.rank, ctx.world_size
-        self.on_device = dist.get_backend() == "nccl"
+        self.on_device = "nccl" in str(dist.get_backend()) if on_device is None else on_device
 
     def _wire(self, tensor: Tensor) -> Tensor:
         return tensor.contiguous() if self.on_device else tensor.cpu().contiguous()
@@ -116,17 +118,29 @@ class Collectives:
         return send.to(tensor.device)
 
 
-def join_group(ctx: DistContext | None = None, *, device: str = "cpu", cuda_backend: str = "gloo",
+def torchrun_context() -> DistContext:
+    """:func:`dist_context`, or RuntimeError outside a torchrun job."""
+    ctx = dist_context()
+    if ctx is None:
+        raise RuntimeError("--distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
+    return ctx
+
+
+def rank_device(device: str, ctx: DistContext) -> str:
+    """The device rank ``ctx`` of a job on ``device`` uses: a CUDA device means cuda:LOCAL_RANK, else the CPU."""
+    return f"cuda:{ctx.local_rank}" if str(device).startswith("cuda") else "cpu"
+
+
+def join_group(ctx: DistContext | None = None, *, device: str = "cpu", cuda_backend: str = "cpu:gloo,cuda:nccl",
                rendezvous: str | os.PathLike | None = None,
                timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[DistContext, bool]:
     """(this rank's context, whether the default process group was created here). ``ctx``: the rank (default:
     torchrun's environment; RuntimeError outside one). The group's backend is Gloo for a CPU ``device`` and
-    ``cuda_backend`` ("gloo", "nccl" or "cpu:gloo,cuda:nccl") for a CUDA one, which becomes this process's current
+    ``cuda_backend`` ("nccl", or by default "cpu:gloo,cuda:nccl": NCCL for device tensors, Gloo for the CPU objects
+    that builds and searches exchange) for a CUDA one, which becomes this process's current
     device. ``rendezvous``: a file the ranks meet at (processes of one machine, ``ctx`` given), else torchrun's
     address (MASTER_ADDR, MASTER_PORT). An existing default process group is used as it is."""
-    ctx = ctx or dist_context()
-    if ctx is None:
-        raise RuntimeError("--distributed runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR are not set)")
+    ctx = ctx or torchrun_context()
     if dist.is_initialized():
         return ctx, False
     cuda = str(device).startswith("cuda")

@@ -219,6 +219,7 @@ def _exchange_rows(rank: int, world: int, group_file: str, results) -> None:
         ctx, created = join_group(DistContext(rank, world, rank), rendezvous=group_file, timeout_s=120)
         assert created and dist.get_backend() == "gloo"
         exchange = Collectives(ctx)
+        assert not exchange.on_device  # Gloo alone: tensors through the host, the work not split
         kinds = {"int16": lambda n, v: torch.full((n,), -v, dtype=torch.int16),
                  "bool": lambda n, v: torch.arange(n) % 2 == v % 2,
                  "uint8": lambda n, v: torch.full((n, 3), v, dtype=torch.uint8),
@@ -261,3 +262,57 @@ def test_all_to_all_of_varying_row_counts(tmp_path):
             assert got[rank]["uint8"][sender] == [[v] * 3] * n
             assert got[rank]["int64"][sender] == [i + (v << 40) for i in range(n)]
     assert got[0]["int64"][0] == []  # rank 0 sent itself nothing
+
+
+def _split_search(rank: int, world: int, group_file: str, index: str, queries: list[str], results) -> None:
+    """One Gloo rank searching through the path GPUs take under NCCL (``Collectives(on_device=True)``: encoding,
+    candidates, centroid interaction and refinement split among the ranks, candidates fetched from the ranks that
+    hold them); each query searched alone. Puts (rank, whether the search split, the rankings) or the error."""
+    try:
+        import torch.distributed as dist
+
+        from pyserini_aligner.dist import Collectives, DistContext, join_group
+        from pyserini_aligner.search.options import SearchOptions
+
+        ctx, _ = join_group(DistContext(rank, world, rank), rendezvous=group_file, timeout_s=120)
+        options = SearchOptions(placement="shard").on_rank(ctx)
+        searcher = AlignerSearcher(index, options=options.replace(exchange=Collectives(ctx, on_device=True)))
+        results.put((rank, searcher.engine.split, [searcher.search(text, k=10) for text in queries]))
+        dist.destroy_process_group()
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        results.put((rank, None, f"{type(err).__name__}: {err}"))
+
+
+def test_the_split_path_of_gpus_ranks_as_one_process(tmp_path, two_segment_index, model):
+    """Two Gloo ranks, a segment each, searching through the split path that NCCL ranks on GPUs take: every rank
+    returns each query's ranking of one process, scores to float32 rounding."""
+    import multiprocessing as mp
+
+    queries = ["cancer risk of smoking", "protein folding in cells", "vitamin d deficiency and bone density",
+               "antibiotic resistance of bacteria"]
+    want = [AlignerSearcher(two_segment_index, encoder=model, backend="torch").search(text, k=10) for text in queries]
+    world, context = 2, mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_split_search, args=(rank, world, str(tmp_path / "group"),
+                                                             str(two_segment_index), queries, results))
+                 for rank in range(world)]
+    for process in processes:
+        process.start()
+    got = {rank: (split, ranked) for rank, split, ranked in (results.get(timeout=300) for _ in processes)}
+    for process in processes:
+        process.join(timeout=60)
+    for rank in range(world):
+        split, ranked = got[rank]
+        assert not isinstance(ranked, str), ranked
+        assert split is True
+        for hits, expected in zip(ranked, want):
+            assert_same_ranking([(h.docid, h.score) for h in hits], [(h.docid, h.score) for h in expected], atol=1e-5)
+
+
+def test_a_rank_uses_its_local_gpu():
+    """--device cuda (or any CUDA device) means cuda:LOCAL_RANK for every rank, the CPU stays the CPU."""
+    from pyserini_aligner.dist import DistContext, rank_device
+
+    ctx = DistContext(rank=5, world_size=8, local_rank=1)
+    assert rank_device("cuda", ctx) == rank_device("cuda:0", ctx) == "cuda:1"
+    assert rank_device("cpu", ctx) == "cpu"

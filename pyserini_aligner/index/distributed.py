@@ -147,7 +147,7 @@ def build_distributed(corpus: str, index_dir: str | os.PathLike, encoder="aligne
     # torchrun sets OMP_NUM_THREADS=1; tokenising, pruning and writing want this rank's share of the cores
     local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
-    _, created = join_group(ctx, device=dev, cuda_backend="cpu:gloo,cuda:nccl", timeout_s=timeout_s)
+    _, created = join_group(ctx, device=dev, timeout_s=timeout_s)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     job = _Job(ctx)
     try:

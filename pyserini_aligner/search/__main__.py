@@ -128,7 +128,7 @@ def run_distributed(args: argparse.Namespace) -> None:
     """--distributed: search in lockstep with the other ranks; rank 0 reads the topics and writes the run."""
     import torch.distributed as dist
 
-    from pyserini_aligner.dist import Collectives, join_group, lost_rank_message
+    from pyserini_aligner.dist import Collectives, join_group, lost_rank_message, rank_device, torchrun_context
     from pyserini_aligner.search.searcher import distributed_searcher
 
     if args.backend == "faiss":
@@ -137,9 +137,11 @@ def run_distributed(args: argparse.Namespace) -> None:
         raise UsageError("--distributed searches on one device a rank (--device cuda means cuda:LOCAL_RANK), not "
                          "--devices")
     try:
-        ctx, created = join_group()
-    except RuntimeError as error:  # not under torchrun
+        ctx = torchrun_context()
+    except RuntimeError as error:
         raise UsageError(str(error)) from None
+    # on GPUs NCCL carries the search's tensors (and the ranks split its work), Gloo the small CPU objects
+    ctx, created = join_group(ctx, device=rank_device(args.device, ctx))
     exchange = Collectives(ctx)
     try:
         problem, topics = None, None

@@ -201,10 +201,9 @@ class SearchOptions:
     def on_rank(self, ctx) -> "SearchOptions":
         """These options for rank ``ctx`` (a :class:`pyserini_aligner.dist.DistContext`) of a torchrun job: the torch
         backend, exchanging through the job's collectives; device "cuda" means cuda:LOCAL_RANK."""
-        from pyserini_aligner.dist import Collectives
+        from pyserini_aligner.dist import Collectives, rank_device
 
-        device = f"cuda:{ctx.local_rank}" if device_kind(self.device) == "cuda" else "cpu"
-        return self.replace(device=device, backend="torch", exchange=Collectives(ctx))
+        return self.replace(device=rank_device(self.device, ctx), backend="torch", exchange=Collectives(ctx))
 
     def resolved(self) -> "SearchOptions":
         """These options with the device's defaults filled in (backend, k_per_token, max_candidates,
