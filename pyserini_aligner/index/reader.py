@@ -153,14 +153,15 @@ class Segment:
         self.docids = Docids.read(paths[DOCIDS] if DOCIDS in paths else self.folder / DOCIDS, n)
         self.fields_path = paths.get(FIELDS)  # None: no document of the segment has stored fields
 
-    def read_tokens(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(token counts [N] int64, centroid ids [T] uint16, residual codes [T, R] uint8) of segment ``rows`` [N]
-        (ascending, so that neighbours are read at once), their tokens in row order, read from the files by position
-        (:class:`RowFile`): what refinement needs of a few candidates of a large index, without making the codes
-        resident. Compressed segments only."""
-        centroid_ids, residuals, _, _ = self._files
-        lengths = self.lengths[rows]
-        return lengths, centroid_ids.ranges(self.offsets[rows], lengths), residuals.ranges(self.offsets[rows], lengths)
+    def read_tokens(self, rows: np.ndarray, residuals: bool = True) -> tuple[np.ndarray, np.ndarray,
+                                                                             np.ndarray | None]:
+        """(token counts [N] int64, centroid ids [T] uint16, residual codes [T, R] uint8, or None without
+        ``residuals``) of segment ``rows`` [N] (ascending, so that neighbours are read at once), their tokens in row
+        order, read from the files by position (:class:`RowFile`): what centroid interaction and refinement need of
+        a few candidates of a large index, without making the codes resident. Compressed segments only."""
+        centroid_ids, codes, _, _ = self._files
+        lengths, starts = self.lengths[rows], self.offsets[rows]
+        return lengths, centroid_ids.ranges(starts, lengths), codes.ranges(starts, lengths) if residuals else None
 
     def read_lists(self, lists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(entries [L] int64, segment rows [E] int32, codes [E, M] uint8) of inverted lists ``lists`` [L]

@@ -139,6 +139,7 @@ class CodeShard:
         copy.__dict__.update({name: value.to(device) if isinstance(value, Tensor) else value
                               for name, value in vars(self).items()})
         copy.device = torch.device(device)
+        copy._reads = self._reads if copy.device.type == "cpu" else None  # on a GPU the codes are resident
         copy.elements = element_bound(copy.device)
         copy.pair_tables(paired_decoding(copy.device, copy.token_books))
         return copy
@@ -210,12 +211,13 @@ class CodeShard:
         codes and flags only with ``residuals`` (refinement reads them, centroid interaction does not)."""
         local = rows.to(self.device) - self.row_base
         if self._reads is not None:
-            lengths, ids, codes = (torch.from_numpy(a) for a in self._reads.read_tokens(local.numpy()))
+            lengths, ids, codes = self._reads.read_tokens(local.numpy(), residuals)
+            lengths, ids = torch.from_numpy(lengths), torch.from_numpy(ids).view(torch.int16)
             kept = None
             if residuals and self.kept is not None:
                 start = self.offsets[local] - (torch.cumsum(lengths, 0) - lengths)
                 kept = self.kept[torch.repeat_interleave(start, lengths) + torch.arange(len(ids))]
-            return lengths, ids.view(torch.int16), codes if residuals else None, kept
+            return lengths, ids, None if codes is None else torch.from_numpy(codes), kept
         lengths = self.lengths[local]
         total = int(lengths.sum()) if len(lengths) else 0
         start = self.offsets[local] - (torch.cumsum(lengths, 0) - lengths)  # token position minus output position
