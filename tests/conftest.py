@@ -147,26 +147,36 @@ def model(shipped_model_cache):
     return AlignerModel.from_pretrained("aligner")
 
 
+def jsonl_once(tmp_path_factory, name: str, records) -> Path:
+    """``records`` (a callable giving the documents) as the JsonCollection file ``name``, written once per session."""
+    with built_once(tmp_path_factory, name) as path:
+        if not path.is_file():
+            path.write_text("".join(json.dumps(r) + "\n" for r in records()))
+    return path
+
+
+def exact_index_once(tmp_path_factory, name: str, model, corpus: Path) -> Path:
+    """An exact index (codec fp16, β^d = 1, FAISS Flat) of the JsonCollection ``corpus``, built once per session."""
+    from pyserini_aligner.index import build_index, read_json_collection
+    from pyserini_aligner.index.format import MANIFEST
+
+    with built_once(tmp_path_factory, name) as target:
+        if not (target / MANIFEST).is_file():
+            build_index(read_json_collection(corpus), target, model, codec="fp16", doc_prune=1.0,
+                        progress=False, model_name="aligner")
+    return target
+
+
 @pytest.fixture(scope="session")
 def corpus_file(tmp_path_factory) -> Path:
     """The first 200 SciFact documents (texts cut to DOC_WORDS words) as a JsonCollection file."""
-    with built_once(tmp_path_factory, "scifact200.jsonl") as path:
-        if not path.is_file():
-            path.write_text("".join(json.dumps(r) + "\n" for r in scifact_docs(N_DOCS, DOC_WORDS)))
-    return path
+    return jsonl_once(tmp_path_factory, "scifact200.jsonl", lambda: scifact_docs(N_DOCS, DOC_WORDS))
 
 
 @pytest.fixture(scope="session")
 def index_dir(tmp_path_factory, model, corpus_file) -> Path:
-    """Exact index of the first 200 SciFact documents: codec fp16, β^d = 1, FAISS Flat (built once per session)."""
-    from pyserini_aligner.index import build_index, read_json_collection
-    from pyserini_aligner.index.format import MANIFEST
-
-    with built_once(tmp_path_factory, "scifact200_fp16") as target:
-        if not (target / MANIFEST).is_file():
-            build_index(read_json_collection(corpus_file), target, model, codec="fp16", doc_prune=1.0,
-                        progress=False, model_name="aligner")
-    return target
+    """Exact index of the first 200 SciFact documents (built once per session)."""
+    return exact_index_once(tmp_path_factory, "scifact200_fp16", model, corpus_file)
 
 
 @pytest.fixture(scope="session")
@@ -340,23 +350,13 @@ def fielded_records() -> list[dict]:
 @pytest.fixture(scope="session")
 def fielded_corpus(tmp_path_factory) -> Path:
     """:func:`fielded_records` as a JsonCollection file."""
-    with built_once(tmp_path_factory, "fielded.jsonl") as path:
-        if not path.is_file():
-            path.write_text("".join(json.dumps(r) + "\n" for r in fielded_records()))
-    return path
+    return jsonl_once(tmp_path_factory, "fielded.jsonl", fielded_records)
 
 
 @pytest.fixture(scope="session")
 def fielded_index(tmp_path_factory, model, fielded_corpus) -> Path:
-    """An exact index (codec fp16, β^d = 1) of :func:`fielded_corpus`, its fields stored with it."""
-    from pyserini_aligner.index import build_index, read_json_collection
-    from pyserini_aligner.index.format import MANIFEST
-
-    with built_once(tmp_path_factory, "fielded_fp16") as target:
-        if not (target / MANIFEST).is_file():
-            build_index(read_json_collection(fielded_corpus), target, model, codec="fp16", doc_prune=1.0,
-                        progress=False, model_name="aligner")
-    return target
+    """An exact index of :func:`fielded_corpus`, its fields stored with it."""
+    return exact_index_once(tmp_path_factory, "fielded_fp16", model, fielded_corpus)
 
 
 @pytest.fixture(scope="session")
