@@ -28,7 +28,7 @@ import torch
 def synthetic_docs(tokenizer, n: int, lengths: str, maxlen: int, seed: int = 0) -> list[str]:
     """n texts of whole-word vocabulary entries: "full" overflows maxlen, "mixed" has uniform [16, maxlen] tokens."""
     rng = random.Random(seed)
-    words = [w for w in tokenizer.get_vocab() if w.isalpha() and w.isascii() and len(w) >= 3]
+    words = [w for w in tokenizer.vocabulary() if w.isalpha() and w.isascii() and len(w) >= 3]
     words.sort()
     docs = []
     for _ in range(n):
@@ -46,7 +46,7 @@ def scifact_docs(path: Path, tokenizer, n: int, lengths: str, maxlen: int) -> li
             for line in lines:
                 record = json.loads(line)
                 text = f"{record.get('title', '')} {record['text']}".strip()
-                if lengths == "full" and len(tokenizer(text, truncation=True, max_length=maxlen)["input_ids"]) < maxlen:
+                if lengths == "full" and len(tokenizer.ids([text], max_length=maxlen)[0]) < maxlen:
                     continue
                 docs.append(text)
                 if len(docs) == n:
@@ -59,10 +59,8 @@ def unsorted_loop(model, texts: list[str], batch_size: int) -> list[np.ndarray]:
     out = []
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):
-            batch = model.tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
-                                    max_length=model.config.doc_maxlen, return_tensors="pt",
-                                    return_token_type_ids=False).to(model.device)
-            res = model(batch["input_ids"], batch["attention_mask"], is_query=False)
+            ids = model.tokenizer.ids(texts[start:start + batch_size], max_length=model.config.doc_maxlen)
+            res = model(*model.pad(ids), is_query=False)
             vectors, mask = res.vectors.cpu().numpy(), res.mask.cpu().numpy()
             out.extend(v[m] for v, m in zip(vectors, mask))
     return out
@@ -123,7 +121,7 @@ def main() -> None:
     for lengths in (["full", "mixed"] if args.lengths == "both" else [args.lengths]):
         texts = (scifact_docs(args.scifact, model.tokenizer, args.n_docs, lengths, maxlen) if args.scifact
                  else synthetic_docs(model.tokenizer, args.n_docs, lengths, maxlen))
-        tokens = sum(min(len(ids), maxlen) for ids in model.tokenizer(texts)["input_ids"])
+        tokens = sum(min(len(ids), maxlen) for ids in model.tokenizer.ids(texts))
         times, outputs = timed({"unsorted": lambda: unsorted_loop(model, texts, args.batch_size),
                                 "sorted": lambda: sorted_encode(model, texts, args.batch_size)}, device, args.repeats)
         t_loop, t_sorted = times["unsorted"], times["sorted"]

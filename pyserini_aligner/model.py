@@ -1,7 +1,8 @@
 """AligneR model: transformer backbone + 128-d token projection + query/doc unary-salience heads.
 
-Only torch, transformers, safetensors, numpy and tqdm are imported here (no Pyserini, no FAISS), so this module also
-runs where those are not installed.
+Only torch, safetensors, tokenizers, numpy and tqdm are imported here (no Pyserini, no FAISS; transformers only for
+a backbone that :mod:`pyserini_aligner.backbone` does not run), so this module also runs where those are not
+installed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from pyserini_aligner.backbone import load_backbone, load_tokenizer
 from pyserini_aligner.checkpoints import SHIPPED, checkpoint_folder
 from pyserini_aligner.textio import check_collection
 
@@ -183,33 +185,17 @@ def resolve_backbone(backbone: str, checkpoint_dir: Path | None = None) -> str:
     return backbone
 
 
-def load_backbone(source: str) -> nn.Module:
-    """The backbone at ``source`` (a folder or HF name) as published, in fp32."""
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        return AutoModel.from_pretrained(source).float()
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
-
-
 class AlignerModel(nn.Module):
     """Backbone → Linear(hidden→dim, no bias) → L2 norm per token; Linear(hidden→1) salience head per side."""
 
     def __init__(self, config: AlignerConfig, checkpoint_dir: Path | None = None):
         """Load the backbone named by ``config`` and initialise the heads deterministically (see :meth:`reset_heads`)."""
         super().__init__()
-        from transformers import AutoTokenizer
-
         config.validate()
         self.config = config
         self.backbone_source = resolve_backbone(config.backbone, checkpoint_dir)
         self.backbone = load_backbone(self.backbone_source)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.backbone_source)
+        self.tokenizer = load_tokenizer(self.backbone_source)
         hidden = self.backbone.config.hidden_size
         if hidden != config.hidden_size:
             raise ValueError(f"config hidden_size={config.hidden_size} but backbone {self.backbone_source} "
@@ -295,13 +281,12 @@ class AlignerModel(nn.Module):
         if not texts:
             return [], []
         # One token over the limit tells whether a text was truncated; the final special token is then kept.
-        ids = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit + 1,
-                             return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        ids = self.tokenizer.ids(texts, max_length=limit + 1)
         truncated = [len(row) > limit for row in ids]
         ids = [row[:limit - 1] + row[-1:] if cut else row for row, cut in zip(ids, truncated)]
         return ids, truncated
 
-    def _pad(self, rows: list[list[int]]) -> tuple[Tensor, Tensor]:
+    def pad(self, rows: list[list[int]]) -> tuple[Tensor, Tensor]:
         """(input ids, attention mask) [B, L] on the model's device: L is the longest row, rounded up to a multiple
         of ``CUDA_PAD_MULTIPLE`` on a GPU (fewer distinct shapes and whole tensor-core tiles)."""
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
@@ -346,7 +331,7 @@ class AlignerModel(nn.Module):
                 starts = range(0, len(order), batch_size)
                 for start in tqdm(starts, desc=f"encode {kind}s", disable=not progress, unit="batch"):
                     batch = order[start:start + batch_size]
-                    out = self(*self._pad([ids[i] for i in batch]), is_query=is_query)
+                    out = self(*self.pad([ids[i] for i in batch]), is_query=is_query)
                     vectors, mask, salience = out.vectors.cpu().numpy(), out.mask.cpu().numpy(), out.salience.cpu().numpy()
                     for row, i in enumerate(batch):
                         keep = mask[row]
@@ -389,7 +374,7 @@ class AlignerModel(nn.Module):
             with torch.inference_mode():
                 for start in range(0, len(order), batch_size):
                     batch = order[start:start + batch_size]
-                    out = self(*self._pad([ids[i] for i in batch]), is_query=is_query)
+                    out = self(*self.pad([ids[i] for i in batch]), is_query=is_query)
                     rows, cols = torch.tensor(batch, device=self.device), len(ids[batch[0]])  # the longest
                     vectors[rows, :cols] = out.vectors[:, :cols].to(dtype)
                     mask[rows, :cols], salience[rows, :cols] = out.mask[:, :cols], out.salience[:, :cols]

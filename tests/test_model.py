@@ -47,7 +47,7 @@ def test_shipped_checkpoint_files_are_small_and_documented(name):
 def test_vectors_unit_norm_shape_and_salience(model):
     for is_query in (True, False):
         for text, enc in zip(TEXTS, model.encode(TEXTS, is_query=is_query, batch_size=2)):
-            n = len(model.tokenizer(text)["input_ids"])
+            n = len(model.tokenizer.ids([text])[0])
             assert enc.vectors.shape == (n, 128) and enc.vectors.dtype == np.float32
             np.testing.assert_allclose(np.linalg.norm(enc.vectors, axis=1), 1.0, atol=1e-5)
             assert enc.salience.shape == (n,) and (enc.salience >= 0).all() and enc.salience.max() > 0
@@ -69,9 +69,10 @@ def test_salience_in_score_switch(model, monkeypatch):
 
 
 def test_padding_is_never_a_real_token(model):
-    ids = model.tokenizer(TEXTS[:3], padding=True, return_tensors="pt")
-    out = model(ids["input_ids"], ids["attention_mask"], is_query=False)
-    assert torch.equal(out.mask, ids["attention_mask"].bool())
+    input_ids, attention = model.pad(model.tokenizer.ids(TEXTS[:3]))
+    assert not attention.all()  # texts of different lengths: some padding
+    out = model(input_ids, attention, is_query=False)
+    assert torch.equal(out.mask, attention.bool())
     assert out.vectors[~out.mask].abs().max() == 0 and out.salience[~out.mask].abs().max() == 0
     # A text padded inside a batch encodes exactly as on its own.
     _same(model.encode([TEXTS[2]], is_query=False), model.encode([TEXTS[2], TEXTS[3]], is_query=False)[:1])
@@ -79,9 +80,9 @@ def test_padding_is_never_a_real_token(model):
 
 def test_keep_special_changes_the_mask(model, monkeypatch):
     with_special = model.encode(TEXTS, is_query=False)
-    ids = model.tokenizer(TEXTS[:1], return_tensors="pt")
+    input_ids, attention = model.pad(model.tokenizer.ids(TEXTS[:1]))
     monkeypatch.setattr(model.config, "keep_special", False)
-    mask = model(ids["input_ids"], ids["attention_mask"], is_query=False).mask[0]
+    mask = model(input_ids, attention, is_query=False).mask[0]
     assert not mask[0] and not mask[-1] and mask[1:-1].all()
     without = model.encode(TEXTS, is_query=False)
     for text, a, b in zip(TEXTS, with_special, without):

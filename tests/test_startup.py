@@ -43,11 +43,21 @@ def test_a_search_from_the_plugin_cli_starts_no_jvm(tmp_path, model):
     build_index(read_json_collection(QUICKSTART / "corpus"), index, model, progress=False, model_name="aligner")
     topics = tmp_path / "topics.tsv"
     topics.write_text("".join((QUICKSTART / "topics.tsv").read_text().splitlines(keepends=True)[:5]))
-    loaded = roots(imported_modules(["-m", "pyserini_aligner.search", "--index", str(index), "--topics",
-                                     str(topics), "--output", str(tmp_path / "run.trec"), "--hits", "10", "--quiet"]))
+    modules = imported_modules(["-m", "pyserini_aligner.search", "--index", str(index), "--topics", str(topics),
+                                "--output", str(tmp_path / "run.trec"), "--hits", "10", "--quiet"])
+    assert "torch._dynamo" not in modules  # (seconds of import: building modules on the meta device loads it)
+    loaded = roots(modules)
     assert {"torch", "faiss"} <= loaded  # the search ran
-    assert not loaded & {"pyserini", "jnius", "ir_datasets", "ranx", "numba"}
+    assert not loaded & {"pyserini", "jnius", "ir_datasets", "ranx", "numba", "transformers"}
     assert len((tmp_path / "run.trec").read_text().splitlines()) == 50
+    # Pyserini's own command line, on the same index: its other encoders (transformers' models, scikit-learn, the
+    # OpenAI client) are not imported, and the run is the plugin's, line for line.
+    loaded = roots(imported_modules(["-m", "pyserini.search.faiss", "--index", str(index), "--topics", str(topics),
+                                     "--output", str(tmp_path / "faiss.trec"), "--hits", "10", "--encoder",
+                                     "aligner"]))
+    assert {"pyserini", "jnius", "torch", "faiss"} <= loaded
+    assert not loaded & {"transformers", "sklearn", "openai"}
+    assert (tmp_path / "faiss.trec").read_text().replace("Faiss", "AligneR") == (tmp_path / "run.trec").read_text()
 
 
 @pytest.mark.parametrize("output_format, max_passage", [("trec", False), ("msmarco", False), ("trec", True),
@@ -100,3 +110,25 @@ def test_openmp_threads_sleep_on_the_plugin_command_lines(monkeypatch, argv, exp
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     _startup.quiet_openmp()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # a setting of the user's is kept
+
+
+def test_a_deferred_class_imports_its_module_when_first_used():
+    from pyserini_aligner.pyserini_patches.deferred import DeferredModule, resolve
+
+    assert resolve("_auto", "pyserini.encode", 1) == "pyserini.encode._auto"
+    assert resolve("", "pyserini.encode.optional", 2) == "pyserini.encode"
+    assert resolve("json", None, 0) == "json"
+    code = ("import sys\n"
+            "from pyserini_aligner.pyserini_patches.deferred import DeferredModule\n"
+            "Scheduler = DeferredModule('sched').scheduler\n"
+            "assert not isinstance(1, Scheduler) and not issubclass(int, Scheduler)\n"
+            "assert 'sched' not in sys.modules and 'not imported yet' in repr(Scheduler)\n"
+            "made = Scheduler()\n"
+            "import sched\n"
+            "assert type(made) is sched.scheduler and isinstance(made, Scheduler)\n"
+            "assert issubclass(sched.scheduler, Scheduler) and Scheduler.real() is sched.scheduler\n"
+            "assert Scheduler.enter is sched.scheduler.enter\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(AttributeError):
+        DeferredModule("pyclbr").__wrapped__

@@ -33,7 +33,7 @@ def text_tokens(model: AlignerModel, text: str, is_query: bool) -> tuple[list[To
     ids, truncated = model.tokenize([text], is_query)
     row = ids[0]
     keep = model.token_mask(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long))[0].tolist()
-    pieces = model.tokenizer.convert_ids_to_tokens(row)
+    pieces = model.tokenizer.tokens(row)
     special = set(model.special_ids.tolist())
     spans = _offsets(model, text, is_query, row, truncated[0])
     tokens, prev_end = [], None
@@ -53,12 +53,12 @@ def text_tokens(model: AlignerModel, text: str, is_query: bool) -> tuple[list[To
 
 def _offsets(model: AlignerModel, text: str, is_query: bool, row: list[int], truncated: bool):
     """Character span of each token of ``row`` (cut like AlignerModel.tokenize), or None without a fast tokenizer."""
-    if not getattr(model.tokenizer, "is_fast", False):
-        return None
     limit = model.config.query_maxlen if is_query else model.config.doc_maxlen
-    enc = model.tokenizer(text, add_special_tokens=True, truncation=True, max_length=limit + 1,
-                          return_offsets_mapping=True, return_attention_mask=False, return_token_type_ids=False)
-    ids, spans = enc["input_ids"], enc["offset_mapping"]
+    try:
+        ids, spans = model.tokenizer.ids_and_offsets(text, max_length=limit + 1)
+    except ValueError:  # a tokenizer without character offsets
+        return None
+    spans = [tuple(span) for span in spans]
     if truncated:
         ids, spans = ids[:limit - 1] + ids[-1:], spans[:limit - 1] + spans[-1:]
     return spans if list(ids) == list(row) else None

@@ -582,7 +582,12 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
 
         exec_server_module(name, inner, module)
         return
-    inner.exec_module(module)
+    if name == "pyserini.encode" and running_a_command() and _argv_uses_aligner():
+        from pyserini_aligner.pyserini_patches.deferred import exec_deferring
+
+        exec_deferring(inner, module)
+    else:
+        inner.exec_module(module)
     if name == "pyserini.encode":
         register_encoders(module)
     elif name == "pyserini.search.faiss._searcher":

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from pyserini_aligner.alignment import alignment_scores
-from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel, load_backbone
+from pyserini_aligner.backbone import load_backbone
+from pyserini_aligner.model import DELTA_FILE, FORMAT_VERSION, AlignerConfig, AlignerModel
 from pyserini_aligner.resolve import UNTRAINED, load_model
 from pyserini_aligner.strategy import MAXSIM
 from pyserini_aligner.train.config import TrainConfig

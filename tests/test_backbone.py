@@ -1,0 +1,93 @@
+"""The backbone in plain torch and its tokenizer against ``transformers``' BertModel and tokenizer (the reference):
+the same weights under the same names, the same hidden states to float rounding, the same token ids."""
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pyserini_aligner.backbone import Bert, BertConfig, WordPieces, load_backbone, load_tokenizer
+from pyserini_aligner.model import resolve_backbone
+
+SOURCE = resolve_backbone("minilm")
+
+
+def scifact_texts(n: int) -> list[str]:
+    with zipfile.ZipFile(Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip") as archive:
+        docs = archive.read("scifact/corpus.jsonl").decode().splitlines()[:n]
+        queries = archive.read("scifact/queries.jsonl").decode().splitlines()[:n]
+    return [json.loads(line)["text"] for line in docs + queries] + ["", "  ", "Ünïcödé — 𝔘 ½ 東京", "a"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoModel, AutoTokenizer
+
+    return AutoModel.from_pretrained(SOURCE).float().eval(), AutoTokenizer.from_pretrained(SOURCE)
+
+
+def test_the_tokenizer_gives_the_reference_ids(reference):
+    _, hub = reference
+    ours = load_tokenizer(SOURCE)
+    assert isinstance(ours, WordPieces)
+    texts = scifact_texts(200)
+    for max_length in (None, 5, 65, 257):
+        expected = hub(texts, add_special_tokens=True, truncation=max_length is not None, max_length=max_length)
+        assert ours.ids(texts, max_length) == expected["input_ids"]
+    assert ours.ids(texts[:20], special=False) == hub(texts[:20], add_special_tokens=False)["input_ids"]
+    ids, spans = ours.ids_and_offsets(texts[0], 40)
+    expected = hub(texts[0], truncation=True, max_length=40, return_offsets_mapping=True)
+    assert ids == expected["input_ids"] and [tuple(s) for s in spans] == [tuple(s) for s in expected["offset_mapping"]]
+    assert ours.tokens(ids) == hub.convert_ids_to_tokens(ids)
+    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id) == (hub.cls_token_id, hub.sep_token_id,
+                                                                         hub.pad_token_id)
+    assert ours.decode(ids) == hub.decode(ids, skip_special_tokens=True)
+
+
+def test_hidden_states_equal_the_reference_to_float_rounding(reference):
+    hub_model, _ = reference
+    ours = load_backbone(SOURCE)
+    assert isinstance(ours, Bert) and not ours.training
+    assert list(ours.state_dict()) == list(hub_model.state_dict())
+    assert all(torch.equal(ours.state_dict()[k], v) for k, v in hub_model.state_dict().items())
+    rows = load_tokenizer(SOURCE).ids(scifact_texts(12), 80)
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    assert not mask.all()
+    with torch.inference_mode():
+        ours_hidden = ours(ids, mask).last_hidden_state
+        expected = hub_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        alone = ours(ids[:1, :len(rows[0])], mask[:1, :len(rows[0])]).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(ours_hidden[real], expected[real], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(alone[0], ours_hidden[0, :len(rows[0])], atol=2e-5, rtol=1e-5)
+
+
+def test_dropout_only_while_training():
+    model = load_backbone(SOURCE)
+    ids = torch.tensor([load_tokenizer(SOURCE).ids(["dropout acts only in training"])[0]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        first, second = (model(ids, mask).last_hidden_state for _ in range(2))
+        assert torch.equal(first, second)
+        model.train()
+        torch.manual_seed(0)
+        third, fourth = (model(ids, mask).last_hidden_state for _ in range(2))
+    assert not torch.equal(third, fourth)
+
+
+def test_other_architectures_are_not_taken_for_bert(tmp_path):
+    config = json.loads((Path(SOURCE) / "config.json").read_text())
+    assert BertConfig.read(Path(SOURCE)).num_hidden_layers == config["num_hidden_layers"]
+    for change in ({"model_type": "roberta"}, {"hidden_act": "gelu_new"}, {"position_embedding_type": "relative_key"},
+                   {"num_attention_heads": 5}):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+        assert BertConfig.read(tmp_path) is None, change
+    (tmp_path / "config.json").write_text("{not json")
+    assert BertConfig.read(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        Bert.load(tmp_path, BertConfig.read(tmp_path))
