@@ -91,3 +91,20 @@ def test_other_architectures_are_not_taken_for_bert(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         Bert.load(tmp_path, BertConfig.read(tmp_path))
+
+
+def test_the_speed_study_compares_both_backbones_on_cpu(tmp_path):
+    import subprocess
+    import sys
+
+    zip_path = Path(os.environ["PYSERINI_ALIGNER_BEIR_DIR"]) / "scifact.zip"
+    done = subprocess.run([sys.executable, "-m", "eval.experiments.backbone_speed", "--beir-zip", str(zip_path),
+                           "--output", str(tmp_path), "--device", "cpu", "--docs", "4", "--queries", "2",
+                           "--batch-size", "2", "--repeats", "1"], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "backbone_speed.json").read_text())
+    assert set(report["rows"]) == {"plain torch", "transformers BertModel"}
+    assert all(row["docs_s"] > 0 and row["query_eager_ms_p50"] > 0 for row in report["rows"].values())
+    assert report["max_abs_diff_query_vectors"] < 1e-4 and report["max_abs_diff_doc_vectors"] < 1e-4
+    assert "| plain torch |" in (tmp_path / "backbone_speed.md").read_text()
