@@ -16,7 +16,7 @@ import requests
 
 from pyserini_aligner.trec import read_run
 
-from conftest import messages, one_line_error, run, scifact_docs, stale_run
+from conftest import messages, one_line_error, run, run_module, scifact_docs, stale_run
 
 REPO = Path(__file__).resolve().parents[1]
 N_DOCS = 30
@@ -63,9 +63,9 @@ def test_a_tiny_corpus_with_codec_auto_is_warned_and_punctuation_only_documents_
     assert searcher.search("...", k=5) == [] and searcher.search("?!", k=5) == []  # no words: no hits
 
 
-def test_a_huge_k_is_capped_at_the_live_documents(index, topics, tmp_path):
+def test_a_huge_k_is_capped_at_the_live_documents(index, topics, tmp_path, capsys):
     """k = 10⁹ asked 164 GiB of the search's buffers (a MemoryError traceback); every entry now gets every live
-    document, ranked as a search for exactly that many."""
+    document, ranked as a search for exactly that many. The command lines run in this process (python -m)."""
     from pyserini_aligner.search import AlignerSearcher
 
     searcher = AlignerSearcher(index)
@@ -76,19 +76,18 @@ def test_a_huge_k_is_capped_at_the_live_documents(index, topics, tmp_path):
     want = dict(zip(QUERIES, searcher.rank(list(QUERIES.values()), k=N_DOCS)))
     assert searcher.rank(list(QUERIES.values()), k=10 ** 9) == list(want.values())
 
-    plugin = run("-m", "pyserini_aligner.search", "--index", index, "--topics", topics, "--output",
-                 tmp_path / "plugin.trec", "--hits", HUGE, "--quiet")
-    assert plugin.returncode == 0 and "Traceback" not in plugin.stderr, plugin.stderr[-3000:]
+    assert run_module("pyserini_aligner.search", "--index", index, "--topics", topics, "--output",
+                      tmp_path / "plugin.trec", "--hits", HUGE, "--quiet") == 0
     ranked = read_run(tmp_path / "plugin.trec")
     assert sorted(ranked) == sorted(QUERIES)
     for qid, hits in want.items():
         assert list(ranked[qid]) == [docid for docid, _ in hits]
 
     # Pyserini's faiss CLI, here without --encoder: the index's own model encodes the queries
-    faiss = run("-m", "pyserini.search.faiss", "--index", index, "--topics", topics, "--output",
-                tmp_path / "faiss.trec", "--hits", HUGE)
-    assert faiss.returncode == 0 and "Traceback" not in faiss.stderr, faiss.stderr[-3000:]
-    assert f"pyserini-aligner: --encoder aligner, the model index {index} was built with" in faiss.stderr
+    capsys.readouterr()
+    assert run_module("pyserini.search.faiss", "--index", index, "--topics", topics, "--output",
+                      tmp_path / "faiss.trec", "--hits", HUGE) == 0
+    assert f"pyserini-aligner: --encoder aligner, the model index {index} was built with" in capsys.readouterr().err
     via_pyserini = read_run(tmp_path / "faiss.trec")
     for qid in QUERIES:
         assert list(via_pyserini[qid]) == list(ranked[qid])
@@ -96,34 +95,34 @@ def test_a_huge_k_is_capped_at_the_live_documents(index, topics, tmp_path):
 
 
 def test_a_huge_k_through_pyserini_hybrid(index, topics, tmp_path):
+    """The command line runs in this process (python -m)."""
     from pyserini_aligner.bm25 import build_lucene_index
     from pyserini_aligner.data import Doc
 
     docs = [Doc(d["id"], "", d["contents"]) for d in scifact_docs(N_DOCS, 48)]
     lucene = build_lucene_index(docs, tmp_path / "lucene")
-    result = run("-m", "pyserini.search.hybrid", "dense", "--index", index, "--encoder", "aligner", "sparse",
-                 "--index", lucene, "fusion", "--alpha", "0.1", "run", "--topics", topics, "--output",
-                 tmp_path / "hybrid.trec", "--hits", HUGE)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert run_module("pyserini.search.hybrid", "dense", "--index", index, "--encoder", "aligner", "sparse",
+                      "--index", lucene, "fusion", "--alpha", "0.1", "run", "--topics", topics, "--output",
+                      tmp_path / "hybrid.trec", "--hits", HUGE) == 0
     fused = read_run(tmp_path / "hybrid.trec")
     assert sorted(fused) == sorted(QUERIES) and all(10 < len(hits) <= N_DOCS for hits in fused.values())
 
 
-def test_pyserini_faiss_flags_that_do_not_apply_to_aligner(index, topics, tmp_path):
+def test_pyserini_faiss_flags_that_do_not_apply_to_aligner(index, topics, tmp_path, capsys):
     """--encoded-queries is refused (an AligneR index needs the query text); --query-prefix, --pooling, --l2-norm
-    and --tokenizer are named in one warning line and change nothing."""
+    and --tokenizer are named in one warning line and change nothing (those two searches run in this process)."""
     refused = run("-m", "pyserini.search.faiss", "--index", index, "--encoded-queries", tmp_path, "--topics", topics,
                   "--output", stale_run(tmp_path))
     one_line_error(refused, 2, "--encoded-queries: an AligneR index is searched with one vector per query token")
     assert list(tmp_path.iterdir()) == []
 
     plain, flagged = tmp_path / "plain.trec", tmp_path / "flagged.trec"
-    assert run("-m", "pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics", topics,
-               "--output", plain).returncode == 0
-    result = run("-m", "pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics", topics,
-                 "--output", flagged, "--query-prefix", "query: ", "--pooling", "mean", "--l2-norm")
-    assert result.returncode == 0, result.stderr[-3000:]
-    warnings = [line for line in messages(result.stderr) if line.startswith("warning:")]
+    assert run_module("pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics", topics,
+                      "--output", plain) == 0
+    capsys.readouterr()
+    assert run_module("pyserini.search.faiss", "--index", index, "--encoder", "aligner", "--topics", topics,
+                      "--output", flagged, "--query-prefix", "query: ", "--pooling", "mean", "--l2-norm") == 0
+    warnings = [line for line in messages(capsys.readouterr().err) if line.startswith("warning:")]
     assert warnings == ["warning: ignoring flags that do not apply to the AligneR encoder: --query-prefix 'query: ' "
                         "--pooling mean --l2-norm"]
     assert read_run(flagged) == read_run(plain)
@@ -209,7 +208,8 @@ def test_an_index_path_that_cannot_be_created_is_named_as_given(tmp_path):
     assert "building" not in line
 
 
-def test_adapt_on_one_query_prints_no_infinite_t(index, tmp_path):
+def test_adapt_on_one_query_prints_no_infinite_t(index, tmp_path, capsys):
+    """The command line runs in this process (python -m)."""
     topic = tmp_path / "one.tsv"
     topic.write_text(f"q1\t{QUERIES['q1']}\n")
     from pyserini_aligner.search import AlignerSearcher
@@ -217,11 +217,12 @@ def test_adapt_on_one_query_prints_no_infinite_t(index, tmp_path):
     judged = AlignerSearcher(index).search(QUERIES["q1"], k=5)[4].docid  # among the candidates, not the first
     qrels = tmp_path / "qrels.txt"
     qrels.write_text(f"q1 0 {judged} 1\n")
-    result = run("-m", "pyserini_aligner.adapt", "--index", index, "--topics", topic, "--qrels", qrels,
-                 "--checkpoints", "aligner", "--strategies", "top-k:1", "top-k:4", "--dry-run")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not re.search(r"[+-]inf\b", result.stdout), result.stdout
-    rows = [line for line in result.stdout.splitlines() if line.startswith("aligner ") and "<- current" not in line]
-    assert rows and all(row.split()[4] == "n/a" for row in rows), result.stdout  # the t column
-    verdict = next(line for line in result.stdout.splitlines() if line.startswith(("keeping", "replacing")))
+    capsys.readouterr()
+    assert run_module("pyserini_aligner.adapt", "--index", index, "--topics", topic, "--qrels", qrels,
+                      "--checkpoints", "aligner", "--strategies", "top-k:1", "top-k:4", "--dry-run") == 0
+    stdout = capsys.readouterr().out
+    assert not re.search(r"[+-]inf\b", stdout), stdout
+    rows = [line for line in stdout.splitlines() if line.startswith("aligner ") and "<- current" not in line]
+    assert rows and all(row.split()[4] == "n/a" for row in rows), stdout  # the t column
+    verdict = next(line for line in stdout.splitlines() if line.startswith(("keeping", "replacing")))
     assert "t = n/a: one query gives no test" in verdict or verdict.endswith("no candidate beats it"), verdict
