@@ -10,7 +10,7 @@ from eval.experiments import candidate_misses
 
 def test_every_miss_has_one_cause_and_wider_candidates_hold_more_of_the_exact_top_10(tmp_path, capsys):
     archive, out = _tiny_zip(tmp_path / "scifact.zip", n_queries=4, n_other=2), tmp_path / "out"
-    assert candidate_misses.main(["--beir-zip", str(archive), "--size", "200", "--queries", "4", "--device", "cpu",
+    assert candidate_misses.main(["--beir-zip", str(archive), "--size", "100", "--queries", "4", "--device", "cpu",
                                   "--depth", "20:1:20:40", "--codec", "IVF16,PQ4,Refine(PQ16)", "--batch-size", "64",
                                   "--search-batch", "4", "--output", str(out), "--quiet"]) == 0
     report = json.loads((out / "candidate_misses.json").read_text())

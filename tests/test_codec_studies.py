@@ -30,10 +30,11 @@ def test_a_product_quantizer_decodes_each_part_to_its_nearest_codeword():
 
 
 def test_both_codec_studies_run_on_cpu(tmp_path):
-    common = ["--beir-zip", str(SCIFACT), "--size", "40", "--device", "cpu", "--max-queries", "4", "--quiet"]
+    common = ["--beir-zip", str(SCIFACT), "--size", "16", "--device", "cpu", "--max-queries", "4", "--train-size",
+              "512", "--quiet"]  # 16 passages: about 4,000 tokens; codebooks of 256 codewords trained on 512
     residual_quantizers.main(common + ["--quantizers", "PQ4", "PQ16", "--output", str(tmp_path / "rq.json")])
     report = json.loads((tmp_path / "rq.json").read_text())
-    assert report["passages"] == 40 and report["queries"] == 4 and report["residual_norm2"] > 0
+    assert report["passages"] == 16 and report["queries"] == 4 and report["residual_norm2"] > 0
     coarse, fine = report["quantizers"]
     assert (coarse["bytes_per_token"], fine["bytes_per_token"]) == (6, 18)
     assert fine["squared_error"] < coarse["squared_error"] < report["residual_norm2"]
@@ -66,7 +67,8 @@ def test_token_precision_plans_and_kept_tokens_against_loops():
 
 
 def test_token_precision_runs_on_cpu(tmp_path):
-    common = ["--beir-zip", str(SCIFACT), "--size", "40", "--device", "cpu", "--max-queries", "4", "--quiet"]
+    common = ["--beir-zip", str(SCIFACT), "--size", "16", "--device", "cpu", "--max-queries", "4", "--train-size",
+              "512", "--quiet"]  # 16 passages: about 4,000 tokens; codebooks of 256 codewords trained on 512
     token_precision.main(common + ["--plans", "fp16", "keep0.5:fp16", "PQ4", "PQ16/PQ0:0.5:error",
                                    "--output", str(tmp_path / "tp.json")])
     report = json.loads((tmp_path / "tp.json").read_text())

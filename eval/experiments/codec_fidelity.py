@@ -28,7 +28,7 @@ from pyserini_aligner.index.codec import ResidualCodec
 from pyserini_aligner.index.codec_spec import resolve_codec
 from pyserini_aligner.resolve import load_model
 
-TRAIN_SIZE = 100_000  # residuals the PQ codebooks train on (the build's default)
+TRAIN_SIZE = 100_000  # residuals the PQ codebooks train on by default (the build's default)
 STEP = 1 << 20  # tokens coded at once
 
 
@@ -40,6 +40,7 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--max-queries", type=int, default=300)
+    parser.add_argument("--train-size", type=int, default=TRAIN_SIZE, help="residuals the codebooks train on")
     parser.add_argument("--output", required=True)
     parser.add_argument("--quiet", action="store_true")
 
@@ -92,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.codecs:
         spec = resolve_codec(name, tokens.shape[1], len(tokens))
         start = time.perf_counter()
-        sample = tokens[torch.randperm(len(tokens), generator=gen)[:max(TRAIN_SIZE, 32 * spec.nlist)]
+        sample = tokens[torch.randperm(len(tokens), generator=gen)[:max(args.train_size, 32 * spec.nlist)]
                         .to(tokens.device)].float()
-        codec = ResidualCodec.train(spec, sample, sample[:TRAIN_SIZE])
+        codec = ResidualCodec.train(spec, sample, sample[:args.train_size])
         ids = np.concatenate([codec.encode_centroids(tokens[a:a + STEP].float())
                               for a in range(0, len(tokens), STEP)])
         codes = np.concatenate([codec.encode_residuals(tokens[a:a + STEP].float(), ids[a:a + STEP])

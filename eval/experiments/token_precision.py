@@ -6,8 +6,8 @@ passages that keep only their most salient tokens.
         --plans fp16 keep0.8:fp16 PQ8 PQ16 PQ32 PQ32/PQ8:0.2:error --output <json>
 
 The index's centroids stay as ``--codec auto`` trains them; every token's residual after its centroid is coded by
-product quantisers of 4, 8, 16 and 32 bytes (trained once, on 100,000 residuals; 0 bytes: the centroid alone). A
-plan is ``[keep<share>:](fp16 | PQ<M> | PQ<F>/PQ<C>:<share>:<rank>)``:
+product quantisers of 4, 8, 16 and 32 bytes (trained once, on ``--train-size`` residuals, 100,000 by default; 0 bytes:
+the centroid alone). A plan is ``[keep<share>:](fp16 | PQ<M> | PQ<F>/PQ<C>:<share>:<rank>)``:
 
 - ``fp16``: the exact vectors; ``PQ<M>``: every token's residual in M bytes;
 - ``PQ<F>/PQ<C>:<share>:<rank>``: the ``share`` of all tokens ranked first by ``rank`` get F-byte codes, the others
@@ -33,7 +33,7 @@ import torch
 
 from eval.bench_scale.exact import exhaustive_top
 from eval.bench_scale.measure import overlap_at_k
-from eval.experiments.codec_fidelity import TRAIN_SIZE, corpus_arguments, exact_reference, ranking, write_report
+from eval.experiments.codec_fidelity import corpus_arguments, exact_reference, ranking, write_report
 from pyserini_aligner.index.codec import ResidualCodec, pq_encode, train_pq, unit_rows
 from pyserini_aligner.index.codec_spec import resolve_codec
 
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     spec = resolve_codec("auto", tokens.shape[1], len(tokens))
     gen = torch.Generator().manual_seed(0)
-    sample = tokens[torch.randperm(len(tokens), generator=gen)[:max(TRAIN_SIZE, 32 * spec.nlist)]
+    sample = tokens[torch.randperm(len(tokens), generator=gen)[:max(args.train_size, 32 * spec.nlist)]
                     .to(tokens.device)].float()
-    codec = ResidualCodec.train(spec, sample, sample[:TRAIN_SIZE])
+    codec = ResidualCodec.train(spec, sample, sample[:args.train_size])
     ids = np.concatenate([codec.encode_centroids(tokens[a:a + STEP].float()) for a in range(0, len(tokens), STEP)])
     ids = torch.from_numpy(ids.astype(np.int64)).to(tokens.device)
     centroids = codec.centroids.to(tokens.device)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     def residual(a: int, b: int) -> torch.Tensor:
         return tokens[a:b].float() - centroids[ids[a:b]]
 
-    picked = torch.randperm(len(tokens), generator=gen)[:TRAIN_SIZE].to(tokens.device)
+    picked = torch.randperm(len(tokens), generator=gen)[:args.train_size].to(tokens.device)
     train = tokens[picked].float() - centroids[ids[picked]]
     books, codes, errors = {}, {}, {}
     for m in LEVELS:
