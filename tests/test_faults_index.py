@@ -176,18 +176,11 @@ def test_same_size_corruption_of_every_file_is_caught(tmp_path, built):
         StoredIndex(edited)
 
 
-@pytest.fixture(scope="module")
-def large(tmp_path_factory, model) -> Path:
-    """A default (compressed) index of 300 whole SciFact abstracts: its token codes span several checksum blocks."""
-    target = tmp_path_factory.mktemp("faults_large") / "idx"
-    docs = [(r["id"], r["contents"]) for r in scifact_docs(300)]
-    build_index(docs, target, model, progress=False, model_name="aligner")
-    return target
-
-
-def test_same_size_corruption_of_a_large_file_fails_the_search(tmp_path, large, model):
+def test_same_size_corruption_of_a_large_file_fails_the_search(tmp_path, index_dir, model):
     """A flipped byte in the middle of a file over 1 MiB (memory-mapped, not read whole on open) fails the open with
-    one line naming the file, before any ranking; an index written before block checksums still opens."""
+    one line naming the file, before any ranking; an index written before block checksums still opens. The index is
+    the session's exact one of 200 SciFact documents: its token vectors span several checksum blocks."""
+    large = index_dir
     segment = read_manifest(large).segments[0]
     name, record = max(segment.files.items(), key=lambda item: item[1]["bytes"])
     assert record["bytes"] > SMALL_FILE and len(record["blocks"]["crc32"]) > 1
