@@ -367,10 +367,11 @@ def error_lines(stderr: str) -> list[str]:
     ("pyserini_aligner.train.prepare", ["--depth", "0"], "argument --depth: expected an integer >= 1"),
     ("pyserini_aligner.checkpoints.make_default", [], "the following arguments are required: --output"),
 ], ids=lambda value: value.rsplit(".", 1)[-1] if isinstance(value, str) and value.startswith("pyserini") else None)
-def test_every_command_line_gives_2_for_a_usage_error(module, argv, message):
-    result = run("-m", module, *argv)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert len(error_lines(result.stderr)) == 1 and message in error_lines(result.stderr)[0], result.stderr[-2000:]
+def test_every_command_line_gives_2_for_a_usage_error(module, argv, message, capsys):
+    status = run_module(module, *argv)
+    stderr = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in stderr, stderr[-2000:]
+    assert len(error_lines(stderr)) == 1 and message in error_lines(stderr)[0], stderr[-2000:]
 
 
 @pytest.mark.parametrize("module, argv, message", [
@@ -382,11 +383,13 @@ def test_every_command_line_gives_2_for_a_usage_error(module, argv, message):
     ("pyserini_aligner.explain", ["--index", "{tmp}/missing", "--query", "bone"], "{tmp}/missing"),
     ("pyserini_aligner.index.merge", ["--inputs", "{tmp}/missing", "--index", "{tmp}/merged"], "{tmp}/missing"),
 ], ids=["index", "search", "adapt", "explain", "merge"])
-def test_every_command_line_gives_1_and_one_line_for_a_run_time_error(module, argv, message, topics, tmp_path):
+def test_every_command_line_gives_1_and_one_line_for_a_run_time_error(module, argv, message, topics, tmp_path,
+                                                                     capsys):
     def fill(text: str) -> str:
         return text.format(tmp=tmp_path, topics=topics)
 
-    result = run("-m", module, *map(fill, argv))
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    errors = error_lines(result.stderr)
-    assert len(errors) == 1 and fill(message) in errors[0], result.stderr[-2000:]
+    status = run_module(module, *map(fill, argv))
+    stderr = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in stderr, stderr[-2000:]
+    errors = error_lines(stderr)
+    assert len(errors) == 1 and fill(message) in errors[0], stderr[-2000:]

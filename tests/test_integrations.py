@@ -1,8 +1,8 @@
 """Every recipe in integrations/ runs end to end through Pyserini's own CLIs on a small SciFact subset.
 
-The hybrid recipe runs as written, each command a child process. The other recipes run under bash with ``PYTHON``
-naming a recorder, and the Python commands they issue then run in this process, in order, through the same start-up
-hook (a real child process of each of those CLIs: tests/test_readme.py, tests/test_cli.py, tests/test_distributed.py).
+The recipes run under bash with ``PYTHON`` naming a recorder, and the Python commands they issue then run in this
+process, in order, through the same start-up hook (a real child process of each of those CLIs, the hybrid one
+included: tests/test_readme.py, tests/test_cli.py, tests/test_distributed.py).
 """
 import json
 import os
@@ -126,8 +126,8 @@ def test_lucene_habit_is_forwarded_to_aligner(setup, faiss_run):
 
 
 def test_hybrid_cli(setup):
-    env, queries, out, _ = setup
-    recipe(env, "hybrid_search.sh")
+    env, queries, out, recorder = setup
+    recipe_in_process(env, recorder, "hybrid_search.sh")  # as a child process: tests/test_readme.py
     check_run(out / "run.hybrid.trec", queries)
 
 
