@@ -119,11 +119,11 @@ def test_backend_searched_to_exhaustion_ranks_as_the_reference(request, model, c
         assert GONE not in {d for d, _ in got}
 
 
-@pytest.mark.parametrize("count, placement", [(2, "replicate"), (3, "replicate"), (2, "shard"), (3, "auto")])
+@pytest.mark.parametrize("count, placement", [(3, "replicate"), (2, "shard"), (3, "auto")])
 def test_several_devices_rank_exactly_as_one(codes_index, model, placement, count):
     """At the default depth (interaction stage on), two or three CPU devices in either placement return the
-    one-device ranking; one query at a time and batches (of two queries, split one and one across replicas: three
-    devices leave one without queries) alike, scores to float32 rounding: the workers are other processes (a
+    one-device ranking; one query at a time and batches (of two queries, split one and one across replicas: the
+    third replica is left without queries) alike, scores to float32 rounding: the workers are other processes (a
     replica also encodes its part of a batch alone, and a CPU's vectors of a text can differ in the last bit with
     the batch around it). On CPU devices "auto" shards (three shards here)."""
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
@@ -305,15 +305,16 @@ def _split_rank(rank: int, world: int, index: str, knobs: dict, group_file: str,
         results.put((rank, f"{type(err).__name__}: {err}", None))
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path, world):
+def test_shards_splitting_the_queries_rank_as_one(codes_index, model, tmp_path):
     """Ranks that fetch their queries' candidates from the shards holding them and score them themselves (the GPU
-    path, forced here over Gloo) return the one-device ranking on every rank: batches of three queries over two or
-    three ranks, one query (the other ranks score nothing), the interaction stage on. A rank computes its queries'
-    tables over its part of the batch, and a CPU's products can differ in the last bit with the rows around them,
-    so scores agree to float32 rounding. Filtered searches (every match refined, and probed with the mask) too."""
+    path, forced here over Gloo) return the one-device ranking on every rank: batches of three queries over two
+    ranks (one holding one segment, the other two), one query (the other rank scores nothing), the interaction stage
+    on (more than two ranks exchanging rows: tests/test_distributed.py). A rank computes its queries' tables over
+    its part of the batch, and a CPU's products can differ in the last bit with the rows around them, so scores
+    agree to float32 rounding. Filtered searches (every match refined, and probed with the mask) too."""
     import torch.multiprocessing as mp
 
+    world = 2
     knobs = dict(encoder=model, backend="torch", interaction_candidates=16, max_candidates=8, k_per_token=20,
                  batch_size=3)
     one = AlignerSearcher(codes_index, **knobs)

@@ -18,7 +18,7 @@ def test_measure_then_score(tmp_path, monkeypatch):
     first = json.loads((folder / "corpus.jsonl").read_text().splitlines()[0])
     assert len(corpus) == 30 and corpus[0] == (first["_id"], f"{first['title']} {first['text']}")
     assert 0 < len(queries) <= len((folder / "queries.jsonl").read_text().splitlines())
-    report = bench_gpu.measure(archive, tmp_path / "out", "cpu", "aligner", codec="IVF16,PQ16")
+    report = bench_gpu.measure(archive, tmp_path / "out", "cpu", "aligner", codec="IVF8,PQ4")
     assert list(report["configs"]) == list(bench_gpu.CONFIGS)
     for row in report["configs"].values():
         assert row["build_seconds"] > 0 and 0 < row["k10"]["p50_ms"] <= row["k10"]["p95_ms"]
@@ -27,7 +27,7 @@ def test_measure_then_score(tmp_path, monkeypatch):
     scored = bench_gpu.score(tmp_path / "out", str(folder))
     assert all(row["ndcg@10"] > 0.5 for row in scored["configs"].values())
     table = (tmp_path / "out" / "bench_gpu.md").read_text()
-    assert "IVF16,PQ16" in table and table.count("\n| β^d=") == len(bench_gpu.CONFIGS)
+    assert "IVF8,PQ4" in table and table.count("\n| β^d=") == len(bench_gpu.CONFIGS)
 
 
 def test_agreement_counts_same_order_and_score_gap():

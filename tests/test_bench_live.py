@@ -12,7 +12,7 @@ from test_live import read_scifact, write_jsonl
 def test_corpus_mode_then_index_mode(tmp_path):
     out = tmp_path / "corpus"
     assert bench_live.main(["--corpus", "beir/scifact", "--output", str(out), "--max-docs", "30", "--max-queries",
-                            "4", "--segments", "3", "--upsert-size", "2", "--quiet"]) == 0
+                            "4", "--segments", "3", "--upsert-size", "2", "--codec", "IVF8,PQ4", "--quiet"]) == 0
     report = json.loads((out / "bench_live.json").read_text())
     assert (report["docs"], report["base_docs"], report["added_docs"]) == (30, 29, 1)
     assert report["add_s"] > 0 and report["rebuild_s"] > 0 and report["upserts"]["count"] == 2

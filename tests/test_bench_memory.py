@@ -9,12 +9,12 @@ from test_bench_scale import SCIFACT, _tiny_zip
 def test_builds_then_measures_each_step_in_a_fresh_process(tmp_path, capsys):
     archive = _tiny_zip(tmp_path / "scifact.zip")
     out, work = tmp_path / "out", tmp_path / "work"
-    assert bench_memory.main(["--beir-zip", str(archive), "--build", "40", "--device", "cpu", "--codec", "IVF16,PQ16",
+    assert bench_memory.main(["--beir-zip", str(archive), "--build", "40", "--device", "cpu", "--codec", "IVF8,PQ4",
                               "--batch-size", "16", "--queries", "4", "--warmup", "1", "--threads", "1",
                               "--work", str(work), "--output", str(out), "--quiet"]) == 0
     report = json.loads((out / "bench_memory.json").read_text())
     index, search, total = report["index"], report["search"], report["summary"]
-    assert (index["docs"], index["codec"], index["segments"]) == (40, "IVF16,PQ16", 1)
+    assert (index["docs"], index["codec"], index["segments"]) == (40, "IVF8,PQ4", 1)
     assert 0 < index["codec_bytes"] < index["index_bytes"] and index["kept"] > 0
     assert report["build"]["docs"] == 40 and (work / "40" / "index" / "manifest.json").is_file()  # --work keeps it
     assert search["backend"] == "faiss" and search["threads"] == 1 and search["queries"] == 4

@@ -95,9 +95,9 @@ def test_shard_range_follows_pyserini():
 def test_torchrun_build_and_search_equal_one_process(tmp_path, single, corpus):
     """torchrun builds one index of two segments (one a rank) equal to the one-process build; torchrun then searches
     it with --distributed into the run a one-process search writes (the same rankings, scores to float32 rounding:
-    a rank's BLAS can sum in another order than one process's threads): with --placement shard (a segment a rank),
-    replicate (the index on every rank, each batch split across them; the last batch of one query leaves a rank
-    without work) and auto (shard: CPU ranks take no replica by choice)."""
+    a rank's BLAS can sum in another order than one process's threads): with --placement shard (a segment a rank)
+    and replicate (the index on every rank, each batch split across them; the last batch of one query leaves a rank
+    without work). What auto takes on ranks: test_the_split_path_of_gpus_ranks_as_one_process."""
     target = tmp_path / "idx"
     result = torchrun("pyserini_aligner.index", "--corpus", corpus, "--index", target, "--codec-from", single,
                       "--dist-timeout", "60")
@@ -118,7 +118,7 @@ def test_torchrun_build_and_search_equal_one_process(tmp_path, single, corpus):
     assert search_cli.main(["--index", str(single), "--topics", str(topics), "--output", str(tmp_path / "one.trec"),
                             "--hits", "10", "--quiet"]) == 0
     assert len((tmp_path / "one.trec").read_text().splitlines()) == 10 * len(QUERIES)
-    for placement in ("shard", "replicate", "auto"):
+    for placement in ("shard", "replicate"):
         output = tmp_path / f"dist-{placement}.trec"
         result = torchrun("pyserini_aligner.search", "--distributed", "--placement", placement, "--index", target,
                           "--topics", topics, "--output", output, "--hits", "10", "--batch-size", "3", "--quiet")
@@ -267,7 +267,9 @@ def test_all_to_all_of_varying_row_counts(tmp_path):
 def _split_search(rank: int, world: int, group_file: str, index: str, queries: list[str], results) -> None:
     """One Gloo rank searching through the path GPUs take under NCCL (``Collectives(on_device=True)``: encoding,
     candidates, centroid interaction and refinement split among the ranks, candidates fetched from the ranks that
-    hold them); each query searched alone. Puts (rank, whether the search split, the rankings) or the error."""
+    hold them); each query searched alone, under placement "auto", which every rank decides alike (shard: CPU ranks
+    take no replica by choice). Puts (rank, the placement taken, whether the search split, the rankings) or the
+    error."""
     try:
         import torch.distributed as dist
 
@@ -275,17 +277,17 @@ def _split_search(rank: int, world: int, group_file: str, index: str, queries: l
         from pyserini_aligner.search.options import SearchOptions
 
         ctx, _ = join_group(DistContext(rank, world, rank), rendezvous=group_file, timeout_s=120)
-        options = SearchOptions(placement="shard").on_rank(ctx)
+        options = SearchOptions(placement="auto").on_rank(ctx)
         searcher = AlignerSearcher(index, options=options.replace(exchange=Collectives(ctx, on_device=True)))
-        results.put((rank, searcher.engine.split, [searcher.search(text, k=10) for text in queries]))
+        results.put((rank, searcher.engine.placement, searcher.engine.split, [searcher.search(text, k=10) for text in queries]))
         dist.destroy_process_group()
     except BaseException as err:  # noqa: BLE001 - reported to the test
-        results.put((rank, None, f"{type(err).__name__}: {err}"))
+        results.put((rank, None, None, f"{type(err).__name__}: {err}"))
 
 
 def test_the_split_path_of_gpus_ranks_as_one_process(tmp_path, two_segment_index, model):
     """Two Gloo ranks, a segment each, searching through the split path that NCCL ranks on GPUs take: every rank
-    returns each query's ranking of one process, scores to float32 rounding."""
+    returns each query's ranking of one process, scores to float32 rounding; placement auto shards on CPU ranks."""
     import multiprocessing as mp
 
     queries = ["cancer risk of smoking", "protein folding in cells", "vitamin d deficiency and bone density",
@@ -298,13 +300,13 @@ def test_the_split_path_of_gpus_ranks_as_one_process(tmp_path, two_segment_index
                  for rank in range(world)]
     for process in processes:
         process.start()
-    got = {rank: (split, ranked) for rank, split, ranked in (results.get(timeout=300) for _ in processes)}
+    got = {rank: rest for rank, *rest in (results.get(timeout=300) for _ in processes)}
     for process in processes:
         process.join(timeout=60)
     for rank in range(world):
-        split, ranked = got[rank]
+        placement, split, ranked = got[rank]
         assert not isinstance(ranked, str), ranked
-        assert split is True
+        assert placement == "shard" and split is True
         for hits, expected in zip(ranked, want):
             assert_same_ranking([(h.docid, h.score) for h in hits], [(h.docid, h.score) for h in expected], atol=1e-5)
 
