@@ -72,10 +72,10 @@ def measure(model, docs: list[str], queries: list[str], batch_size: int) -> tupl
 def compare(beir_zip: Path, device: str, n_docs: int, n_queries: int, batch_size: int, repeats: int) -> dict:
     from transformers import AutoModel
 
-    from pyserini_aligner.model import AlignerModel
+    from pyserini_aligner.resolve import load_model
 
     docs, queries = read_texts(beir_zip, n_docs, n_queries)
-    model = AlignerModel.from_pretrained("aligner", device=device, dtype="fp16" if device.startswith("cuda") else None)
+    model = load_model("aligner", device, "fp16" if device.startswith("cuda") else None)
     plain = model.backbone
     reference = AutoModel.from_pretrained(model.backbone_source).float().to(device).eval()
     reference.load_state_dict(plain.state_dict())
