@@ -8,8 +8,8 @@ import torch
 from pyserini_aligner.index.codec import (HIERARCHY_MIN_NLIST, CentroidSearch, ResidualCodec, coarse_count,
                                           dequantize_centroids, kmeans, nearest, quantize_centroids, share_centroids,
                                           two_level_kmeans)
-from pyserini_aligner.index.codec_spec import (CodecSpec, choose_nlist, choose_refine_m, default_max_bytes_per_token,
-                                               parse_codec, resolve_codec)
+from pyserini_aligner.index.codec_spec import (FINE_CODE_TOKENS, CodecSpec, choose_nlist, choose_refine_m,
+                                               default_max_bytes_per_token, parse_codec, resolve_codec)
 
 
 def unit_vectors(n: int, d: int, seed: int) -> torch.Tensor:
@@ -44,18 +44,23 @@ def test_parse_codec_rejects(spec, message):
 
 
 def test_auto_chooses_residual_bytes_from_the_corpus_size_and_budget():
-    """Small corpora get the finest residual the per-token budget allows; the codes of a large one stay in 8 GiB."""
+    """2 bits a dimension (at least 32 bytes) for a small corpus, at least 64 bytes from FINE_CODE_TOKENS tokens,
+    whatever the corpus's codes weigh; a budget caps the residual."""
+    small, large = FINE_CODE_TOKENS - 1, FINE_CODE_TOKENS
     assert choose_refine_m(128, 1_500_000) == default_max_bytes_per_token(128) - 2 == 32
+    assert choose_refine_m(128, small) == 32 and choose_refine_m(128, large) == 64
     assert choose_refine_m(384, 1_500_000) == default_max_bytes_per_token(384) - 2 == 96  # 2 bits a dimension
-    assert choose_refine_m(384, 100_000_000) == 64  # 98 bytes of 100M tokens pass 8 GiB
+    assert choose_refine_m(384, large) == 96 and choose_refine_m(64, large) == 64  # 64 bytes: 8 bits a dimension
+    assert [choose_refine_m(128, t) for t in (250_000_000, 900_000_000, 10 ** 10)] == [64, 64, 64]  # no memory cap
     assert choose_refine_m(128, 1_500_000, max_bytes_per_token=66) == 64
     assert choose_refine_m(128, 1_500_000, max_bytes_per_token=20) == 16
+    assert choose_refine_m(128, 10 ** 9, max_bytes_per_token=34) == 32
     assert choose_refine_m(384, 1_500_000, max_bytes_per_token=130) == 128  # the largest even divisor that fits
     assert choose_refine_m(384, 1_500_000, max_bytes_per_token=34) == 32
-    assert [choose_refine_m(128, t) for t in (250_000_000, 260_000_000, 480_000_000, 900_000_000)] == [32, 16, 8, 4]
     with pytest.raises(ValueError, match="max_bytes_per_token must be >= 6"):
         choose_refine_m(128, 1000, max_bytes_per_token=5)
     assert resolve_codec("auto", 128, 1_500_000) == CodecSpec(choose_nlist(1_500_000), 4, 32)
+    assert resolve_codec("auto", 128, 72_000_000) == CodecSpec(65536, 4, 64)
     assert resolve_codec("auto", 384, 1_500_000) == CodecSpec(choose_nlist(1_500_000), 4, 96)
     assert str(resolve_codec("auto", 128, 1_500_000, max_bytes_per_token=6)) == f"IVF{choose_nlist(1_500_000)},PQ4"
     assert resolve_codec("IVF64,PQ8", 128, 10 ** 9) == CodecSpec(64, 8)  # an explicit string is kept

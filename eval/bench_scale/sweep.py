@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--work", type=Path, help="keep (or reuse) the index here")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--codec", default="auto", help="codec of the index built (default: auto)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-queries", type=int, default=None)
     parser.add_argument("--exact", action="store_true",
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     configure_logging(args.quiet)
     from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.index.reader import StoredIndex
     from pyserini_aligner.search.exhaustive import ExhaustiveScorer
 
     source = read_beir_zip(args.beir_zip)
@@ -68,11 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     if (folder / "index" / "manifest.json").is_file():
         index_dir, built = folder / "index", {}
     else:
-        index_dir, built = build(corpus, args.size, folder, args.device, args.batch_size, "auto", "aligner",
+        index_dir, built = build(corpus, args.size, folder, args.device, args.batch_size, args.codec, "aligner",
                                  args.quiet)
     start = time.perf_counter()
     best = ExhaustiveScorer(index_dir, device=args.device).rank(texts, k=10)
     report = {"machine": machine_info(args.device), "size": args.size, "queries": len(texts), "build": built,
+              "codec": str(StoredIndex(index_dir).manifest.codec),
               "exhaustive_s": round(time.perf_counter() - start, 2),
               "ndcg@10_exhaustive": round(evaluate(judged, run_dict(qids, best), ("ndcg@10",))["ndcg@10"], 4), "rows": []}
     exact = None
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         del searcher
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}); "
+    lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}), "
+             f"codec {report['codec']}; "
              f"exhaustive nDCG@10 {report['ndcg@10_exhaustive']}"
              + (f"; exhaustive scoring of the codes keeps {report['overlap@10_exhaustive_exact']} of the exact top 10"
                 if exact is not None else ""), "",

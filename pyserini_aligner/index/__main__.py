@@ -90,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "the residual bytes R chosen from the corpus size and --max-bytes-per-token), "
                              "IVF<nlist>,PQ<M>[,Refine(PQ<R>)], or fp16 (exact vectors plus a FAISS --index-type index)")
     parser.add_argument("--max-bytes-per-token", type=bytes_per_token, default=None, metavar="B",
-                        help=f"with --codec auto: bytes stored per token at most (centroid id and residual code; "
-                             "default: 2 + dim/4, a centroid id and 2 bits a dimension as ColBERTv2's residuals, at "
-                             "least 34: 34 at 128-d, 98 at 384-d); large "
-                             "corpora get coarser residuals to keep the codes within 8 GiB")
+                        help="with --codec auto: bytes stored per token at most (centroid id and residual code; "
+                             "default: a centroid id and 2 bits a dimension as ColBERTv2's residuals, at least 34 "
+                             "bytes, and at least 66 from 4M tokens, where finer margins order the top 10: 34 or 66 "
+                             "at 128-d, 98 at 384-d)")
     parser.add_argument("--codec-from", metavar="DIR", default=None,
                         help="use the trained codec of that compressed index (shards and updates that must share one)")
     parser.add_argument("--index-type", default=None,

@@ -1,8 +1,9 @@
 """Streaming build of an index (layout in :mod:`pyserini_aligner.index.format`).
 
-A compressed build (the default) trains its codec once on the token vectors of the first documents, then encodes
-the corpus chunk by chunk on the model's device, prunes, compresses and appends the codes of each chunk to one new
-segment: it writes no fp16 intermediate, so peak disk is the final index. A fresh index is built in a temporary
+A compressed build (the default) reads the corpus once into a temporary file and trains its codec on the token
+vectors of a uniform sample of its documents (:mod:`.sample`), then encodes the corpus chunk by chunk on the model's
+device, prunes, compresses and appends the codes of each chunk to one new segment: it writes no fp16 intermediate,
+so peak disk is the final index and the corpus's text. A fresh index is built in a temporary
 folder beside the target and renamed into place. ``--overwrite`` of an existing index commits a new generation
 inside it (readers keep their snapshot) and never touches a folder that is not an index of this package.
 """
@@ -31,6 +32,7 @@ from pyserini_aligner.index.format import (MANIFEST, Manifest, SegmentInfo, chec
                                            faiss_factory_string, read_manifest)
 from pyserini_aligner.index.options import BuildOptions, build_options
 from pyserini_aligner.index.reader import StoredIndex, load_codec
+from pyserini_aligner.index.sample import Spill, uniform_is_worth_it
 from pyserini_aligner.index.segment import SegmentWriter, write_codec
 from pyserini_aligner.resolve import load_model
 
@@ -205,20 +207,24 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         started = time.perf_counter()
         docids = DocidRegistry()
         bar = tqdm(total=total, unit="doc", desc="index", disable=not opts.progress, smoothing=0.05)
-        stream = encode_chunks(model, checked_items(corpus, opts.max_docs, docids), opts.batch_size,
-                               opts.max_length)
+        items = checked_items(corpus, opts.max_docs, docids)
         chunks, trained, codec_files, codec_dir, codec_seconds = [], source_codec, {}, None, 0.0
+        spill = None
         try:
             if isinstance(codec, CodecSpec) and not codec.compressed:
-                spec = codec
-            else:  # buffer the first chunks: the codec is trained on their tokens
+                spec, stream = codec, encode_chunks(model, items, opts.batch_size, opts.max_length)
+            elif trained is None:  # the codec is trained on a sample of the whole corpus
+                spill = Spill(root, seed=opts.seed).read(items)
+                bar.total = spill.count
+                begin = time.perf_counter()
+                sample, spec, chunks, stream = codec_sample(model, spill, codec, spill.count, opts)
+                trained = train_codec(spec, sample, opts.train_size, opts.seed)
+                codec_seconds = time.perf_counter() - begin
+                del sample
+            else:  # a given codec: the first chunks only size the spec
+                stream = encode_chunks(model, items, opts.batch_size, opts.max_length)
                 chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
-                if trained is None:
-                    begin = time.perf_counter()
-                    log.info("training codec %s on the first %d documents", spec,
-                             sum(len(c.docids) for c in chunks))
-                    trained = train_codec(spec, chunks, opts.train_size, opts.seed)
-                    codec_seconds = time.perf_counter() - begin
+            if trained is not None:
                 codec_dir = new_name("codec", generation)
                 codec_files = copy_codec(*source_files, root / codec_dir) if source_files else \
                     write_codec(root / codec_dir, trained)
@@ -229,6 +235,8 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                                  opts.seed, opts.progress, bar.update)
         finally:
             bar.close()
+            if spill is not None:
+                spill.close()
         info.num_empty = docids.blank
         if spec.compressed:
             record_codec_training(info.build_stats, codec_seconds)
@@ -287,6 +295,31 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCode
         log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
                     "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist, tokens * dim * 2 / 1e6)
     return chunks, spec
+
+
+def codec_sample(model, spill: Spill, codec: CodecSpec | AutoCodec, total: int, opts: BuildOptions
+                 ) -> tuple[list[EncodedChunk], CodecSpec, list[EncodedChunk], Iterator[EncodedChunk]]:
+    """(the encoded documents to train the codec on, the codec spec, then the chunks to write: those already encoded
+    and the rest of the stream) for a corpus read into ``spill`` (a slice of ``total`` documents when it is a
+    torchrun rank's). The sample is the reservoir's documents, encoded for the codec alone, where they are at most
+    :data:`.sample.UNIFORM_SHARE` of the tokens (``"auto"`` sized from the sampled documents' mean length); else
+    the first documents, encoded once (:func:`sample_for_codec`)."""
+    dim = model.config.dim
+    sample = spill.sample()
+    limit = opts.max_length or model.config.doc_maxlen
+    probe = model.tokenizer.ids([item[1] for item in sample[:2048]], max_length=limit)
+    mean = sum(map(len, probe)) / max(len(probe), 1)  # tokens a document, to size "auto" before encoding
+    spec = resolve_codec(codec, dim, int(mean * total), opts.max_bytes_per_token)
+    if uniform_is_worth_it(max(opts.train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), int(mean * spill.count)):
+        chunks, spec = sample_for_codec(encode_chunks(model, iter(sample), opts.batch_size, opts.max_length),
+                                        codec, dim, total, opts.train_size, opts.max_bytes_per_token)
+        log.info("training codec %s on %d documents drawn uniformly from the %d read", spec,
+                 sum(len(c.docids) for c in chunks), spill.count)
+        return chunks, spec, [], encode_chunks(model, spill.items(), opts.batch_size, opts.max_length)
+    stream = encode_chunks(model, spill.items(), opts.batch_size, opts.max_length)
+    chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
+    log.info("training codec %s on the first %d documents", spec, sum(len(c.docids) for c in chunks))
+    return chunks, spec, chunks, stream
 
 
 def write_segment(folder: Path, chunks: Iterable[EncodedChunk], dim: int, doc_prune: float,

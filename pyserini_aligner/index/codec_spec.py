@@ -17,7 +17,7 @@ from dataclasses import dataclass
 FP16 = "fp16"
 AUTO = "auto"  # IVF<nlist>,PQ<DEFAULT_PQ_M>,Refine(PQ<R>): nlist and R chosen from the corpus size
 DEFAULT_PQ_M = 4  # bytes of a list entry's code under "auto" (candidate generation)
-DEFAULT_MAX_CODE_BYTES = 8 << 30  # "auto": token codes of the whole corpus within 8 GiB (finer residuals first)
+FINE_CODE_TOKENS = 4_000_000  # "auto": from this many tokens (about 55k passages) residuals of 64 bytes at least
 PQ_CENTROIDS = 256  # 8-bit sub-quantizer codes
 MIN_POINTS_PER_CENTROID = 32  # "auto": tokens per coarse centroid at least (tiny corpora get few centroids)
 SMALL_CORPUS_TOKENS = 50_000  # below this many tokens "auto" warns that fp16 costs little and loses nothing
@@ -140,37 +140,38 @@ def choose_nlist(num_tokens: int) -> int:
     return max(2, min(nlist, 1 << int(np.floor(np.log2(room)))))
 
 
-def default_max_bytes_per_token(dim: int) -> int:
-    """Bytes a token that "auto" stores at most unless told: a 2-byte centroid id and 2 bits a dimension, as
-    ColBERTv2's residuals, and never less than at 128-d (34 up to 128-d, 98 at 384-d)."""
-    return 2 + max(32, dim // 4)
+def default_max_bytes_per_token(dim: int, num_tokens: int = 0) -> int:
+    """Bytes a token that "auto" stores at most unless told: a 2-byte centroid id and a residual of 2 bits a
+    dimension, as ColBERTv2's, never under 32 bytes, and from FINE_CODE_TOKENS tokens never under 64 (4 bits a
+    dimension at 128-d): the larger the corpus, the finer the margins that order its top 10. At 1M passages
+    (72.5M tokens) exhaustive scoring of 128-d codes keeps 0.959 of the exact top 10 with 64 bytes, 0.917 with 32
+    (eval/experiments/results/token_precision, docs/scaling.md); SciFact and NFCorpus (1.3M and 0.5M tokens) lose
+    under 0.3 nDCG@10 point with 32."""
+    return 2 + max(64 if num_tokens >= FINE_CODE_TOKENS else 32, dim // 4)
 
 
-def choose_refine_m(dim: int, num_tokens: int, max_bytes_per_token: int | None = None,
-                    max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> int:
+def choose_refine_m(dim: int, num_tokens: int, max_bytes_per_token: int | None = None) -> int:
     """Residual bytes per token for "auto": the largest even R dividing ``dim`` with 2 + R <= ``max_bytes_per_token``
-    (default :func:`default_max_bytes_per_token`) and ``num_tokens`` · (2 + R) <= ``max_code_bytes``, at least
-    DEFAULT_PQ_M. With the defaults at 128-d: 32 bytes (PQ32, four dimensions a sub-quantiser) up to 250M tokens
-    (about 3.4M passages of 74 tokens), 16 up to 477M, 8 up to 859M, then 4; at 384-d: 96 (also four dimensions a
-    sub-quantiser) up to 87M tokens, then 64, 48, 32, ... At 1M passages, exhaustive scoring of 128-d PQ32 codes keeps
-    0.89 of the exact top 10, PQ16 0.77, PQ8 0.66, PQ4 0.58 (eval/experiments/results/codec_fidelity)."""
-    budget = default_max_bytes_per_token(dim) if max_bytes_per_token is None else max_bytes_per_token
+    (default :func:`default_max_bytes_per_token` for a corpus of ``num_tokens``), at least DEFAULT_PQ_M. With the
+    defaults: 32 bytes at 128-d (PQ32, four dimensions a sub-quantiser) below FINE_CODE_TOKENS tokens, 64 from
+    there (two dimensions a sub-quantiser); 96 at 384-d. Fidelity sets the size, not memory: the codes of 8.8M
+    passages of 72 tokens at 66 bytes are 42 GB, which one GPU of 80 GB or more holds (several GPUs hold shards of
+    them: ``--devices``)."""
+    budget = default_max_bytes_per_token(dim, num_tokens) if max_bytes_per_token is None else max_bytes_per_token
     if budget < 2 + DEFAULT_PQ_M:
         raise ValueError(f"max_bytes_per_token must be >= {2 + DEFAULT_PQ_M} (a centroid id and a "
                          f"{DEFAULT_PQ_M}-byte residual), got {budget}")
-    fits = [m for m in range(DEFAULT_PQ_M, dim + 1, 2)
-            if dim % m == 0 and 2 + m <= budget and max(num_tokens, 1) * (2 + m) <= max_code_bytes]
+    fits = [m for m in range(DEFAULT_PQ_M, dim + 1, 2) if dim % m == 0 and 2 + m <= budget]
     return max(fits, default=DEFAULT_PQ_M)
 
 
 def resolve_codec(spec: "str | CodecSpec | AutoCodec", dim: int, num_tokens: int,
-                  max_bytes_per_token: int | None = None,
-                  max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> CodecSpec:
+                  max_bytes_per_token: int | None = None) -> CodecSpec:
     """The codec of ``spec`` for ``dim``-d vectors: "auto" becomes IVF<choose_nlist(num_tokens)>,PQ<DEFAULT_PQ_M>,
     Refine(PQ<R>) with R from :func:`choose_refine_m` (plain IVF<nlist>,PQ<DEFAULT_PQ_M> where R is no finer)."""
     choice = codec_choice(spec)
     if isinstance(choice, AutoCodec):
-        refine = choose_refine_m(dim, num_tokens, max_bytes_per_token, max_code_bytes)
+        refine = choose_refine_m(dim, num_tokens, max_bytes_per_token)
         pq_m = min(DEFAULT_PQ_M, dim)
         choice = CodecSpec(choose_nlist(num_tokens), pq_m, refine if refine > pq_m else 0)
     return choice.check(dim)

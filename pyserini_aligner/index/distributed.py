@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,11 +34,12 @@ from pyserini_aligner.index.commit import new_name
 from pyserini_aligner.index.format import DOCIDS, Manifest, SegmentInfo
 from pyserini_aligner.index.reader import Docids
 from pyserini_aligner.index.builder import (DocidRegistry, check_codec, check_max_length, checked_items,
-                                            codec_source, copy_codec, encode_chunks,
+                                            codec_sample, codec_source, copy_codec, encode_chunks,
                                             new_manifest, record_codec_training, sample_for_codec, train_codec,
                                             write_index, write_segment)
 from pyserini_aligner.index.codec_spec import CodecSpec
 from pyserini_aligner.index.options import BuildOptions, build_options
+from pyserini_aligner.index.sample import Spill
 from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
 from pyserini_aligner.resolve import load_model
@@ -194,22 +196,29 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
         items, start, end, total = _slice(corpus, 0, world, opts.max_docs)
         bar = tqdm(total=total, unit="doc", desc=f"index ({world} ranks)", disable=not opts.progress,
                    smoothing=0.05)
+        stack = ExitStack()
         try:
             registry = DocidRegistry()
-            stream = encode_chunks(model, checked_items(items, None, registry), opts.batch_size, opts.max_length)
+            checked = checked_items(items, None, registry)
             chunks, trained, codec_dir, codec_files, codec_seconds = [], None, None, {}, 0.0
             spec = CodecSpec()
-            if not (isinstance(codec, CodecSpec) and not codec.compressed):
-                chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
+            if isinstance(codec, CodecSpec) and not codec.compressed:
+                stream = encode_chunks(model, checked, opts.batch_size, opts.max_length)
+            else:
                 codec_dir = new_name("codec", generation)
                 if source:
+                    stream = encode_chunks(model, checked, opts.batch_size, opts.max_length)
+                    chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size,
+                                                    opts.max_bytes_per_token)
                     trained = source[0]
                     codec_files = copy_codec(source[1], source[2], root / codec_dir)
-                else:
+                else:  # a uniform sample of this rank's slice
+                    spill = stack.enter_context(Spill(root, seed=opts.seed)).read(checked)
                     begin = time.perf_counter()
-                    log.info("training codec %s on the first %d documents", spec, sum(len(c.docids) for c in chunks))
-                    trained = train_codec(spec, chunks, opts.train_size, opts.seed)
+                    sample, spec, chunks, stream = codec_sample(model, spill, codec, total, opts)
+                    trained = train_codec(spec, sample, opts.train_size, opts.seed)
                     codec_seconds = time.perf_counter() - begin
+                    del sample
                     codec_files = write_codec(root / codec_dir, trained)
                 spec = trained.spec
             announce({"root": str(root), "generation": generation, "total": total,
@@ -232,6 +241,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
             raise _named(job, err) from None
         finally:
             bar.close()
+            stack.close()
         outcomes = job.all_gather((True, asdict(info)))
         stage["gathered"] = True
         failed = [f"rank {r} failed: {o[1]}" for r, o in enumerate(outcomes) if not o[0]]

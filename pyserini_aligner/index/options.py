@@ -47,7 +47,7 @@ class BuildOptions:
     doc_prune: float = DEFAULT_DOC_PRUNE
     codec: CodecSpec | AutoCodec = DEFAULT_CODEC
     index_type: str = DEFAULT_INDEX_TYPE
-    max_bytes_per_token: int | None = None  # None: 2 bits a dimension (codec.default_max_bytes_per_token)
+    max_bytes_per_token: int | None = None  # None: by the dimension and corpus size (default_max_bytes_per_token)
     codec_from: Path | None = None
     prune_redundancy: float | None = DEFAULT_PRUNE_REDUNDANCY
     max_length: int | None = None
