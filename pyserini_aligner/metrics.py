@@ -1,10 +1,11 @@
-"""Retrieval metrics, computed by ranx (or, where ranx is not installed, by a plain implementation of the same
-ndcg/recall rules that the tests hold equal to ranx), over plain dicts: qrels ``qid -> {docid: relevance}``, runs
-``qid -> {docid: score}`` or ``qid -> [(docid, score), ...]`` (hit lists, best first).
+"""Retrieval metrics over plain dicts: qrels ``qid -> {docid: relevance}``, runs ``qid -> {docid: score}`` or
+``qid -> [(docid, score), ...]`` (hit lists, best first).
 
-Every metric is averaged over the queries of the qrels: a query missing from the run, or without hits, scores 0,
-and so does a judged query without a relevant document (ranx's rule). Metric names are ranx's (``ndcg@10``,
-``recall@100``, ``mrr@10``, ...): linear gain and log2 discount for nDCG, as trec_eval.
+nDCG@k and recall@k are small pure functions by ranx's rules, which the tests hold equal to ranx: every metric is
+averaged over the queries of the qrels; a query missing from the run, or without hits, scores 0, and so does a
+judged query without a relevant document; linear gain and log2 discount for nDCG, as trec_eval; equal scores keep
+the run's order. They load nothing: ranx loads its compiled kernels and types its arrays in every process (seconds
+each). Significance tests and fusion are ranx's own (:func:`significance`, :func:`to_ranx_run`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def as_run(run: Run) -> dict[str, dict[str, float]]:
 
 
 # numba types ranx's docid arrays by their width in characters and compiles its kernels again for every new width;
-# ranx sizes them to the longest docid, so docids are held at the next of these widths instead (compiled at install)
+# ranx sizes them to the longest docid, so docids are held at the next of these widths instead (the first three
+# compiled at install)
 DOCID_WIDTHS = (8, 16, 32, 64, 128, 256)
 # ranx's TREC file readers keep exact docid widths: warm_up compiles these (the common lengths of BEIR docids)
 FILE_DOCID_WIDTHS = range(5, 10)
@@ -68,19 +70,11 @@ def to_ranx_run(run: Run, name: str = "run"):
     return _ranx_object(RRun, {q: d for q, d in as_run(run).items() if d}, float, name=name)
 
 
-def _ranx(qrels: Qrels, run: Run, name: str = "run"):
-    from ranx import Qrels as RQrels
-
-    # a query with no hits scores 0 through make_comparable
-    return _ranx_object(RQrels, qrels, int), to_ranx_run(run, name=name)
-
-
-def _plain(qrels: Qrels, run: Run, metric: str) -> dict[str, float]:
-    """``metric`` (ndcg@k or recall@k) of every query of the qrels, by the same rules as ranx: the engine
-    where ranx is not installed (a torch-only GPU worker running the training or the benchmarks)."""
+def per_query(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
+    """``metric`` (``ndcg@k`` or ``recall@k``) of every query of the qrels."""
     name, _, cut = metric.partition("@")
-    if name not in ("ndcg", "recall") or not cut.isdigit():
-        raise ValueError(f"metric {metric!r}: without ranx only ndcg@k and recall@k are available")
+    if name not in ("ndcg", "recall") or not cut.isdigit() or int(cut) < 1:
+        raise ValueError(f"metric {metric!r}: expected ndcg@k or recall@k (k >= 1)")
     k, ranked, out = int(cut), as_run(run), {}
     for qid, judged in qrels.items():
         hits = sorted(ranked.get(qid, {}).items(), key=lambda item: -item[1])[:k]
@@ -96,44 +90,11 @@ def _plain(qrels: Qrels, run: Run, metric: str) -> dict[str, float]:
     return out
 
 
-def _has_ranx() -> bool:
-    try:
-        import ranx  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def evaluate(qrels: Qrels, run: Run, metrics: Sequence[str] = METRICS) -> dict[str, float]:
     """Mean of each metric over the qrels' queries."""
     if not qrels:
         raise ValueError("no judged queries to evaluate")
-    if not _has_ranx():
-        return {m: sum(values.values()) / len(values) for m in metrics for values in [_plain(qrels, run, m)]}
-    from ranx import evaluate as ranx_evaluate
-
-    rq, rr = _ranx(qrels, run)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numba's uint64 cast notice inside ranx
-        scores = ranx_evaluate(rq, rr, list(metrics), make_comparable=True)
-    if len(metrics) == 1:
-        scores = {metrics[0]: scores}
-    return {name: float(value) for name, value in scores.items()}
-
-
-def per_query(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
-    """``metric`` of every query of the qrels."""
-    if not qrels:
-        return {}
-    if not _has_ranx():
-        return _plain(qrels, run, metric)
-    from ranx import evaluate as ranx_evaluate
-
-    rq, rr = _ranx(qrels, run)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        values = ranx_evaluate(rq, rr, metric, return_mean=False, make_comparable=True)
-    return dict(zip(rq.keys(), (float(v) for v in values)))
+    return {m: sum(values.values()) / len(values) for m in metrics for values in [per_query(qrels, run, m)]}
 
 
 
@@ -161,7 +122,7 @@ def significance(qrels: Qrels, runs: Mapping[str, Run], baselines: Sequence[str]
     from ranx import Qrels as RQrels
 
     rq = _ranx_object(RQrels, qrels, int)
-    rruns = [_ranx(qrels, runs[name], name=name)[1] for name in names]
+    rruns = [to_ranx_run(runs[name], name=name) for name in names]  # a query with no hits: 0 (make_comparable)
     reports = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -192,27 +153,23 @@ def _p_value(value) -> float | None:
     return None if math.isnan(value) else round(value, 4)
 
 
-def warm_up(full_widths: Sequence[int] = (8, 16, 32)) -> None:
+def warm_up(widths: Sequence[int] = (8, 16, 32)) -> None:
     """Compile ranx's numba kernels (numba caches them in the environment, so later processes load them instead of
-    compiling; ``make install`` runs this): for every DOCID_WIDTHS width the metrics, and for ``full_widths`` also
-    per-query scores, both significance tests and RRF and min-max fusion; TREC file reading, evaluation, fusion
-    and writing (the README's and the fusion recipe's ranx lines) for docids of FILE_DOCID_WIDTHS characters."""
+    compiling; ``make install`` runs this): for docids held at ``widths`` (DOCID_WIDTHS) characters both
+    significance tests (and the metrics they compute) and RRF and min-max fusion; TREC file reading, evaluation,
+    fusion and writing (the README's and the fusion recipe's ranx lines) for docids of FILE_DOCID_WIDTHS
+    characters."""
     import tempfile
 
     from ranx import Qrels as RQrels, Run as RRun, evaluate as ranx_evaluate, fuse
 
-    for width in DOCID_WIDTHS:
+    for width in widths:
         def doc(i: int) -> str:
             return str(i).rjust(width, "d")
 
         qrels = {"a": {doc(1): 1, doc(3): 2}, "b": {doc(2): 1}, "c": {doc(3): 0}}
         runs = {n: {"a": [(doc(1), s), (doc(2), 1.0)], "b": [(doc(2), 2.0), (doc(1), s)]}
                 for n, s in (("x", 2.0), ("y", 0.5))}
-        evaluate(qrels, runs["x"])
-        if width not in full_widths:
-            continue
-        for metric in ("ndcg@10", "recall@100"):
-            per_query(qrels, runs["x"], metric)
         significance(qrels, runs, ["x"], n_permutations=10)
         first, second = (to_ranx_run(runs[n], name=n) for n in ("x", "y"))
         with warnings.catch_warnings():

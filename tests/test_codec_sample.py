@@ -59,12 +59,12 @@ def test_the_codec_learns_the_whole_corpus_not_its_first_documents(tmp_path, mon
     """A corpus sorted by topic: a codec trained on its first documents codes the second topic worse, and the whole
     corpus worse, than one trained on a uniform sample; the index holds the documents in the corpus's order either
     way."""
-    docs = _two_topic_corpus(300)
+    docs = _two_topic_corpus(200)
     common = dict(codec="IVF16,PQ4,Refine(PQ8)", train_size=256, batch_size=8, progress=False, device="cpu")
     build_index(docs, tmp_path / "exact", codec="fp16", progress=False, device="cpu")
     with caplog.at_level(logging.INFO, logger="pyserini_aligner.index.builder"):
         build_index(iter(docs), tmp_path / "uniform", **common)
-    assert "drawn uniformly from the 600 read" in caplog.text
+    assert "drawn uniformly from the 400 read" in caplog.text
     monkeypatch.setattr(sample_module, "UNIFORM_SHARE", 0.0)  # a sample never small enough: the first documents
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pyserini_aligner.index.builder"):
@@ -74,6 +74,6 @@ def test_the_codec_learns_the_whole_corpus_not_its_first_documents(tmp_path, mon
         assert StoredIndex(tmp_path / name).docids == [docid for docid, _ in docs]
         assert not [f for f in os.listdir(tmp_path / name) if f.startswith(".spill")]
     uniform, first = ([_squared_error(tmp_path / name, tmp_path / "exact", part)
-                       for part in (slice(0, 300), slice(300, 600))] for name in ("uniform", "first"))
+                       for part in (slice(0, 200), slice(200, 400))] for name in ("uniform", "first"))
     assert first[1] > 1.5 * uniform[1], (first, uniform)  # the topic the first documents lack
     assert sum(uniform) < sum(first), (first, uniform)

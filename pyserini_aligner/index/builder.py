@@ -214,7 +214,8 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             if isinstance(codec, CodecSpec) and not codec.compressed:
                 spec, stream = codec, encode_chunks(model, items, opts.batch_size, opts.max_length)
             elif trained is None:  # the codec is trained on a sample of the whole corpus
-                spill = Spill(root, seed=opts.seed).read(items)
+                spill = Spill(root, seed=opts.seed).read(tqdm(items, total=total, unit="doc", desc="read",
+                                                              disable=not opts.progress, leave=False))
                 bar.total = spill.count
                 begin = time.perf_counter()
                 sample, spec, chunks, stream = codec_sample(model, spill, codec, spill.count, opts)

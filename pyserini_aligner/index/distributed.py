@@ -213,7 +213,9 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
                     trained = source[0]
                     codec_files = copy_codec(source[1], source[2], root / codec_dir)
                 else:  # a uniform sample of this rank's slice
-                    spill = stack.enter_context(Spill(root, seed=opts.seed)).read(checked)
+                    spill = stack.enter_context(Spill(root, seed=opts.seed)).read(
+                        tqdm(checked, total=end - start, unit="doc", desc="read", disable=not opts.progress,
+                             leave=False))
                     begin = time.perf_counter()
                     sample, spec, chunks, stream = codec_sample(model, spill, codec, total, opts)
                     trained = train_codec(spec, sample, opts.train_size, opts.seed)
