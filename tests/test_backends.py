@@ -18,7 +18,7 @@ from pyserini_aligner.search.backends import choose
 from pyserini_aligner.search.backends.base import QUERY_PROBES, Queries, batch_parts
 from pyserini_aligner.search.backends.faiss_cpu import FaissFlat, FaissIVF
 from pyserini_aligner.search.backends.tokens import TorchTokens
-from pyserini_aligner.search.backends.torch_codes import TorchCodes, codes_on
+from pyserini_aligner.search.backends.torch_codes import TorchCodes, codes_on, resident_bytes, room_error
 from pyserini_aligner.search.backends.workers import Workers, gpu_worker_threads
 from pyserini_aligner.search.candidates import merge_probes
 from pyserini_aligner.search.encoding import BALANCE_WORDS, TEXT_WORDS, text_parts
@@ -275,14 +275,22 @@ def test_batch_parts_split_in_order_by_probes():
 
 
 def test_resident_bytes_counts_the_codes(codes_index):
-    """The estimate behind placement "auto" counts every token, list entry and document of the index."""
+    """The estimate behind placement "auto" counts every token, list entry and document of the index; a GPU that
+    can't hold a shard's codes gets a one-line error naming the index, the sizes and the ways out."""
     store = StoredIndex(codes_index)
     spec = store.codec_spec
-    got = choose.resident_bytes(store, range(len(store.segments)), "all", torch.device("cpu"))
+    every = range(len(store.segments))
+    got = resident_bytes(store, every, "all", torch.device("cpu"))
     tokens, docs, entries = store.manifest.num_tokens, store.num_docs, store.manifest.num_kept
     assert got >= tokens * (2 + spec.residual_m) + entries * (4 + spec.pq_m) + docs * 16
-    assert choose.resident_bytes(store, [0], "all", torch.device("cpu")) < got
+    assert resident_bytes(store, [0], "all", torch.device("cpu")) < got
     assert not choose.fits_whole(store, torch.device("cpu"), "all")  # only GPUs take a replica by choice
+    gpu = torch.device("cuda", 0)  # a device name: nothing is placed on it
+    need = resident_bytes(store, every, "all", gpu)
+    assert room_error(store, every, "all", gpu, need) is None
+    error = room_error(store, every, "all", gpu, need - 1)
+    assert error.startswith(f"{store.index_dir}: the codes of {len(store.segments)} of its ") and "\n" not in error
+    assert "free on cuda:0" in error and "--devices" in error and "--max-bytes-per-token" in error
 
 
 def _split_rank(rank: int, world: int, index: str, knobs: dict, group_file: str, results) -> None:

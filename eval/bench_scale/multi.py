@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     from eval.bench_scale.report import write_report
     from eval.bench_scale.run import judged_queries
     from pyserini_aligner.index.reader import StoredIndex
-    from pyserini_aligner.search.backends.choose import choose_placement, resident_bytes
+    from pyserini_aligner.search.backends.choose import choose_placement
+    from pyserini_aligner.search.backends.torch_codes import resident_bytes
 
     cuda = args.device == "cuda"
     devices = [f"cuda:{i}" for i in range(args.gpus)] if cuda else ["cpu"] * args.gpus

@@ -15,7 +15,7 @@ from pyserini_aligner.search.backends.exchanged import Exchanged, ExchangedRepli
 from pyserini_aligner.search.backends.faiss_cpu import FaissFlat, FaissIVF
 from pyserini_aligner.search.backends.fronts import Encoded, GraphedOne
 from pyserini_aligner.search.backends.tokens import TorchTokens
-from pyserini_aligner.search.backends.torch_codes import TorchCodes, codes_on
+from pyserini_aligner.search.backends.torch_codes import TorchCodes, codes_on, resident_bytes
 from pyserini_aligner.search.backends.workers import Workers
 from pyserini_aligner.search.encoding import GatheredEncoder, query_encoder
 from pyserini_aligner.search.options import SearchOptions
@@ -35,18 +35,6 @@ def split_devices(store: StoredIndex, devices: Sequence, numbers: Sequence[int] 
     bounds = np.cumsum(tokens) / max(tokens.sum(), 1) * len(devices)
     owner = np.minimum((bounds - tokens / max(tokens.sum(), 1) * len(devices) / 2).astype(int), len(devices) - 1)
     return [[numbers[i] for i in range(len(tokens)) if owner[i] == d] for d in range(len(devices))]
-
-
-def resident_bytes(store: StoredIndex, numbers: Sequence[int], refine_with: str, device: torch.device) -> int:
-    """Bytes a :class:`..codes.CodeShard` of segments ``numbers`` takes on ``device``: every token's centroid id and
-    residual code (and kept flag with refine_with "kept"), every inverted-list entry's document and code, two
-    int64 and a flag per document, and the codec's tables."""
-    spec, dim = store.codec_spec, store.manifest.dim
-    infos = [store.segments[i].info for i in numbers]
-    tokens, docs, entries = (sum(getattr(i, name) for i in infos) for name in ("num_tokens", "num_docs", "num_kept"))
-    per_token = 2 + spec.residual_m + (1 if refine_with == "kept" else 0)
-    tables = (spec.nlist + 512) * dim * 4 + (65536 * dim * 4 if device.type == "cuda" else 0)
-    return tokens * per_token + docs * 17 + entries * (4 + spec.pq_m) + 16 * (spec.nlist + 1) + tables
 
 
 def fits_whole(store: StoredIndex, device: torch.device, refine_with: str) -> bool:

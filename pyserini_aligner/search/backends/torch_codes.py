@@ -87,5 +87,36 @@ class SegmentCodes:
 
 
 def codes_on(store: StoredIndex, numbers: Sequence[int], device: torch.device | str, scoring: Scoring) -> TorchCodes:
-    """:class:`TorchCodes` of segments ``numbers`` of ``store`` on ``device``."""
+    """:class:`TorchCodes` of segments ``numbers`` of ``store`` on ``device``; ValueError (:func:`room_error`) on
+    a GPU whose free memory can't hold their codes."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        error = room_error(store, list(numbers), scoring.refine_with, device, torch.cuda.mem_get_info(device)[0])
+        if error is not None:
+            raise ValueError(error)
     return TorchCodes(CodeShard(store, list(numbers), device, scoring.refine_with), scoring)
+
+
+def resident_bytes(store: StoredIndex, numbers: Sequence[int], refine_with: str, device: torch.device) -> int:
+    """Bytes a :class:`..codes.CodeShard` of segments ``numbers`` takes on ``device``: every token's centroid id and
+    residual code (and kept flag with refine_with "kept"), every inverted-list entry's document and code, two
+    int64 and a flag per document, and the codec's tables."""
+    spec, dim = store.codec_spec, store.manifest.dim
+    infos = [store.segments[i].info for i in numbers]
+    tokens, docs, entries = (sum(getattr(i, name) for i in infos) for name in ("num_tokens", "num_docs", "num_kept"))
+    per_token = 2 + spec.residual_m + (1 if refine_with == "kept" else 0)
+    tables = (spec.nlist + 512) * dim * 4 + (65536 * dim * 4 if device.type == "cuda" else 0)
+    return tokens * per_token + docs * 17 + entries * (4 + spec.pq_m) + 16 * (spec.nlist + 1) + tables
+
+
+def room_error(store: StoredIndex, numbers: Sequence[int], refine_with: str, device: torch.device,
+               free: int) -> str | None:
+    """The one-line error for codes of segments ``numbers`` that take more than ``free`` bytes of ``device``
+    (:func:`resident_bytes`), naming the ways out; None when they fit."""
+    need = resident_bytes(store, numbers, refine_with, device)
+    if need <= free:
+        return None
+    return (f"{store.index_dir}: the codes of {len(numbers)} of its {len(store.segments)} segment(s) take "
+            f"{need / 2 ** 30:.1f} GiB, more than the {free / 2 ** 30:.1f} GiB free on {device}: search it on several "
+            "GPUs (--devices shares the segments out), on the CPU (--device cpu), or build it with a smaller "
+            "--max-bytes-per-token")
