@@ -17,7 +17,7 @@ def test_spill_replays_the_stream_in_order_and_keeps_a_uniform_reservoir(tmp_pat
     items = [(f"d{i}", f"text {i}", {"n": i}) for i in range(10_000)]
     with Spill(tmp_path, capacity=1000, seed=3) as spill:
         spill.read(iter(items))
-        assert list(spill.items()) == items and list(spill.items()) == items  # replayed as often as asked
+        assert list(spill.items()) == items and list(spill.items()) == items  # replayed at every call
         assert spill.count == 10_000 and len(spill.reservoir) == 1000
         rows = [int(docid[1:]) for docid, *_ in spill.sample()]
         assert len(set(rows)) == 1000 and all(items[r] == (f"d{r}", f"text {r}", {"n": r}) for r in rows)
