@@ -214,14 +214,10 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
             if isinstance(codec, CodecSpec) and not codec.compressed:
                 spec, stream = codec, encode_chunks(model, items, opts.batch_size, opts.max_length)
             elif trained is None:  # the codec is trained on a sample of the whole corpus
-                spill = Spill(root, seed=opts.seed).read(tqdm(items, total=total, unit="doc", desc="read",
-                                                              disable=not opts.progress, leave=False))
+                spill = spill_corpus(root, items, total, opts)
                 bar.total = spill.count
-                begin = time.perf_counter()
-                sample, spec, chunks, stream = codec_sample(model, spill, codec, spill.count, opts)
-                trained = train_codec(spec, sample, opts.train_size, opts.seed)
-                codec_seconds = time.perf_counter() - begin
-                del sample
+                trained, chunks, stream, codec_seconds = sampled_codec(model, spill, codec, spill.count, opts)
+                spec = trained.spec
             else:  # a given codec: the first chunks only size the spec
                 stream = encode_chunks(model, items, opts.batch_size, opts.max_length)
                 chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
@@ -296,6 +292,22 @@ def sample_for_codec(stream: Iterator[EncodedChunk], codec: CodecSpec | AutoCode
         log.warning("the corpus has only %d tokens: codec %s has %d centroids to learn from them; at this size "
                     "--codec fp16 stores exact vectors for %.1f MB", tokens, spec, spec.nlist, tokens * dim * 2 / 1e6)
     return chunks, spec
+
+
+def spill_corpus(folder: Path, items: Iterable, total: int | None, opts: BuildOptions) -> Spill:
+    """``items`` read once into a :class:`.sample.Spill` in ``folder`` (a progress bar over ``total`` documents)."""
+    return Spill(folder, seed=opts.seed).read(tqdm(items, total=total, unit="doc", desc="read",
+                                                   disable=not opts.progress, leave=False))
+
+
+def sampled_codec(model, spill: Spill, codec: CodecSpec | AutoCodec, total: int, opts: BuildOptions
+                  ) -> tuple[ResidualCodec, list[EncodedChunk], Iterator[EncodedChunk], float]:
+    """(the codec trained on :func:`codec_sample`'s documents, the chunks to write: those already encoded and the
+    rest of the stream, seconds spent sampling and training) for a corpus read into ``spill``."""
+    begin = time.perf_counter()
+    sample, spec, chunks, stream = codec_sample(model, spill, codec, total, opts)
+    trained = train_codec(spec, sample, opts.train_size, opts.seed)
+    return trained, chunks, stream, time.perf_counter() - begin
 
 
 def codec_sample(model, spill: Spill, codec: CodecSpec | AutoCodec, total: int, opts: BuildOptions

@@ -34,12 +34,11 @@ from pyserini_aligner.index.commit import new_name
 from pyserini_aligner.index.format import DOCIDS, Manifest, SegmentInfo
 from pyserini_aligner.index.reader import Docids
 from pyserini_aligner.index.builder import (DocidRegistry, check_codec, check_max_length, checked_items,
-                                            codec_sample, codec_source, copy_codec, encode_chunks,
-                                            new_manifest, record_codec_training, sample_for_codec, train_codec,
-                                            write_index, write_segment)
+                                            codec_source, copy_codec, encode_chunks,
+                                            new_manifest, record_codec_training, sample_for_codec, sampled_codec,
+                                            spill_corpus, write_index, write_segment)
 from pyserini_aligner.index.codec_spec import CodecSpec
 from pyserini_aligner.index.options import BuildOptions, build_options
-from pyserini_aligner.index.sample import Spill
 from pyserini_aligner.index.segment import write_codec
 from pyserini_aligner.index.shards import check_unique_docids, shard_corpus, shard_range
 from pyserini_aligner.resolve import load_model
@@ -213,14 +212,8 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
                     trained = source[0]
                     codec_files = copy_codec(source[1], source[2], root / codec_dir)
                 else:  # a uniform sample of this rank's slice
-                    spill = stack.enter_context(Spill(root, seed=opts.seed)).read(
-                        tqdm(checked, total=end - start, unit="doc", desc="read", disable=not opts.progress,
-                             leave=False))
-                    begin = time.perf_counter()
-                    sample, spec, chunks, stream = codec_sample(model, spill, codec, total, opts)
-                    trained = train_codec(spec, sample, opts.train_size, opts.seed)
-                    codec_seconds = time.perf_counter() - begin
-                    del sample
+                    spill = stack.enter_context(spill_corpus(root, checked, end - start, opts))
+                    trained, chunks, stream, codec_seconds = sampled_codec(model, spill, codec, total, opts)
                     codec_files = write_codec(root / codec_dir, trained)
                 spec = trained.spec
             announce({"root": str(root), "generation": generation, "total": total,
