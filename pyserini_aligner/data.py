@@ -74,10 +74,13 @@ def link_beir_sources(beir_dir: str | os.PathLike | None = None) -> list[str]:
     for archive in sorted(source.glob("*.zip")):
         target = ir_datasets_home() / "beir" / archive.stem / "source.zip"
         target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists():
-            if target.is_symlink():  # dangling link left from another copy of the data
-                target.unlink()
-            target.symlink_to(archive.resolve())
+        if not target.exists():  # absent, or a dangling link left from another copy of the data
+            # made under a name of this process's own and renamed over the target, so that processes linking the
+            # same home at once (pytest workers, torchrun ranks) each end with the one link, none with an error
+            fresh = target.with_name(f".{target.name}.{os.getpid()}")
+            fresh.unlink(missing_ok=True)
+            fresh.symlink_to(archive.resolve())
+            os.replace(fresh, target)
         names.append(archive.stem)
     return names
 
