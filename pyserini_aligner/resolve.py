@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pyserini_aligner.checkpoints import SHIPPED
+from pyserini_aligner.onnx_runtime import query_runtime
 from pyserini_aligner.model import CONFIG_FILE, AlignerModel, resolve_dtype
 from pyserini_aligner.untrained import untrained_model
 
@@ -60,8 +61,11 @@ def load_model(source=DEFAULT, device: str | torch.device | None = None,
     if str(source) == UNTRAINED:
         model = untrained_model().to(device)
         model.compute_dtype = resolve_dtype(dtype)
-        return model
-    return AlignerModel.from_pretrained(str(source), device=device, dtype=dtype)
+    else:
+        model = AlignerModel.from_pretrained(str(source), device=device, dtype=dtype)
+    if query_runtime() == "onnx":
+        model.use_onnx_queries()  # a model loaded to search with: its queries on a CPU through ONNX Runtime
+    return model
 
 
 def check_index_model(model: AlignerModel, manifest, index_dir: str | os.PathLike) -> AlignerModel:

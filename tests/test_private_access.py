@@ -11,10 +11,11 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pyserini_aligner", "eval")
 # underscore names that are public by convention: namedtuple's API, the exit that skips clean-up handlers
 CONVENTIONAL = {"_replace", "_asdict", "_fields", "_make", "_exit"}
-# known exceptions, by file and name: a marker set on a third-party class and Pyserini's dense-sparse fusion (no
-# public equivalent)
+# known exceptions, by file and name: a marker set on a third-party class, Pyserini's dense-sparse fusion and torch's
+# in-place version counter of a tensor (no public equivalent)
 ALLOWED = {("pyserini_aligner/data.py", "_pyserini_aligner_quiet"),
-           ("pyserini_aligner/serve/served.py", "_hybrid_results")}
+           ("pyserini_aligner/serve/served.py", "_hybrid_results"),
+           ("pyserini_aligner/onnx_runtime.py", "_version")}
 
 
 def _private(name: str) -> bool:

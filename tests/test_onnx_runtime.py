@@ -1,0 +1,63 @@
+"""Query encoding on the CPU through ONNX Runtime against torch's eager pass of the same real weights."""
+import pytest
+import torch
+
+from pyserini_aligner import onnx_runtime
+from pyserini_aligner.resolve import load_model
+
+QUERIES = ["What causes the loss of sensory hair cells?", "vitamin D deficiency and tuberculosis risk",
+           "a", "0-dimensional biomaterials show inductive properties."]
+
+
+def torch_encoding(model, texts):
+    """The same texts through torch alone (the model's ONNX path switched off for the call)."""
+    stamp, session = model._onnx_stamp, model._onnx
+    model._onnx_stamp = None
+    try:
+        return model.encode_padded(texts, is_query=True, batch_size=3)
+    finally:
+        model._onnx_stamp, model._onnx = stamp, session
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(onnx_runtime.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(onnx_runtime.RUNTIME_ENV, raising=False)
+    return tmp_path / "cache" / "onnx"
+
+
+def test_queries_through_onnx_runtime_equal_torch_to_rounding(cache):
+    """A model loaded to search with encodes queries through an exported graph of its weights (one file in the
+    cache, no partial file left), with vectors equal to torch's to float32 rounding, the same token mask, and
+    saliences within 1e-3; documents and a model that was trained since go through torch."""
+    model = load_model("aligner", device="cpu")
+    got = model.encode_padded(QUERIES, is_query=True, batch_size=3)
+    assert model._onnx is not None and [p.name for p in cache.iterdir()] == [model._onnx.path.name]
+    want = torch_encoding(model, QUERIES)
+    assert torch.equal(got.mask, want.mask)
+    assert torch.allclose(got.vectors, want.vectors, rtol=0, atol=1e-5)
+    assert torch.allclose(got.salience, want.salience, rtol=0, atol=1e-3)
+    one = model.encode_padded(QUERIES[:1], is_query=True, batch_size=1)  # a batch of one: no padding at all
+    assert torch.allclose(one.vectors[0], got.vectors[0, :one.vectors.shape[1]], rtol=0, atol=1e-5)
+
+    docs = model.encode_padded(QUERIES, is_query=False, batch_size=3)
+    stamp, model._onnx_stamp = model._onnx_stamp, None
+    assert torch.equal(model.encode_padded(QUERIES, is_query=False, batch_size=3).vectors, docs.vectors)
+    model._onnx_stamp = stamp
+
+    with torch.no_grad():
+        model.projection.weight.mul_(0.5)  # as an optimiser step would: in place
+    after = model.encode_padded(QUERIES, is_query=True, batch_size=3)
+    assert model._onnx is None and model._onnx_stamp is None  # torch from now on, nothing exported again
+    assert torch.allclose(after.vectors, got.vectors, rtol=0, atol=1e-5)  # unit vectors: the scale cancels
+    assert len(list(cache.iterdir())) == 1
+
+
+def test_the_runtime_is_chosen_by_the_environment(cache, monkeypatch):
+    monkeypatch.setenv(onnx_runtime.RUNTIME_ENV, "torch")
+    model = load_model("aligner", device="cpu")
+    model.encode_padded(QUERIES[:1], is_query=True)
+    assert model._onnx_stamp is None and model._onnx is None and not cache.exists()
+    monkeypatch.setenv(onnx_runtime.RUNTIME_ENV, "tensorrt")
+    with pytest.raises(ValueError, match=r"\$PYSERINI_ALIGNER_QUERY_RUNTIME='tensorrt': expected one of onnx, torch"):
+        load_model("aligner", device="cpu")
