@@ -184,7 +184,7 @@ def run_bench(beir_zip: Path, size: int, output: Path, device: str, cpu_threads:
         release_memory(device)
         report = {"machine": machine_info(device), "docs": built["docs"], "queries": len(texts), "build": built,
                   "settings": {"beir_zip": beir_zip.name, "size": size, "selectivities": list(selectivities),
-                               "batch": batch, "doc_prune": DOC_PRUNE, "codec": codec, "seed": seed,
+                               "batch": batch, "doc_prune": DOC_PRUNE or "auto", "codec": codec, "seed": seed,
                                "encoder": encoder, "warmup": WARMUP, "repeats": REPEATS}, "places": {}}
         searcher = AlignerSearcher(index_dir, device=device, backend="torch", batch_size=batch)
         docids = list(searcher.docids)

@@ -81,9 +81,28 @@ def _score(sim: Tensor, q_w: Tensor, d_mask: Tensor, d_w: Tensor | None, strateg
         else:
             w = d_w.unsqueeze(-2).expand(*sim.shape).gather(-1, idx) * kept
             num, den = (vals * w).sum(-1), w.sum(-1)
+    return _weighted_mean(num, den, q_w)
+
+
+def _weighted_mean(num: Tensor, den: Tensor, q_w: Tensor) -> Tensor:
+    """Σ_i q_w·num / Σ_i q_w·den over the last dim (0 where the denominator is 0)."""
     num, den = (num * q_w).sum(-1), (den * q_w).sum(-1)
     ok = den > 0
     return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def packs_maxsim(strategy: Strategy) -> bool:
+    """Whether ``strategy`` is top-k:1 (MaxSim): a document's score needs only each query token's best similarity
+    over its tokens, so refinement may take that maximum over tokens packed without padding (:func:`maxsim_mean`)."""
+    return strategy.kind == "top-k" and strategy.k == 1
+
+
+def maxsim_mean(best: Tensor, q_w: Tensor) -> Tensor:
+    """Top-k:1 scores [...] from each query token's best similarity over a document's real tokens, best [..., n]
+    (−inf for a document without tokens), with query weights q_w [..., n] (0 at padding): the value :func:`_score`
+    computes for top-k:1 without document weights, in the same order of operations."""
+    kept = torch.isfinite(best)
+    return _weighted_mean(torch.where(kept, best, torch.zeros_like(best)), kept.to(best.dtype), q_w)
 
 
 def _prepare(

@@ -184,3 +184,35 @@ def test_a_large_index_reads_its_candidates_from_the_files_to_the_same_bits(two_
         assert torch.equal(got[0], mapped.interaction(q, q_mask, rows, valid))
         assert torch.equal(got[1], mapped.refine(q, q_mask, None, rows, valid, strategy, 64))
         assert mapped_rss(folder / TOKEN_RESIDUALS) > 0
+
+
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+@pytest.mark.parametrize("salience", [False, True])
+def test_packed_maxsim_refinement_equals_padded_alignment_scores(two_segment_index, refine_with, salience):
+    """The GPU's top-k:1 refinement over each query's candidate tokens packed without padding
+    (CodeShard.refine_packed, run here on the CPU) gives the scores of alignment_scores_grouped over the same
+    decoded tokens padded to the longest document (kept tokens only with refine_with "kept", query saliences as
+    weights), to float32 rounding, −inf for the candidates not held or not valid."""
+    from pyserini_aligner.alignment import alignment_scores_grouped, parse_strategy
+
+    store = StoredIndex(two_segment_index)
+    shard = CodeShard(store, [1], refine_with=refine_with)
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, shard.row_base + shard.num_rows, (4, 11), generator=generator)  # some held elsewhere
+    valid = torch.rand(4, 11, generator=generator) < 0.8
+    q = torch.nn.functional.normalize(torch.randn(4, 6, store.manifest.dim, generator=generator), dim=-1)
+    q_mask = torch.ones(4, 6, dtype=torch.bool)
+    q_mask[0, 4:] = False
+    q_sal = torch.rand(4, 6, generator=generator) if salience else None
+    local, mine, lengths = shard._held(rows, valid)
+    got = shard.refine_packed(q, q_mask, q_sal, local, mine, lengths, torch.full(rows.shape, -torch.inf))
+    width = int(lengths.max())
+    span = torch.arange(width)
+    positions = (shard.offsets[local].unsqueeze(-1) + span).clamp_max(len(shard.token_ids) - 1)
+    mask = (span < lengths.unsqueeze(-1)) & mine.unsqueeze(-1)
+    if refine_with == "kept":
+        mask &= shard.kept[positions]
+    want = alignment_scores_grouped(q, q_mask, shard.decode(positions, mask), mask, parse_strategy("top-k:1"), q_sal)
+    assert torch.equal(torch.isfinite(got), mine)
+    assert torch.allclose(got[mine], want[mine], rtol=0, atol=1e-6)
+    assert mine.sum() > 10 and (~mine).sum() > 3

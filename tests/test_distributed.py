@@ -144,6 +144,20 @@ def test_torchrun_skips_blank_documents_as_one_process(tmp_path, model):
     assert not any(d.startswith("blank") for d in StoredIndex(tmp_path / "dist").docids)
 
 
+def test_shards_of_a_large_corpus_index_its_share(tmp_path, single, corpus, monkeypatch):
+    """β^d left unset comes from the whole corpus's size, not a shard's, so that the shards of a corpus of
+    SCALE_DOCS documents (made small here) all index the scale share and merge."""
+    from pyserini_aligner.index import options
+
+    monkeypatch.setattr(options, "SCALE_DOCS", 20)  # 24 documents: 8 a shard
+    shards = [tmp_path / f"shard_{i}" for i in range(3)]
+    for i, shard in enumerate(shards):
+        assert index_cli.main(["--corpus", str(corpus), "--index", str(shard), "--shard-id", str(i), "--shard-num", "3",
+                               "--codec-from", str(single), "--quiet"]) == 0
+    assert [read_manifest(s).doc_prune for s in shards] == [options.SCALE_DOC_PRUNE] * 3
+    assert merge_cli.main(["--inputs", *map(str, shards), "--index", str(tmp_path / "merged"), "--quiet"]) == 0
+
+
 def test_shards_and_merge_equal_one_process(tmp_path, single, corpus):
     shards = [tmp_path / f"shard_{i}" for i in range(3)]
     for i, shard in enumerate(shards):

@@ -205,22 +205,33 @@ def test_failed_overwrite_keeps_old_index(tmp_path, model):
 # build options: one typed object, checked once
 
 
+def test_doc_prune_by_corpus_size():
+    """β^d left unset is DEFAULT_DOC_PRUNE below SCALE_DOCS documents or when the size is unknown, SCALE_DOC_PRUNE
+    from there; a value given is kept."""
+    from pyserini_aligner.index.options import SCALE_DOC_PRUNE, SCALE_DOCS, doc_prune_for
+
+    assert [doc_prune_for(None, n) for n in (None, 1, SCALE_DOCS - 1, SCALE_DOCS, 10 ** 7)] == \
+        [DEFAULT_DOC_PRUNE] * 3 + [SCALE_DOC_PRUNE] * 2
+    assert doc_prune_for(0.3, 10 ** 7) == doc_prune_for(0.3, 5) == 0.3
+    assert BuildOptions().sized(SCALE_DOCS).doc_prune == SCALE_DOC_PRUNE
+    assert BuildOptions(doc_prune=0.1).sized(SCALE_DOCS).doc_prune == 0.1
+
+
 def test_build_options_parse_the_codec_and_keep_the_defaults(tmp_path):
     assert BuildOptions().codec is AUTO_CODEC and str(BuildOptions().codec) == "auto"
     assert BuildOptions(codec="fp16").codec == CodecSpec() and BuildOptions(codec="fp16").fp16
     assert BuildOptions(codec=" IVF64,PQ4,Refine(PQ16) ").codec == CodecSpec(64, 4, 16)
     assert BuildOptions(codec=CodecSpec(8, 4)).codec == CodecSpec(8, 4)  # a typed codec is taken as it is
     assert BuildOptions(codec_from=str(tmp_path)).codec_from == tmp_path
-    assert (BuildOptions().doc_prune, BuildOptions().prune_redundancy) == (DEFAULT_DOC_PRUNE,
-                                                                          DEFAULT_PRUNE_REDUNDANCY)
+    assert (BuildOptions().doc_prune, BuildOptions().prune_redundancy) == (None, DEFAULT_PRUNE_REDUNDANCY)
     changed = BuildOptions(codec="fp16").replace(doc_prune=0.5, prune_redundancy=None)
     assert (changed.doc_prune, changed.prune_redundancy, changed.codec) == (0.5, None, CodecSpec())
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("doc_prune", 0.0, "doc_prune must be in (0, 1], got 0.0"),
-    ("doc_prune", 1.5, "doc_prune must be in (0, 1], got 1.5"),
-    ("doc_prune", True, "doc_prune must be in (0, 1], got True"),
+    ("doc_prune", 0.0, "doc_prune must be None or in (0, 1], got 0.0"),
+    ("doc_prune", 1.5, "doc_prune must be None or in (0, 1], got 1.5"),
+    ("doc_prune", True, "doc_prune must be None or in (0, 1], got True"),
     ("codec", "PQ8", "codec: bad codec 'PQ8': expected 'auto', 'fp16'"),
     ("codec", "IVF1,PQ8", "codec: bad codec 'IVF1,PQ8': nlist must be in [2, 65536]"),
     ("codec", "IVF64,PQ8,Refine(PQ4)", "must be finer than PQ8"),
@@ -245,6 +256,21 @@ def test_build_options_name_the_bad_field(field, value, message):
         BuildOptions().replace(**{field: value})  # a change is checked as the constructor checks
 
 
+def test_a_build_from_scale_docs_documents_indexes_the_scale_share(tmp_path, model, monkeypatch):
+    """β^d left unset is chosen from the corpus's documents when the build starts and recorded in the manifest:
+    the scale share from SCALE_DOCS documents (made small here), the default share below."""
+    from pyserini_aligner.index import options
+    from pyserini_aligner.salience import keep_count
+
+    docs = [(f"d{i}", f"document {i} about alignment of tokens and their salience in retrieval") for i in range(12)]
+    monkeypatch.setattr(options, "SCALE_DOCS", 10)
+    large = build_index(docs, tmp_path / "large", model, codec="fp16", progress=False)
+    small = build_index(docs[:9], tmp_path / "small", model, codec="fp16", progress=False)
+    assert (large.doc_prune, small.doc_prune) == (options.SCALE_DOC_PRUNE, DEFAULT_DOC_PRUNE)
+    lengths = StoredIndex(tmp_path / "large").lengths
+    assert large.num_kept == sum(keep_count(int(n), options.SCALE_DOC_PRUNE) for n in lengths)
+
+
 def test_build_index_takes_options_or_their_fields(tmp_path, model):
     """Keyword arguments go over an options object; a bad one is refused before anything is read or written, an
     unknown one names the fields there are."""
@@ -254,7 +280,7 @@ def test_build_index_takes_options_or_their_fields(tmp_path, model):
     assert (str(first.codec), first.doc_prune, first.index_type, first.model_name) == ("fp16", 1.0, "HNSW8", "aligner")
     second = build_index(docs, tmp_path / "b", model, options, doc_prune=0.5, corpus_name="four")
     assert (str(second.codec), second.doc_prune, second.index_type, second.corpus) == ("fp16", 0.5, "HNSW8", "four")
-    with pytest.raises(ValueError, match=r"doc_prune must be in \(0, 1\], got 0"):
+    with pytest.raises(ValueError, match=r"doc_prune must be None or in \(0, 1\], got 0"):
         build_index(iter(docs), tmp_path / "c", model, doc_prune=0)
     with pytest.raises(TypeError, match="unknown build option.* doc_prun; the fields of BuildOptions are doc_prune"):
         build_index(docs, tmp_path / "c", model, doc_prun=0.5)

@@ -42,7 +42,7 @@ def test_options_are_typed_resolved_and_picklable():
     assert (resolved.k_per_token, resolved.max_candidates, resolved.interaction_candidates) == (100, 128, 0)
     assert resolved.nprobe is None and resolved.resolved() == resolved
     gpu = SearchOptions(device="cuda:1").resolved()
-    assert (gpu.backend, gpu.k_per_token, gpu.max_candidates, gpu.interaction_candidates) == ("torch", 3000, 512, 49152)
+    assert (gpu.backend, gpu.k_per_token, gpu.max_candidates, gpu.interaction_candidates) == ("torch", 3000, 768, 49152)
     assert SearchOptions(max_candidates=7).resolved().max_candidates == 7
 
 

@@ -25,6 +25,7 @@ from eval.bench_scale.exact import encode_tokens, exact_top, float32_products
 from eval.bench_scale.measure import machine_info
 from eval.bench_scale.run import (BATCHES, DOC_PRUNE, QPS_REPEATS, WARMUP, aligner_ranker, build, judged_queries,
                                   quality, release_memory, time_search)
+from pyserini_aligner.index import StoredIndex
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def run_peers(beir_zip: Path, size: int, output: Path, device: str, codec: str =
     output.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine_info(device), "settings": {
         "beir_zip": beir_zip.name, "size": size, "label": size_label(size), "queries": len(texts), "codec": codec,
-        "doc_prune": DOC_PRUNE, "batch_size": batch_size, "seed": seed, "encoder": encoder, "warmup": WARMUP,
+        "doc_prune": DOC_PRUNE or "auto", "batch_size": batch_size, "seed": seed, "encoder": encoder, "warmup": WARMUP,
         "qps_repeats": QPS_REPEATS, "batches": list(BATCHES),
         "fastplaid": {"version": fastplaid.fast_plaid_version(), "nbits": fastplaid.NBITS,
                       "n_ivf_probe": n_ivf_probe, "n_full_scores": n_full_scores}},
@@ -72,6 +73,7 @@ def run_peers(beir_zip: Path, size: int, output: Path, device: str, codec: str =
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_peers-")))
         replay = ReplayModel(model, [text for _, text in passages], encoded, encoder)
         index_dir, row = build(corpus, size, work / "aligner", device, batch_size, codec, replay, quiet)
+        report["settings"]["doc_prune"] = StoredIndex(index_dir).manifest.doc_prune  # as the build chose it
         del replay
         release_memory(device)
         searched, ranked = time_search(lambda: aligner_ranker(index_dir, device), texts, device)

@@ -29,7 +29,7 @@ from pyserini_aligner.metrics import evaluate
 
 log = logging.getLogger(__name__)
 
-DOC_PRUNE = 0.2
+DOC_PRUNE = None  # β^d of the benchmarks' indexes: the build's default for the corpus size
 BATCHES = (32, 300)  # query batch sizes of the throughput figures
 WARMUP = 10  # untimed queries before the per-query latency
 QPS_REPEATS = 3  # throughput: median of this many passes over the queries
@@ -55,16 +55,17 @@ def release_memory(device: str) -> None:
 
 
 def build(corpus: SyntheticCorpus, n: int, folder: Path, device: str, batch_size: int, codec: str,
-          encoder, quiet: bool) -> tuple[Path, dict]:
-    """Build the index of the first ``n`` passages at ``folder/index``; (index folder, build figures). encoder: a
-    checkpoint name or an AlignerModel (e.g. one replaying passages it has already encoded)."""
+          encoder, quiet: bool, doc_prune: float | None = DOC_PRUNE) -> tuple[Path, dict]:
+    """Build the index of the first ``n`` passages at ``folder/index`` with β^d = ``doc_prune``; (index folder,
+    build figures). encoder: a checkpoint name or an AlignerModel (e.g. one replaying passages it has already
+    encoded)."""
     from pyserini_aligner.index import build_index
 
     index_dir = folder / "index"
     items = tqdm(corpus.passages(n), total=n, unit="doc", desc=f"build {size_label(n)}", disable=quiet)
 
     def make() -> dict:
-        manifest = build_index(items, index_dir, encoder, doc_prune=DOC_PRUNE, device=device, progress=False,
+        manifest = build_index(items, index_dir, encoder, doc_prune=doc_prune, device=device, progress=False,
                                batch_size=batch_size, codec=codec, num_docs_hint=n)
         stats = manifest.build_stats  # seconds per phase, summed over segments
         return {"docs": manifest.num_docs, "codec": str(manifest.codec), "tokens": manifest.num_tokens,
@@ -217,7 +218,7 @@ def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, c
     corpus = SyntheticCorpus(source, seed=seed)
     output.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine_info(device), "settings": {
-        "beir_zip": beir_zip.name, "sizes": sizes, "tile_to": tile_to, "doc_prune": DOC_PRUNE, "codec": codec,
+        "beir_zip": beir_zip.name, "sizes": sizes, "tile_to": tile_to, "doc_prune": DOC_PRUNE or "auto", "codec": codec,
         "batch_size": batch_size, "seed": seed, "encoder": encoder, "warmup": WARMUP, "qps_warmup": QPS_WARMUP,
         "qps_repeats": QPS_REPEATS, "batches": list(BATCHES), "originals": corpus.num_originals, "distinct_spans": corpus.num_spans},
         "rows": [], "cpu": None}

@@ -21,7 +21,7 @@ from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.bench_scale.corpus import SyntheticCorpus, parse_size, read_beir_zip, size_label
 from eval.bench_scale.exact import exact_ranking
 from eval.bench_scale.measure import machine_info, overlap_at_k, run_dict
-from eval.bench_scale.run import build, judged_queries
+from eval.bench_scale.run import DOC_PRUNE, build, judged_queries
 from eval.cli import configure_logging
 from pyserini_aligner.metrics import evaluate
 
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--codec", default="auto", help="codec of the index built (default: auto)")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--doc-prune", type=float, default=DOC_PRUNE,
+                        help="β^d of the index built (default: the build's for the corpus size)")
     parser.add_argument("--max-queries", type=int, default=None)
     parser.add_argument("--exact", action="store_true",
                         help="also rank with every passage's exact tokens and report each setting's overlap with it")
@@ -71,10 +73,11 @@ def main(argv: list[str] | None = None) -> None:
         index_dir, built = folder / "index", {}
     else:
         index_dir, built = build(corpus, args.size, folder, args.device, args.batch_size, args.codec, "aligner",
-                                 args.quiet)
+                                 args.quiet, args.doc_prune)
     start = time.perf_counter()
     best = ExhaustiveScorer(index_dir, device=args.device).rank(texts, k=10)
     report = {"machine": machine_info(args.device), "size": args.size, "queries": len(texts), "build": built,
+              "doc_prune": StoredIndex(index_dir).manifest.doc_prune,
               "codec": str(StoredIndex(index_dir).manifest.codec),
               "exhaustive_s": round(time.perf_counter() - start, 2),
               "ndcg@10_exhaustive": round(evaluate(judged, run_dict(qids, best), ("ndcg@10",))["ndcg@10"], 4), "rows": []}
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"### Candidate generation at {size_label(args.size)} passages ({report['machine'].get('gpu') or 'CPU'}), "
-             f"codec {report['codec']}; "
+             f"codec {report['codec']}, β^d {report['doc_prune']}; "
              f"exhaustive nDCG@10 {report['ndcg@10_exhaustive']}"
              + (f"; exhaustive scoring of the codes keeps {report['overlap@10_exhaustive_exact']} of the exact top 10"
                 if exact is not None else ""), "",

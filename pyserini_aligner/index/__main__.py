@@ -14,7 +14,8 @@ from pyserini_aligner.index.codec_spec import DEFAULT_PQ_M, FP16, AutoCodec
 from pyserini_aligner.index.builder import build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distributed, dist_context
-from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, BuildOptions,
+from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, SCALE_DOC_PRUNE,
+                                            SCALE_DOCS, BuildOptions,
                                             codec_arg)
 from pyserini_aligner.index.shards import shard_corpus
 from pyserini_aligner.index.commit import set_default_strategy
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "checkpoint's; with --from-index: the source's)")
     parser.add_argument("--doc-prune", type=fraction, default=None, metavar="BETA",
                         help=f"fraction β^d of each document's most salient tokens indexed for candidate generation "
-                             f"(default {DEFAULT_DOC_PRUNE} when building, the source's with --from-index)")
+                             f"(default when building: {DEFAULT_DOC_PRUNE}, {SCALE_DOC_PRUNE} from {SCALE_DOCS:,} documents; the "
+                             "source's with --from-index)")
     parser.add_argument("--prune-redundancy", type=redundancy_arg, default=None, metavar="COS",
                         help="redundancy-aware β^d pruning: a token within cosine COS of a more salient token of its "
                              "document is indexed only if the distinct tokens leave room; 'off' prunes by "
@@ -217,7 +219,8 @@ def run(args: argparse.Namespace) -> None:
                 if args.shard_num > total:
                     raise ValueError(f"--shard-num {args.shard_num} is larger than the corpus ({total} documents): "
                                      "every shard needs at least one document")
-                hint, options = end - start, options.replace(max_docs=None)
+                # β^d of the whole corpus, so that every shard indexes the same share and the shards merge
+                hint, options = end - start, options.replace(max_docs=None).sized(total)
             manifest = build_index(corpus, args.index, args.encoder, options, num_docs_hint=hint,
                                    corpus_path=args.corpus if Path(args.corpus).exists() else None)
     if args.strategy is not None:

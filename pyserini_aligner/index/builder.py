@@ -227,8 +227,9 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
                     write_codec(root / codec_dir, trained)
                 trained = trained.to(model.device)
                 spec = trained.spec
+            sized = opts.sized(bar.total)
             info = write_segment(root / new_name("seg", generation), _chain(chunks, stream), dim,
-                                 opts.doc_prune, opts.prune_redundancy, trained, opts.index_type, opts.train_size,
+                                 sized.doc_prune, opts.prune_redundancy, trained, opts.index_type, opts.train_size,
                                  opts.seed, opts.progress, bar.update)
         finally:
             bar.close()
@@ -238,7 +239,7 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         if spec.compressed:
             record_codec_training(info.build_stats, codec_seconds)
         info.build_stats["total_s"] = time.perf_counter() - started
-        return new_manifest(model, encoder, spec, opts, codec_dir, codec_files, [info])
+        return new_manifest(model, encoder, spec, sized, codec_dir, codec_files, [info])
 
     manifest = write_index(target, opts.overwrite, corpus_path, write)
     log.info("indexed %d documents (%d tokens, %d indexed, codec %s) into %s", manifest.num_docs,
@@ -393,7 +394,7 @@ def derive_index(source_dir: str | os.PathLike, index_dir: str | os.PathLike, op
     spec = resolve_codec(opts.codec, old.dim, old.num_tokens, opts.max_bytes_per_token)
     if not spec.compressed:
         check_factory_string(old.dim, opts.index_type)
-    doc_prune, index_type, redundancy = opts.doc_prune, opts.index_type, opts.prune_redundancy
+    doc_prune, index_type, redundancy = opts.sized(old.num_docs).doc_prune, opts.index_type, opts.prune_redundancy
     train_size, seed, progress = opts.train_size, opts.seed, opts.progress
     dev = torch.device(opts.device or "cpu")
 

@@ -193,6 +193,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
         codec = source[0].spec if source else opts.codec
         check_codec(model, codec, opts.index_type)
         items, start, end, total = _slice(corpus, 0, world, opts.max_docs)
+        sized = opts.sized(total)
         bar = tqdm(total=total, unit="doc", desc=f"index ({world} ranks)", disable=not opts.progress,
                    smoothing=0.05)
         stack = ExitStack()
@@ -225,7 +226,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
                 bar.update(own[0] + job.progress() - bar.n)
 
             info = write_segment(root / new_name("seg", generation), _chain(chunks, stream), dim,
-                                 opts.doc_prune, opts.prune_redundancy,
+                                 sized.doc_prune, opts.prune_redundancy,
                                  None if trained is None else trained.to(model.device), opts.index_type,
                                  opts.train_size, opts.seed, progress=False, on_chunk=advance)
             record_codec_training(info.build_stats, codec_seconds)
@@ -248,7 +249,7 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
                              for r, i in enumerate(infos)])
         for rank in range(world):
             job.status(rank).path.unlink(missing_ok=True)
-        return new_manifest(model, encoder, spec, opts, codec_dir, codec_files, infos)
+        return new_manifest(model, encoder, spec, sized, codec_dir, codec_files, infos)
 
     try:
         manifest = write_index(target, opts.overwrite, corpus if Path(corpus).exists() else None, write)
@@ -329,6 +330,7 @@ def _follow(job: _Job, corpus: str, encoder, opts: BuildOptions) -> None:
             raise error
         status.write(state="running", done=0)
         items, start, end, _ = _slice(corpus, rank, world, opts.max_docs, header["total"])
+        opts = opts.sized(header["total"])
         registry = DocidRegistry()
         stream = encode_chunks(model, checked_items(items, None, registry), opts.batch_size, opts.max_length)
         trained = header["codec"].to(model.device) if header["codec"] is not None else None

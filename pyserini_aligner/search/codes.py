@@ -12,7 +12,8 @@ Three steps, each a function of plain tensors so that every backend and every sh
    manner of PLAID's centroid interaction) a larger candidate set is first narrowed by MaxSim over the centroids of
    all of each document's tokens, read from query-centroid scores.
 3. :meth:`CodeShard.refine`: each candidate's tokens (all, or only the kept ones) are decoded from their codes on the
-   device and scored with the full alignment score.
+   device and scored with the full alignment score (top-k:1 on a GPU over each query's candidate tokens packed
+   without padding: :meth:`CodeShard.refine_packed`).
 
 Only the codes live in memory (2 + R bytes a token, plus 4 + M bytes an inverted-list entry: M = R unless the codec
 has a refinement tier); nothing is decoded ahead of time.
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, scores_from_similarity
+from pyserini_aligner.alignment import (Strategy, alignment_scores_grouped, maxsim_mean, packs_maxsim,
+                                        scores_from_similarity)
 from pyserini_aligner.index.codec import row_norms, unit_rows
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner import kernels
@@ -349,6 +351,8 @@ class CodeShard:
         held, longest = torch.stack([mine.any().long(), lengths.max().long()]).tolist()  # one copy to the host
         if not held:
             return out
+        if self.device.type == "cuda" and packs_maxsim(strategy):
+            return self.refine_packed(q, q_mask, q_sal, local, mine, lengths, out)
         width = max(longest, 1) if width is None else width
         span = torch.arange(width, device=self.device)
         budget = self.elements if self.device.type == "cuda" else 1 << 22  # small blocks stay in a CPU's cache
@@ -365,6 +369,48 @@ class CodeShard:
             else:
                 scores = alignment_scores_grouped(q[part, :n].to(self.dtype), q_mask[part, :n],
                                                   self.decode(positions, mask), mask, strategy, sal, None)
+            out[part] = torch.where(mine[part], scores.float(), out[part])
+        return out
+
+    def refine_packed(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, local: Tensor, mine: Tensor,
+                      lengths: Tensor, out: Tensor) -> Tensor:
+        """Top-k:1 (MaxSim) refinement of the held candidates (shard-local rows ``local`` [B, C] where ``mine``,
+        ``lengths`` [B, C] tokens each) with each query's candidate tokens packed one after another instead of
+        padded to the longest document: decoding and products over the tokens that exist (documents average far
+        fewer tokens than the longest). Each token's similarity with each query token is the padded path's; a
+        document's maximum over its tokens and the weighted mean over query tokens (:func:`..alignment.maxsim_mean`)
+        are taken in the same order, so the scores are those of :func:`..alignment.alignment_scores_grouped`.
+        Scores go into ``out`` [B, C] where held (−inf elsewhere)."""
+        count = local.shape[1]
+        dim = self.centroids.shape[1]
+        per_query = lengths.sum(1)
+        budget = self.elements
+        for part, n in query_chunks(q_mask.sum(1), per_query, 0, budget, per_query * dim):
+            flat = lengths[part].reshape(-1)  # [b·C] tokens of each candidate slot
+            host = torch.stack([flat.sum(), per_query[part].max()]).tolist()  # one copy to the host
+            total, width = int(host[0]), max(int(host[1]), 1)
+            if total == 0:
+                continue
+            b = len(part)
+            slot = torch.repeat_interleave(torch.arange(b * count, device=self.device), flat, output_size=total)
+            first = torch.cumsum(flat, 0) - flat  # each slot's first token among all tokens of the chunk
+            owner = torch.div(slot, count, rounding_mode="floor")
+            query_first = first.view(b, count)[:, 0]  # each query's first token
+            within = torch.arange(total, device=self.device) - first[slot]  # token's place in its document
+            place = first[slot] + within - query_first[owner]  # token's place in its query's packed row
+            positions = torch.zeros(b, width, dtype=torch.long, device=self.device)
+            positions[owner, place] = self.offsets[local[part].reshape(-1)][slot] + within
+            mask = torch.zeros(b, width, dtype=torch.bool, device=self.device)
+            mask[owner, place] = True if self.kept is None else self.kept[positions[owner, place]]
+            qm = q_mask[part, :n]
+            qp = torch.where(qm.unsqueeze(-1), q[part, :n].to(self.dtype), torch.zeros((), device=self.device))
+            sim = torch.einsum("bnh,bth->btn", qp, self.decode(positions, mask))  # [b, width, n]
+            sim = sim.masked_fill_(~mask.unsqueeze(-1), -torch.inf)
+            best = torch.full((b * count, n), -torch.inf, device=self.device).scatter_reduce_(
+                0, slot.unsqueeze(1).expand(-1, n), sim[owner, place], "amax").view(b, count, n)
+            weights = qm.to(self.dtype) if q_sal is None else \
+                torch.where(qm, q_sal[part, :n].to(self.device, self.dtype), torch.zeros((), device=self.device))
+            scores = maxsim_mean(best, weights.unsqueeze(1))
             out[part] = torch.where(mine[part], scores.float(), out[part])
         return out
 

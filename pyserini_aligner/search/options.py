@@ -19,10 +19,11 @@ REFINE_WITH = ("all", "kept")
 DEFAULT_BATCH_SIZE = 32
 # Candidate-generation defaults (k_per_token, nprobe, max_candidates, interaction_candidates) per kind of device,
 # chosen with python -m eval.bench_scale.sweep on synthetic passages (docs/scaling.md): a GPU narrows 49,152
-# candidates by centroid interaction and refines 512 (at 1M passages with 64-byte codes, 0.938 of the exact top 10
-# against 0.908 for 12,288 and 256, at 2.8 ms p50); a CPU refines 128 candidates straight from the probes (SciFact
-# test: nDCG@10 within half a point of exhaustive scoring of the same index).
-DEPTH_DEFAULTS = {"cuda": (3000, 8, 512, 49152), "cpu": (100, 8, 128, 0)}
+# candidates by centroid interaction and refines 768 (at 1M passages with 64-byte codes and β^d 0.5, 0.953 of the
+# exact top 10 against 0.938 for 512 with β^d 0.2, at 2.8 ms p50; eval/results/scale/sweep_1m_doc_prune_h200.md);
+# a CPU refines 128 candidates straight from the probes (SciFact test: nDCG@10 within half a point of exhaustive
+# scoring of the same index).
+DEPTH_DEFAULTS = {"cuda": (3000, 8, 768, 49152), "cpu": (100, 8, 128, 0)}
 DEEP_FACTOR = 2  # entries per probe and documents refined per hit asked for (chosen on NFCorpus dev at 1000 hits)
 # A filtered search refines every matching document, without probing, when at most FILTER_EXHAUSTIVE times the refined
 # count match; otherwise it probes with the filter's mask, its inverted lists deepened for the rarer matches by at most
