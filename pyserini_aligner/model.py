@@ -289,7 +289,13 @@ class AlignerModel(nn.Module):
             self._onnx_stamp = self._onnx = None  # trained since: torch from now on
             return False
         if self._onnx is None:
-            self._onnx = OnnxQueryTower(tower)
+            try:
+                self._onnx = OnnxQueryTower(tower)
+            except (OSError, RuntimeError) as error:  # an unwritable cache, a graph ONNX cannot express
+                logger.warning("queries are encoded by torch: the ONNX Runtime export failed (%s)",
+                               " ".join(str(error).split())[:300])
+                self._onnx_stamp = None
+                return False
         return True
 
     def _salience(self, logits: Tensor | None, mask: Tensor, is_query: bool) -> Tensor:

@@ -94,6 +94,7 @@ def export(tower: QueryTower, path: Path) -> None:
             torch.onnx.export(tower.eval(), (ids, mask), temporary, input_names=["input_ids", "attention_mask"],
                               output_names=["vectors", "logits"], dynamic_axes=axes, opset_version=OPSET,
                               dynamo=False)
+        os.chmod(temporary, 0o644)  # readable by whoever shares the cache, as a file written by open() would be
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

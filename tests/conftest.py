@@ -19,6 +19,8 @@ SHARED_BEIR = REPO.parent / "shared" / "data" / "beir"
 
 os.environ.setdefault("PYSERINI_ALIGNER_BEIR_DIR", str(SHARED_BEIR))
 os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
+# the query encoders exported for ONNX Runtime by the tests' models go beside the clone, not into the home folder
+os.environ.setdefault("PYSERINI_ALIGNER_CACHE", str(REPO / ".cache" / "pyserini-aligner"))
 
 
 def share_the_cores() -> None:

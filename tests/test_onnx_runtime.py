@@ -61,3 +61,16 @@ def test_the_runtime_is_chosen_by_the_environment(cache, monkeypatch):
     monkeypatch.setenv(onnx_runtime.RUNTIME_ENV, "tensorrt")
     with pytest.raises(ValueError, match=r"\$PYSERINI_ALIGNER_QUERY_RUNTIME='tensorrt': expected one of onnx, torch"):
         load_model("aligner", device="cpu")
+
+
+def test_an_unwritable_cache_leaves_queries_in_torch(tmp_path, monkeypatch, caplog):
+    """When the export cannot be written the model warns once and encodes its queries by torch."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(onnx_runtime.CACHE_ENV, str(blocker))
+    monkeypatch.delenv(onnx_runtime.RUNTIME_ENV, raising=False)
+    model = load_model("aligner", device="cpu")
+    got = model.encode_padded(QUERIES, is_query=True, batch_size=3)
+    assert model._onnx is None and model._onnx_stamp is None
+    assert "queries are encoded by torch: the ONNX Runtime export failed" in caplog.text
+    assert torch.equal(got.vectors, torch_encoding(model, QUERIES).vectors)
