@@ -104,7 +104,7 @@ def measure_config(index_dir: Path, corpus, queries: dict[str, str], index_args:
             ranked = searcher.rank(texts, k=10)
             runs.append(time.perf_counter() - begin)
         row[f"qps_batch{batch}"] = round(len(texts) / statistics.median(runs), 1)
-    if searcher.graphed_queries:  # one query went through the CUDA graph, batches through the eager model
+    if searcher.graphed_queries:  # queries went through CUDA graphs (batches up to a captured size)
         row["graph_check"] = {**agreement(single, ranked), "eager_encode_1q": eager_encode_ms(searcher.model, texts)}
     searcher.configure(batch_size=max(BATCHES))
     ranked = searcher.rank(texts, k=100)

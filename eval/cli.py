@@ -7,7 +7,7 @@ from typing import Callable
 
 from pyserini_aligner.cli import configure_logging, positive_int
 
-__all__ = ["configure_logging", "corpus_size", "positive_int", "positive_ints", "run_report"]
+__all__ = ["configure_logging", "corpus_size", "positive_int", "positive_ints", "run_report", "string_list"]
 
 
 def corpus_size(text: str) -> int:
@@ -29,6 +29,18 @@ def positive_ints(text: str) -> list[int]:
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"every number must be >= 1, got {text!r}")
     return values
+
+
+def string_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """argparse type: comma-separated names, each one of ``choices``, such as graphed,steps."""
+    def parse(text: str) -> list[str]:
+        values = [part.strip() for part in text.split(",") if part.strip()]
+        wrong = [value for value in values if value not in choices]
+        if not values or wrong:
+            raise argparse.ArgumentTypeError(f"expected comma-separated names of {', '.join(choices)}, got {text!r}")
+        return values
+
+    return parse
 
 
 def run_report(run: Callable[[], object], report: Path) -> int:

@@ -52,7 +52,7 @@ def _interaction_kernel():
     tl = triton.language
 
     @triton.jit
-    def kernel(table, rows, valid, offsets, token_ids, q_mask, real, out, count, nlist,
+    def interaction_kernel(table, rows, valid, offsets, token_ids, q_mask, real, out, count, nlist,
                NPAD: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.program_id(0)
         d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -76,7 +76,7 @@ def _interaction_kernel():
         score = tl.sum(tl.where(use[None, :], best, 0.0), axis=1) / tl.load(real + b)
         tl.store(out + b * count + d, tl.where(ok, score, float("-inf")), mask=inside)
 
-    return kernel
+    return interaction_kernel
 
 
 def interaction(table: Tensor, rows: Tensor, valid: Tensor, offsets: Tensor, token_ids: Tensor, q_mask: Tensor,
@@ -128,7 +128,7 @@ def _nearest_kernel():
     tl = triton.language
 
     @triton.jit
-    def kernel(x, centroids, out, n, k, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def nearest_kernel(x, centroids, out, n, k, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         dims = tl.arange(0, D)
         inside = rows < n
@@ -149,7 +149,7 @@ def _nearest_kernel():
             start += BLOCK_K
         tl.store(out + rows, arg, mask=inside)
 
-    return kernel
+    return nearest_kernel
 
 
 def nearest_supported(x: Tensor, centroids: Tensor) -> bool:
@@ -187,7 +187,7 @@ def _probe_kernel():
     tl = triton.language
 
     @triton.jit
-    def kernel(lut, cval, cidx, ivf_offsets, ivf_codes, ivf_docs, live, valid, score_out, docs_out, nprobe, width,
+    def probe_kernel(lut, cval, cidx, ivf_offsets, ivf_codes, ivf_docs, live, valid, score_out, docs_out, nprobe, width,
                M: tl.constexpr, BLOCK: tl.constexpr):
         r = tl.program_id(0)  # a probe; its entries packed list after list: e = (entries of lists < j) + i
         e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -220,7 +220,7 @@ def _probe_kernel():
         tl.store(score_out + out, tl.where(ok, score, float("-inf")), mask=inside)
         tl.store(docs_out + out, tl.where(ok, doc, 0), mask=inside)
 
-    return kernel
+    return probe_kernel
 
 
 def probe_entries(lut: Tensor, cval: Tensor, cidx: Tensor, ivf_offsets: Tensor, ivf_codes: Tensor, ivf_docs: Tensor,
@@ -271,7 +271,7 @@ def _decode_kernel():
     tl = triton.language
 
     @triton.jit
-    def kernel(positions, keep, token_ids, token_codes, centroids, books, out, count, dim, sub, R: tl.constexpr,
+    def decode_kernel(positions, keep, token_ids, token_codes, centroids, books, out, count, dim, sub, R: tl.constexpr,
                BLOCK: tl.constexpr, DPAD: tl.constexpr):
         t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         lanes = tl.arange(0, DPAD)
@@ -290,7 +290,7 @@ def _decode_kernel():
         tl.store(out + t[:, None].to(tl.int64) * dim + lanes[None, :], vector * scale[:, None],
                  mask=inside[:, None] & (lanes[None, :] < dim))
 
-    return kernel
+    return decode_kernel
 
 
 def decode_tokens(positions: Tensor, keep: Tensor, token_ids: Tensor, token_codes: Tensor, centroids: Tensor,

@@ -89,19 +89,24 @@ def test_descending_key_orders_floats_from_largest():
 
 @pytest.mark.parametrize("weighted", [False, True])
 def test_the_fixed_shape_rule_selects_as_the_rule(weighted):
-    """One query's candidates by the rule with shapes fixed ahead (a CUDA graph's) are the rule's, with many exact
-    ties, probes of fewer entries than K and room for more candidates than were found."""
+    """A batch's candidates by the rule with shapes fixed ahead (a CUDA graph's) are the rule's for each query, with
+    many exact ties, probes of fewer entries than K, a query without valid probes and room for more candidates than
+    were found."""
     gen = np.random.default_rng(5)
-    probes, width, docs = 9, 6, 20
-    scores = torch.from_numpy(gen.integers(0, 5, size=(probes, width)).astype(np.float32))
-    scores = scores.sort(dim=1, descending=True).values
-    rows = torch.from_numpy(gen.integers(0, docs, size=(probes, width)))
-    rows[torch.from_numpy(gen.random((probes, width)) < 0.2)] = -1
+    batch, probes, width, docs = 3, 9, 6, 20
+    scores = torch.from_numpy(gen.integers(0, 5, size=(batch, probes, width)).astype(np.float32))
+    scores = scores.sort(dim=2, descending=True).values
+    rows = torch.from_numpy(gen.integers(0, docs, size=(batch, probes, width)))
+    rows[torch.from_numpy(gen.random((batch, probes, width)) < 0.2)] = -1
+    rows[2] = -1  # a row of a captured batch past its texts
     scores = torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf))
-    weights = torch.from_numpy(gen.integers(1, 4, size=probes).astype(np.float32)) if weighted else None
+    weights = torch.from_numpy(gen.integers(1, 4, size=(batch, probes)).astype(np.float32)) if weighted else None
     owner = torch.zeros(probes, dtype=torch.long)
     for count in (1, 4, docs, 2 * docs):
-        want, want_ok = select_candidates(scores, rows, owner, 1, count, weights)
         got, got_ok = fixed_candidates(scores, rows, weights, count, docs)
-        assert got.shape == (min(count, probes * width),)
-        assert got[got_ok].tolist() == want[0][want_ok[0]].tolist() and (got[~got_ok] == -1).all()
+        assert got.shape == (batch, min(count, probes * width))
+        for b in range(batch):
+            want, want_ok = select_candidates(scores[b], rows[b], owner, 1, count,
+                                              None if weights is None else weights[b])
+            assert got[b][got_ok[b]].tolist() == want[0][want_ok[0]].tolist() and (got[b][~got_ok[b]] == -1).all()
+        assert not got_ok[2].any()

@@ -1,4 +1,4 @@
-"""The fixed-shape single-query plan (what a CUDA graph replays) ranks exactly as the step-by-step search."""
+"""The fixed-shape batch plan (what a CUDA graph replays) ranks exactly as the step-by-step search."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from pyserini_aligner.index.live import AlignerIndex
 from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search import AlignerSearcher
 from pyserini_aligner.search.codes import CodeShard
-from pyserini_aligner.search.graphs import StaticPlan, width_bucket
+from pyserini_aligner.search.graphs import StaticPlan, batch_bucket, width_bucket
 
 N_QUERIES = 8
 
@@ -27,23 +27,27 @@ def queries() -> list[str]:
     return [json.loads(line)["text"] for line in lines]
 
 
-def static_ranking(searcher: AlignerSearcher, text: str, k: int, filter=None) -> list[tuple[str, float]]:
-    """``text`` searched through a StaticPlan over one shard holding every segment, padded to its width bucket;
-    restricted by ``filter`` (docids): the plan's probes read the live rows it matches."""
+def static_rankings(searcher: AlignerSearcher, texts: list[str], k: int, filter=None,
+                    spare: int = 1) -> list[list[tuple[str, float]]]:
+    """``texts`` searched as one batch through a StaticPlan over one shard holding every segment, padded to the
+    width bucket of the longest and to ``spare`` more rows of no real token (as a captured batch's rows past its
+    texts); restricted by ``filter`` (docids): the plan's probes read the live rows it matches."""
     store = searcher.store
     shard = CodeShard(store, list(range(len(store.segments))), "cpu", searcher.refine_with)
-    out = searcher.model.encode_padded([text], is_query=True)
+    out = searcher.model.encode_padded(texts, is_query=True)
     width = width_bucket(out.vectors.shape[1], searcher.model.config.query_maxlen)
-    pad = width - out.vectors.shape[1]
-    q = torch.nn.functional.pad(out.vectors[0].float(), (0, 0, 0, pad))
-    q_mask = torch.nn.functional.pad(out.mask[0], (0, pad))
-    q_sal = torch.nn.functional.pad(out.salience[0].float(), (0, pad))
+    pad = (0, width - out.vectors.shape[1], 0, spare)
+    q = torch.nn.functional.pad(out.vectors.float(), (0, 0) + pad)
+    q_mask = torch.nn.functional.pad(out.mask, pad)
+    q_sal = torch.nn.functional.pad(out.salience.float(), pad, value=1.0)
     wanted = set(filter or ())
     allowed = None if filter is None else torch.tensor([d in wanted for d in store.docids]) & shard.allowed
-    plan = StaticPlan(shard, width, searcher.depth(k, filter), k, searcher.query_prune, searcher.strategy,
+    plan = StaticPlan(shard, len(q), width, searcher.depth(k, filter), k, searcher.query_prune, searcher.strategy,
                       searcher.use_salience, allowed)
     scores, rows = plan.run(q, q_mask, q_sal)
-    return [(store.docids[r], s) for r, s in zip(rows.tolist(), scores.tolist()) if r >= 0]
+    assert (rows[len(texts):] == -1).all() and torch.isinf(scores[len(texts):]).all()
+    return [[(store.docids[r], s) for r, s in zip(row.tolist(), score.tolist()) if r >= 0]
+            for row, score in zip(rows[:len(texts)], scores[:len(texts)])]
 
 
 def assert_same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> None:
@@ -61,10 +65,12 @@ def assert_same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> 
 def test_static_plan_ranks_as_the_engine(default_index, model, queries, knobs):
     searcher = AlignerSearcher(default_index, encoder=model, backend="torch", **knobs)
     for k in (5, 40):
-        for text, want in zip(queries, searcher.rank(queries, k=k)):
-            got = static_ranking(searcher, text, k)
+        for got, want in zip(static_rankings(searcher, queries, k), searcher.rank(queries, k=k)):
             assert len(got) == len(want) > 0
             assert_same(got, want)
+    # one query alone (the plan of a batch of one, padded to its own width) ranks as in the batch
+    for text, want in zip(queries[:2], searcher.rank(queries[:2], k=5)):
+        assert_same(static_rankings(searcher, [text], 5, spare=0)[0], want)
 
 
 def test_static_plan_over_segments_with_deletions(two_segment_index, model, queries, tmp_path):
@@ -76,8 +82,7 @@ def test_static_plan_over_segments_with_deletions(two_segment_index, model, quer
     AlignerIndex(folder, encoder=model).delete(sorted(gone))
     assert searcher.reopen()
     assert not StoredIndex(folder).live.all()
-    for text, want in zip(queries, searcher.rank(queries, k=10)):
-        got = static_ranking(searcher, text, 10)
+    for got, want in zip(static_rankings(searcher, queries, 10), searcher.rank(queries, k=10)):
         assert not gone & {d for d, _ in got}
         assert_same(got, want)
 
@@ -90,11 +95,41 @@ def test_static_plan_probes_a_filter_as_the_engine(default_index, model, queries
     chosen = searcher.docids[::2]
     for k in (1, 5):
         assert not searcher.depth(k, chosen).every_row
-        for text, want in zip(queries, searcher.rank(queries, k=k, filter=chosen)):
-            got = static_ranking(searcher, text, k, chosen)
+        for got, want in zip(static_rankings(searcher, queries, k, chosen), searcher.rank(queries, k=k, filter=chosen)):
             assert len(got) == k and {d for d, _ in got} <= set(chosen)
             assert_same(got, want)
 
 
 def test_width_bucket():
-    assert [width_bucket(n, 64) for n in (1, 16, 17, 32, 33, 64, 80)] == [16, 16, 32, 32, 64, 64, 64]
+    assert [width_bucket(n, 64) for n in (1, 16, 17, 24, 25, 32, 33, 48, 49, 64, 80)] == \
+        [16, 16, 24, 24, 32, 32, 48, 48, 64, 64, 64]
+    assert width_bucket(40, 40) == 40
+
+
+def test_batch_bucket():
+    assert [batch_bucket(n) for n in range(1, 14)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
+    assert [batch_bucket(n) for n in (75, 96, 97, 300, 512)] == [96, 96, 128, 384, 512]
+    assert all(batch_bucket(n) >= n and (batch_bucket(n) - n) * 3 < batch_bucket(n) + 3 for n in range(1, 600))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graphed_batches_rank_as_the_step_by_step_search_on_a_gpu(default_index, queries):
+    """On a GPU, batches of 1, 3 and 8 queries, and a filtered batch, go through the captured plans: the same
+    documents as the step-by-step search behind them (float16 products summed in another order may swap near-ties:
+    scores of the documents both find agree to 2e-3)."""
+    from pyserini_aligner.search.backends.fronts import Graphed
+
+    searcher = AlignerSearcher(default_index, device="cuda", backend="torch")
+    front = searcher.front
+    assert isinstance(front, Graphed) and front.plan.largest_batch(searcher.depth(10, None), 10) >= len(queries)
+    chosen = searcher.docids[::3]
+    cases = [(queries[:1], None), (queries[:3], None), (queries, None), (queries[:3], chosen)]
+    graphed = [searcher.rank(texts, k=10, filter=flt) for texts, flt in cases]
+    assert {key[0] for key in front.plan.graphs} == {1, 3, 8}  # the batch buckets captured
+    searcher.front = front.rest
+    for (texts, flt), got in zip(cases, graphed):
+        for mine, theirs in zip(got, searcher.rank(texts, k=10, filter=flt)):
+            scores = dict(theirs)
+            assert len(mine) == len(theirs) == 10 and len(set(scores) & {d for d, _ in mine}) >= 9
+            assert all(abs(score - scores[d]) < 2e-3 for d, score in mine if d in scores)
+            assert flt is None or {d for d, _ in mine} <= set(flt)

@@ -152,23 +152,24 @@ def test_engine_ranks_alike_with_and_without_kernels(default_index, model, inter
 
 
 def test_static_plan_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch):
-    """The single-query plan's probe scoring and interaction through the kernels rank as through torch operations."""
-    from test_graphs import assert_same, static_ranking
+    """The batch plan's probe scoring and interaction through the kernels rank as through torch operations."""
+    from test_graphs import assert_same, static_rankings
 
     from pyserini_aligner.search import AlignerSearcher
 
     knobs = dict(encoder=model, backend="torch", k_per_token=20, nprobe=4, max_candidates=16, interaction_candidates=64)
     searcher = AlignerSearcher(default_index, **knobs)
-    query = "coronavirus transmission in hospitals"
-    with_kernels = static_ranking(searcher, query, 10)
+    queries = ["coronavirus transmission in hospitals", "vitamin D and bone density in older women"]
+    with_kernels = static_rankings(searcher, queries, 10)
     monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "0")
     interpreted._triton.cache_clear()
     try:
-        plain = static_ranking(searcher, query, 10)
+        plain = static_rankings(searcher, queries, 10)
     finally:
         interpreted._triton.cache_clear()
-    assert len(plain) == 10
-    assert_same(with_kernels, plain)
+    for got, want in zip(with_kernels, plain):
+        assert len(want) == 10
+        assert_same(got, want)
 
 
 def test_a_shard_scores_its_share_of_the_candidates_as_the_whole_list(interpreted, two_segment_index):

@@ -366,6 +366,26 @@ def test_batcher_gathers_concurrent_queries_and_answers_each_as_alone(default_in
     failing.close()
 
 
+def test_batcher_waits_for_company_only_under_load(default_index):
+    """After a batch of one query (a lone client), the next query starts at once with whatever is queued: three
+    queries one after another take far less than one wait of 3 s each; the first, with no batch before it, waits."""
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.serve.batching import QueryBatcher
+
+    searcher = AlignerSearcher(default_index)
+    queries = scifact_queries(4)
+    search_batch, sizes = recording_batch_search(searcher)
+    batcher = QueryBatcher(search_batch, wait_ms=3000, max_batch=8)
+    first = time.monotonic()
+    batcher.search(queries[0], 3)
+    assert time.monotonic() - first >= 3.0
+    start = time.monotonic()
+    for query in queries[1:]:
+        batcher.search(query, 3)
+    assert time.monotonic() - start < 3.0 and sizes == [1, 1, 1, 1]
+    batcher.close()
+
+
 def test_batcher_keeps_several_batches_in_flight(default_index):
     """With in_flight=3 the next batch is gathered and searched while earlier ones are still being searched (each of
     these three batches waits until all three are searching), and every query gets its own hits."""

@@ -143,6 +143,9 @@ def run_distributed(args: argparse.Namespace) -> None:
     # on GPUs NCCL carries the search's tensors (and the ranks split its work), Gloo the small CPU objects
     ctx, created = join_group(ctx, device=rank_device(args.device, ctx))
     exchange = Collectives(ctx)
+    log.info("rank %d of %d on %s: process group %s, %s", ctx.rank, ctx.world_size, rank_device(args.device, ctx),
+             dist.get_backend(), "the ranks split each batch's work" if exchange.on_device else
+             "rank 0 encodes, tensors through the host")
     try:
         problem, topics = None, None
         try:

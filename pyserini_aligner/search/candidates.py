@@ -4,7 +4,7 @@ A probe (a kept query token) keeps its ``K`` best (score, document) entries (:fu
 proxy for a query is Σ over the query's probes of w · (its best entry score − that probe's K-th score)
 (:func:`probe_gains`), a MaxSim estimate in which a probe's missing documents get its K-th score; the best ``limit``
 documents (ties to the lower row) are the candidates (:func:`rank_candidates`, :func:`select_candidates`). Every
-backend ranks by these functions; :func:`fixed_candidates` is the same rule for one query with tensor shapes fixed
+backend ranks by these functions; :func:`fixed_candidates` is the same rule for a batch with tensor shapes fixed
 ahead (no host synchronisation, for a CUDA graph: :mod:`.graphs`). Optionally a larger candidate set is narrowed
 (:func:`narrow`) before refinement, and the refined scores give the top hits (:func:`top_hits`).
 """
@@ -15,8 +15,6 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
-
-_INT_MAX = torch.iinfo(torch.int64).max
 
 def best_entries(scores: Tensor, docs: Tensor, width: int) -> tuple[Tensor, Tensor]:
     """(scores [R, K] float32, docs [R, K] int64; −inf / −1 past the entries found) of the K = ``width`` best finite
@@ -172,35 +170,30 @@ def top_hits(scores: Tensor, rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def fixed_candidates(scores: Tensor, rows: Tensor, weights: Tensor | None, count: int,
                      sentinel: int) -> tuple[Tensor, Tensor]:
-    """The candidate rule of :func:`select_candidates` for one query with shapes fixed by its arguments (no host
-    synchronisation): (rows [count] ascending, valid [count]), ties to the lower row. scores, rows [R, K]: the
-    query's probes' best entries; weights [R] or None; sentinel: a row past every row of the index."""
+    """The candidate rule of :func:`select_candidates` for a batch of queries with shapes fixed by its arguments (no
+    host synchronisation): (rows [B, C] ascending with −1 last, valid [B, C]), C = min(count, R·K), ties to the
+    lower row. scores, rows [B, R, K]: each query's R probes' best entries (a query's unused probes −1 rows);
+    weights [B, R] or None; sentinel: a row past every row of the index."""
     device = scores.device
-    valid, gain = probe_gains(scores, rows, weights)
-    gain = torch.where(valid, gain, torch.zeros_like(gain)).reshape(-1)
-    r = rows.shape[0]
-    probe = torch.arange(r, device=device).unsqueeze(1).expand_as(rows).reshape(-1)
-    key = torch.where(valid, rows, torch.full_like(rows, sentinel)).reshape(-1) * r + probe
-    order = gain.sort(descending=True, stable=True).indices  # within a (doc, probe) pair the best first
-    order = order[key[order].sort(stable=True).indices]
-    key, gain = key[order], gain[order].double()
+    b, r, width = rows.shape
+    valid, gain = probe_gains(scores.reshape(b * r, width), rows.reshape(b * r, width),
+                              None if weights is None else weights.reshape(-1))
+    valid, gain = valid.view(b, -1), torch.where(valid, gain, torch.zeros_like(gain)).view(b, -1)
+    probe = torch.arange(r, device=device).view(1, r, 1).expand(b, r, width).reshape(b, -1)
+    key = torch.where(valid, rows.reshape(b, -1), torch.full_like(probe, sentinel)) * r + probe
+    order = gain.sort(dim=1, descending=True, stable=True).indices  # within a (doc, probe) pair the best first
+    order = order.gather(1, key.gather(1, order).sort(dim=1, stable=True).indices)
+    key, gain = key.gather(1, order), gain.gather(1, order).double()
     first = torch.ones_like(key, dtype=torch.bool)
-    first[1:] = key[1:] != key[:-1]
+    first[:, 1:] = key[:, 1:] != key[:, :-1]
     doc = torch.div(key, r, rounding_mode="floor")
     new_doc = torch.ones_like(first)
-    new_doc[1:] = doc[1:] != doc[:-1]
-    group = torch.cumsum(new_doc.long(), 0) - 1
-    proxy = torch.zeros(len(key), dtype=torch.float64, device=device).scatter_add_(
-        0, group, torch.where(first, gain, torch.zeros_like(gain)))
-    owner = torch.full_like(key, sentinel).scatter_(0, group, doc)
+    new_doc[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    group = torch.cumsum(new_doc.long(), 1) - 1
+    proxy = torch.zeros(key.shape, dtype=torch.float64, device=device).scatter_add_(
+        1, group, torch.where(first, gain, torch.zeros_like(gain)))
+    owner = torch.full_like(key, sentinel).scatter_(1, group, doc)
     proxy = torch.where(owner < sentinel, proxy, torch.full_like(proxy, -math.inf))
-    best = proxy.sort(descending=True, stable=True)  # groups are in ascending row order: ties keep the lower row
-    picked = owner[best.indices[:count]]
-    return ascending_one(picked, torch.isfinite(best.values[:count]))
-
-
-def ascending_one(rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """One query's ``rows`` [C] sorted ascending with the invalid ones (−1 there) last, and their validity."""
-    rows = torch.where(valid, rows, torch.full_like(rows, _INT_MAX)).sort().values
-    ok = rows != _INT_MAX
-    return torch.where(ok, rows, torch.full_like(rows, -1)), ok
+    best = proxy.sort(dim=1, descending=True, stable=True)  # groups are in ascending row order: ties keep the lower
+    picked = owner.gather(1, best.indices[:, :count])
+    return ascending(torch.where(torch.isfinite(best.values[:, :count]), picked, torch.full_like(picked, -1)))

@@ -96,7 +96,7 @@ class AlignerSearcher:
         self.encode_threads = torch.get_num_threads()  # torch's setting when the searcher was made
         self.model = self.graphed = self.engine = self.front = None
         self._open(StoredIndex(self.index_dir), encoder, self.options)
-        self.graphed_queries = self.graphed is not None  # one query at a time goes through a CUDA graph
+        self.graphed_queries = self.graphed is not None  # queries are encoded through CUDA graphs
 
     def _open(self, store: StoredIndex, encoder, options: SearchOptions) -> None:
         """Open the backend and its front end for ``store`` (one index generation) with resolved ``options``."""

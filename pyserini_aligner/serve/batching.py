@@ -2,10 +2,11 @@
 
 A caller submits its query and waits on a future: a thread (a worker thread of the web server) on a
 ``concurrent.futures.Future``, a coroutine on an asyncio future of its event loop. The batcher's own thread takes the
-first query waiting, gathers those that arrive within ``wait_ms`` (at most ``max_batch``), runs them as one batch per
-hit count and filter and hands every caller its own hits: the asyncio futures of one loop are all settled by one
-callback on that loop, so a batch wakes the loop once rather than once per query (each wake-up makes the batcher's
-thread wait for the interpreter lock while the loop works). The event loop only ever awaits.
+first query waiting with every query queued behind it and, while there is load (its last batch held more than one
+query), those that arrive within ``wait_ms`` (at most ``max_batch``), so that a lone client never waits for company;
+it runs them as one batch per hit count and filter and hands every caller its own hits: the asyncio futures of one
+loop are all settled by one callback on that loop, so a batch wakes the loop once rather than once per query (each
+wake-up makes the batcher's thread wait for the interpreter lock while the loop works). The event loop only ever awaits.
 
 With ``in_flight`` above one, each batch is searched on a thread of its own (at most ``in_flight`` at once) and the
 next is gathered at once, so a searcher that merges the batches it receives (a search process serving several
@@ -49,8 +50,9 @@ def _settle(settled: list[tuple[asyncio.Future, list | None, BaseException | Non
 class QueryBatcher:
     """Run ``search_batch`` over batches of the queries submitted concurrently.
 
-    A batch holds the queries waiting when one of ``in_flight`` batches may start plus those arriving within
-    ``wait_ms`` of the first one, up to ``max_batch``; queries asking for different numbers of hits or with different
+    A batch holds the queries waiting when one of ``in_flight`` batches may start plus, unless the batch before held
+    a single query (a lone client's: nobody else is coming), those arriving within ``wait_ms`` of the first one, up
+    to ``max_batch``; queries asking for different numbers of hits or with different
     filters are searched as separate batches (the depth of a search depends on the first, and one search call takes
     one filter, so each answer is the one a search of that query alone gives). ``search_batch`` is called from up to
     ``in_flight`` threads at once.
@@ -67,6 +69,7 @@ class QueryBatcher:
         self.name, self.in_flight, self._slots = name, in_flight, threading.Semaphore(in_flight)
         self._closing, self._closed = threading.Lock(), False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._loaded = True  # whether the last batch held more than one query (a batch waits for more only then)
         self._thread = threading.Thread(target=self._run, name=f"aligner-{name}", daemon=True)
         self._thread.start()
 
@@ -105,7 +108,7 @@ class QueryBatcher:
             raise RuntimeError(f"the {self.name} is closed")
 
     def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
-        batch, deadline = [first], time.monotonic() + self.wait_s
+        batch, deadline = [first], time.monotonic() + (self.wait_s if self._loaded else 0.0)
         while len(batch) < self.max_batch:
             try:
                 item = self._queue.get_nowait()
@@ -131,6 +134,7 @@ class QueryBatcher:
                 self._slots.release()
                 return
             batch, stop = self._gather(first)
+            self._loaded = len(batch) > 1
             if self.in_flight == 1:
                 self._search(batch)
             else:

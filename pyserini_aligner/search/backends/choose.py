@@ -13,7 +13,7 @@ from pyserini_aligner.index.reader import StoredIndex
 from pyserini_aligner.search.backends.base import FrontEnd, Scoring, SearchBackend
 from pyserini_aligner.search.backends.exchanged import Exchanged, ExchangedReplica
 from pyserini_aligner.search.backends.faiss_cpu import FaissFlat, FaissIVF
-from pyserini_aligner.search.backends.fronts import Encoded, GraphedOne
+from pyserini_aligner.search.backends.fronts import Encoded, Graphed
 from pyserini_aligner.search.backends.tokens import TorchTokens
 from pyserini_aligner.search.backends.torch_codes import TorchCodes, codes_on, resident_bytes
 from pyserini_aligner.search.backends.workers import Workers
@@ -105,8 +105,8 @@ def front_end(engine: SearchBackend | Workers, options: SearchOptions, scoring: 
               threads: int) -> FrontEnd:
     """What the searcher calls for ``engine``: the worker processes of several devices as they are; else the
     backend behind this process's query encoder (``graphed``, a :class:`..graphs.GraphedQueryEncoder`, or the
-    eager ``model`` with ``threads`` threads), shared across a process group where there is one, and one query at a
-    time through a CUDA-graph plan where the graphed encoder and the codes share a GPU."""
+    eager ``model`` with ``threads`` threads), shared across a process group where there is one, and batches through
+    CUDA-graph plans where the graphed encoder and the codes share a GPU."""
     if isinstance(engine, Workers):
         return engine
     encode = query_encoder(model, graphed, threads, options.batch_size, options.query_max_length)
@@ -117,7 +117,7 @@ def front_end(engine: SearchBackend | Workers, options: SearchOptions, scoring: 
         from pyserini_aligner.search.graphs import GraphedSearch
 
         plan = GraphedSearch(graphed, engine.shard, scoring.query_prune, scoring.strategy, scoring.use_salience)
-        return GraphedOne(plan, front)
+        return Graphed(plan, front)
     return front
 
 

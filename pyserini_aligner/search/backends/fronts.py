@@ -1,6 +1,6 @@
 """Front ends of one process's backend (:class:`~.base.FrontEnd`): :class:`Encoded` encodes a batch of texts and
-hands it to the backend; :class:`GraphedOne` searches one query at a time by replaying CUDA graphs of its encoding
-and search (:class:`..graphs.GraphedSearch`) and leaves batches to an :class:`Encoded`. The front end of several
+hands it to the backend; :class:`Graphed` searches a batch by replaying CUDA graphs of its encoding and search
+(:class:`..graphs.GraphedSearch`) and leaves larger batches to an :class:`Encoded`. The front end of several
 devices is :class:`.workers.Workers`."""
 from __future__ import annotations
 
@@ -51,11 +51,12 @@ class Encoded:
         return host, [found_hits(scores[j], rows[j]) for j in range(len(texts))]
 
 
-class GraphedOne:
-    """One query at a time through ``plan`` (a :class:`..graphs.GraphedSearch`: its encoding and search replayed
-    from CUDA graphs, captured per query width, depth and k on first use, a filtered search's rows copied into the
-    buffer its probes read); batches, filtered searches that refine every match (``depth.every_row``), and every
-    query once the plan cannot be captured, through ``rest``."""
+class Graphed:
+    """Batches through ``plan`` (a :class:`..graphs.GraphedSearch`: encoding and search replayed from CUDA graphs,
+    captured per batch bucket, query width, depth and k on first use, a filtered search's rows copied into the buffer
+    its probes read), so that a small batch costs what the device does; batches larger than one replay takes,
+    filtered searches that refine every match (``depth.every_row``), and every batch once the plan cannot be
+    captured, through ``rest``."""
 
     def __init__(self, plan, rest: Encoded):
         self.plan, self.rest = plan, rest
@@ -63,19 +64,22 @@ class GraphedOne:
 
     def search_texts(self, texts: list[str], depth: Depth, k: int, threads: int | None, vectors: bool,
                      clock: Clock = no_clock, allowed: AllowedRows | None = None) -> tuple[list | None, list]:
-        if len(texts) == 1 and self.plan is not None and not depth.every_row:
+        if self.plan is not None and not depth.every_row and len(texts) <= self.plan.largest_batch(depth, k):
             shard = self.plan.shard
             rows_of = None if allowed is None else \
                 allowed.on(shard.device)[shard.row_base:shard.row_base + shard.num_rows]
             try:
-                scores, rows, tokens = self.plan(texts[0], depth, k, rows_of)
+                scores, rows, tokens, query_vectors = self.plan(texts, depth, k, rows_of)
             except RuntimeError as err:  # a strategy whose scoring reads sizes back to the host cannot be captured
-                log.warning("single queries run step by step (CUDA graph capture failed: %s)",
-                            str(err).splitlines()[0])
+                log.warning("batches run step by step (CUDA graph capture failed: %s)", str(err).splitlines()[0])
                 self.plan = None
                 torch.cuda.synchronize(self.engine.device)
             else:
-                query_vectors = self.plan.encoder.out.vectors[0, :tokens].float().cpu().numpy()
+                host = None
+                if vectors:
+                    host_vectors = query_vectors.float().cpu().numpy()
+                    host = [host_vectors[j, :tokens[j]] for j in range(len(texts))]
+                scores, rows = scores.numpy(), rows.numpy()
                 clock("search")
-                return [query_vectors], [found_hits(scores, rows)]
+                return host, [found_hits(scores[j], rows[j]) for j in range(len(texts))]
         return self.rest.search_texts(texts, depth, k, threads, vectors, clock, allowed)
