@@ -335,7 +335,7 @@ class GraphedQueryEncoder:
     def __init__(self, model, maxlen: int | None = None):
         self.model = model.eval()
         one = _Captured(model, 1, maxlen or model.config.query_maxlen)
-        self.ids, self.attention, self.graph, self.out = one.ids, one.attention, one.graph, one.out
+        self.ids = one.ids  # the captured width and device (every batch bucket's graph shares them)
         self._batches = {1: one}
 
     def replay(self, texts: list[str]) -> tuple[_Captured, list[int]]:
