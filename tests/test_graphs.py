@@ -100,6 +100,48 @@ def test_static_plan_probes_a_filter_as_the_engine(default_index, model, queries
             assert_same(got, want)
 
 
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+def test_plan_refines_through_the_kernel_as_padded(default_index, monkeypatch, refine_with):
+    """The plan's top-k:1 refinement through the fused kernel (each candidate's own tokens) scores real candidates
+    as the padded decoding and alignment_scores_grouped do, to float32 rounding, with and without saliences, and
+    as the kernel's plain-torch reference does; a candidate not valid scores −inf."""
+    pytest.importorskip("triton")
+    from pyserini_aligner import kernels
+    from pyserini_aligner.search.options import Depth
+    from pyserini_aligner.strategy import parse_strategy
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "interpret")
+    kernels._refine_kernel.cache_clear()
+    shard = CodeShard(StoredIndex(default_index), [0], device, refine_with)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(3, 24, shard.centroids.shape[1], generator=gen), dim=-1)
+    q_mask = torch.arange(24) < torch.tensor([[7], [24], [13]])
+    q_sal = torch.rand(3, 24, generator=gen)
+    rows = torch.randint(0, shard.num_rows, (3, 20), generator=gen) + shard.row_base
+    valid = torch.rand(3, 20, generator=gen) > 0.1
+    args = [t.to(device) for t in (q, q_mask, q_sal, rows, valid)]
+    plan = StaticPlan(shard, 3, 24, Depth(10, 4, 0, 20), 5, 0.5, parse_strategy("top-k:1"), True)
+    for sal in (None, args[2]):
+        fused = plan._refine(args[0], args[1], sal, args[3], args[4]).cpu()
+        monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "0")
+        kernels._triton.cache_clear()
+        try:
+            padded = plan._refine(args[0], args[1], sal, args[3], args[4]).cpu()
+        finally:
+            monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "interpret" if device == "cpu" else "1")
+            kernels._triton.cache_clear()
+        kept = None if shard.kept is None else shard.kept.cpu()
+        want = kernels.refine_maxsim_reference(q, q_mask, None if sal is None else q_sal, rows - shard.row_base,
+                                               valid, shard.offsets.cpu(), kept, shard.token_ids.cpu(),
+                                               shard.token_codes.cpu(), shard.centroids.cpu(), shard.token_books.cpu())
+        assert torch.equal(torch.isinf(fused), ~valid) and torch.equal(torch.isinf(padded), ~valid)
+        assert torch.allclose(fused[valid], padded[valid], rtol=0, atol=1e-6)
+        assert torch.allclose(fused[valid], want[valid], rtol=0, atol=1e-6)
+    kernels._refine_kernel.cache_clear()
+
+
 def test_width_bucket():
     assert [width_bucket(n, 64) for n in (1, 16, 17, 24, 25, 32, 33, 48, 49, 64, 80)] == \
         [16, 16, 24, 24, 32, 32, 48, 48, 64, 64, 64]

@@ -17,11 +17,13 @@ def interpreted(monkeypatch):
     kernels._nearest_kernel.cache_clear()
     kernels._probe_kernel.cache_clear()
     kernels._decode_kernel.cache_clear()
+    kernels._refine_kernel.cache_clear()
     yield kernels
     kernels._interaction_kernel.cache_clear()
     kernels._nearest_kernel.cache_clear()
     kernels._probe_kernel.cache_clear()
     kernels._decode_kernel.cache_clear()
+    kernels._refine_kernel.cache_clear()
 
 
 def test_interaction_kernel_matches_reference(interpreted):
@@ -112,6 +114,40 @@ def test_decode_kernel_matches_reference(interpreted):
     assert torch.allclose(got[0], raw / raw.norm(), rtol=0, atol=1e-6)
 
 
+def test_refine_kernel_matches_reference(interpreted):
+    """MaxSim scores of candidates decoded token by token equal the reference's: documents of lengths around and
+    past the block (none a multiple of it but 16), one without tokens (0) and one whose tokens are all dropped by
+    ``kept`` (0), candidates not valid (−inf), with and without saliences, a query width that is not a power of
+    two, at a dimension that is not one either."""
+    kernels = interpreted
+    torch.manual_seed(3)
+    nlist, r, sub = 40000, 6, 4
+    centroids, books = torch.randn(nlist, r * sub), torch.randn(r, 256, sub)
+    lengths = torch.tensor([0, 1, 15, 16, 17, 33, 5, 40, 3, 31])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    ids = torch.randint(0, nlist, (int(offsets[-1]),)).to(torch.int16)  # stored as uint16: wraps past 32,767
+    codes = torch.randint(0, 256, (int(offsets[-1]), r), dtype=torch.uint8)
+    kept = torch.rand(int(offsets[-1])) > 0.3
+    kept[offsets[8]:offsets[9]] = False
+    q = torch.nn.functional.normalize(torch.randn(3, 12, r * sub), dim=-1)
+    q_mask = torch.zeros(3, 12, dtype=torch.bool)
+    q_mask[0, :5], q_mask[1], q_mask[2, :9] = True, True, True
+    q_sal = torch.rand(3, 12)
+    rows = torch.randint(0, len(lengths), (3, 9))
+    rows[0, :3] = torch.tensor([0, 8, 7])
+    valid = torch.rand(3, 9) > 0.2
+    valid[0, :3] = True
+    for keep in (None, kept):
+        for sal in (None, q_sal):
+            got = kernels.refine_maxsim(q, q_mask, sal, rows, valid, offsets, keep, ids, codes, centroids, books)
+            want = kernels.refine_maxsim_reference(q, q_mask, sal, rows, valid, offsets, keep, ids, codes, centroids,
+                                                   books)
+            assert torch.equal(torch.isinf(got), ~valid) and torch.equal(torch.isinf(want), ~valid)
+            assert torch.allclose(got[valid], want[valid], rtol=0, atol=1e-6)
+            assert float(got[0, 0]) == 0.0 and (keep is None or float(got[0, 1]) == 0.0)
+            assert bool((got[valid] != 0).sum() > valid.sum() // 2)
+
+
 def test_code_shard_decodes_alike_with_and_without_the_kernel(default_index, interpreted, monkeypatch):
     """CodeShard.decode through the kernel equals its torch operations (to rounding: the two sum a vector's squares
     in different orders to scale it to unit length), with and without a mask."""
@@ -151,14 +187,19 @@ def test_engine_ranks_alike_with_and_without_kernels(default_index, model, inter
 
 
 
-def test_static_plan_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch):
-    """The batch plan's probe scoring and interaction through the kernels rank as through torch operations."""
+@pytest.mark.parametrize("refine_with, salience", [("all", False), ("kept", True)])
+def test_static_plan_ranks_alike_with_and_without_kernels(default_index, model, interpreted, monkeypatch,
+                                                          refine_with, salience):
+    """The batch plan's probe scoring, interaction and top-k:1 refinement through the kernels rank as through torch
+    operations: every token of the candidates, or only the kept ones with query saliences weighting the score."""
     from test_graphs import assert_same, static_rankings
 
     from pyserini_aligner.search import AlignerSearcher
 
-    knobs = dict(encoder=model, backend="torch", k_per_token=20, nprobe=4, max_candidates=16, interaction_candidates=64)
+    knobs = dict(encoder=model, backend="torch", k_per_token=20, nprobe=4, max_candidates=16, interaction_candidates=64,
+                 refine_with=refine_with)
     searcher = AlignerSearcher(default_index, **knobs)
+    searcher.use_salience = salience  # what the plan weights its scores with
     queries = ["coronavirus transmission in hospitals", "vitamin D and bone density in older women"]
     with_kernels = static_rankings(searcher, queries, 10)
     monkeypatch.setenv("PYSERINI_ALIGNER_TRITON", "0")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.alignment import Strategy, alignment_scores_grouped
+from pyserini_aligner.alignment import Strategy, alignment_scores_grouped, packs_maxsim
 from pyserini_aligner.salience import keep_count
 from pyserini_aligner import kernels
 from pyserini_aligner.search.candidates import ascending, descending_key, fixed_candidates
@@ -157,10 +157,15 @@ class StaticPlan:
         return out
 
     def _refine(self, q: Tensor, q_mask: Tensor, q_sal: Tensor | None, rows: Tensor, valid: Tensor) -> Tensor:
-        """Alignment scores [B, C] of candidate ``rows`` [B, C] decoded from their codes (−inf where not valid), a
-        few queries at a time."""
+        """Alignment scores [B, C] of candidate ``rows`` [B, C] decoded from their codes (−inf where not valid):
+        top-k:1 through :func:`pyserini_aligner.kernels.refine_maxsim` where the kernels run (each candidate's own
+        tokens, decoded and scored in one launch), else every candidate padded to the longest document, a few
+        queries at a time. q [B, n, d] float32, q_mask [B, n], q_sal [B, n] or None."""
         shard = self.shard
         local = torch.where(valid, rows - shard.row_base, torch.zeros_like(rows))
+        if kernels.available(q.device) and packs_maxsim(self.strategy):
+            return kernels.refine_maxsim(q.to(shard.dtype), q_mask, q_sal, local, valid, shard.offsets, shard.kept,
+                                         shard.token_ids, shard.token_codes, shard.centroids, shard.token_books)
         span = torch.arange(self.tokens, device=q.device)
         out = torch.empty(rows.shape, device=q.device)
         step = max(1, shard.elements // max(rows.shape[1] * self.tokens * q.shape[2], 1))
