@@ -217,6 +217,7 @@ class AlignerModel(nn.Module):
         self.truncation_counts = {"query": 0, "doc": 0}
         self._onnx: OnnxQueryTower | None = None
         self._onnx_stamp: tuple | None = None  # the weights use_onnx_queries saw (None: torch only)
+        self._onnx_int8 = False  # whether those queries go through the 8-bit graph
         self.reset_heads()
         self.eval()
 
@@ -269,11 +270,13 @@ class AlignerModel(nn.Module):
         vectors = F.normalize(projected.float(), dim=-1) * mask.unsqueeze(-1)
         return TokenOutput(vectors, mask, self._salience(logits, mask, is_query))
 
-    def use_onnx_queries(self) -> None:
-        """Encode queries for inference on the CPU in float32 through ONNX Runtime (:mod:`.onnx_runtime`: the same
-        arithmetic, about twice as fast for a short text) for as long as the query tower's weights stay as they are
-        now: a model that is trained afterwards goes back to torch (its weights are never exported again)."""
+    def use_onnx_queries(self, int8: bool = False) -> None:
+        """Encode queries for inference on the CPU through ONNX Runtime (:mod:`.onnx_runtime`: in float32 the same
+        arithmetic, about twice as fast for a short text; with ``int8``, 8-bit weights, faster again) for as long as
+        the query tower's weights stay as they are now: a model that is trained afterwards goes back to torch (its
+        weights are never exported again)."""
         self._onnx_stamp = OnnxQueryTower.stamp(self._query_tower())
+        self._onnx_int8 = int8
 
     def _query_tower(self) -> QueryTower:
         return QueryTower(self.backbone, self.projection, self.q_salience)
@@ -290,7 +293,7 @@ class AlignerModel(nn.Module):
             return False
         if self._onnx is None:
             try:
-                self._onnx = OnnxQueryTower(tower)
+                self._onnx = OnnxQueryTower(tower, self._onnx_int8)
             except (OSError, RuntimeError) as error:  # an unwritable cache, a graph ONNX cannot express
                 logger.warning("queries are encoded by torch: the ONNX Runtime export failed (%s)",
                                " ".join(str(error).split())[:300])

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from pyserini_aligner.checkpoints import SHIPPED
-from pyserini_aligner.onnx_runtime import query_runtime
+from pyserini_aligner.onnx_runtime import INT8, TORCH, query_runtime
 from pyserini_aligner.model import CONFIG_FILE, AlignerModel, resolve_dtype
 from pyserini_aligner.untrained import untrained_model
 
@@ -63,8 +63,9 @@ def load_model(source=DEFAULT, device: str | torch.device | None = None,
         model.compute_dtype = resolve_dtype(dtype)
     else:
         model = AlignerModel.from_pretrained(str(source), device=device, dtype=dtype)
-    if query_runtime() == "onnx":
-        model.use_onnx_queries()  # a model loaded to search with: its queries on a CPU through ONNX Runtime
+    runtime = query_runtime()
+    if runtime != TORCH:  # a model loaded to search with: its queries on a CPU through ONNX Runtime
+        model.use_onnx_queries(int8=runtime == INT8)
     return model
 
 

@@ -21,6 +21,9 @@ os.environ.setdefault("PYSERINI_ALIGNER_BEIR_DIR", str(SHARED_BEIR))
 os.environ.setdefault("IR_DATASETS_HOME", str(REPO / ".cache" / "ir_datasets"))
 # the query encoders exported for ONNX Runtime by the tests' models go beside the clone, not into the home folder
 os.environ.setdefault("PYSERINI_ALIGNER_CACHE", str(REPO / ".cache" / "pyserini-aligner"))
+# searches are compared with references encoded by torch to float32 rounding: queries go through ONNX Runtime in
+# float32; the default 8-bit graph is tested against torch in tests/test_onnx_runtime.py
+os.environ.setdefault("PYSERINI_ALIGNER_QUERY_RUNTIME", "onnx")
 
 
 def share_the_cores() -> None:
