@@ -117,8 +117,9 @@ def test_decode_kernel_matches_reference(interpreted):
 def test_refine_kernel_matches_reference(interpreted):
     """MaxSim scores of candidates decoded token by token equal the reference's: documents of lengths around and
     past the block (none a multiple of it but 16), one without tokens (0) and one whose tokens are all dropped by
-    ``kept`` (0), candidates not valid (−inf), with and without saliences, a query width that is not a power of
-    two, at a dimension that is not one either."""
+    ``kept`` (0), candidates not valid (−inf), with and without saliences, queries of more tokens than the lanes
+    taken at once (a width that is not a multiple of them) and a query of none (0), at a dimension that is not a
+    power of two."""
     kernels = interpreted
     torch.manual_seed(3)
     nlist, r, sub = 40000, 6, 4
@@ -129,23 +130,25 @@ def test_refine_kernel_matches_reference(interpreted):
     codes = torch.randint(0, 256, (int(offsets[-1]), r), dtype=torch.uint8)
     kept = torch.rand(int(offsets[-1])) > 0.3
     kept[offsets[8]:offsets[9]] = False
-    q = torch.nn.functional.normalize(torch.randn(3, 12, r * sub), dim=-1)
-    q_mask = torch.zeros(3, 12, dtype=torch.bool)
-    q_mask[0, :5], q_mask[1], q_mask[2, :9] = True, True, True
-    q_sal = torch.rand(3, 12)
-    rows = torch.randint(0, len(lengths), (3, 9))
+    q = torch.nn.functional.normalize(torch.randn(4, 20, r * sub), dim=-1)
+    q_mask = torch.zeros(4, 20, dtype=torch.bool)
+    q_mask[0, :5], q_mask[1], q_mask[2, :17] = True, True, True
+    q_sal = torch.rand(4, 20)
+    rows = torch.randint(0, len(lengths), (4, 9))
     rows[0, :3] = torch.tensor([0, 8, 7])
-    valid = torch.rand(3, 9) > 0.2
-    valid[0, :3] = True
+    valid = torch.rand(4, 9) > 0.2
+    valid[0, :3], valid[3, 0] = True, True
     for keep in (None, kept):
         for sal in (None, q_sal):
-            got = kernels.refine_maxsim(q, q_mask, sal, rows, valid, offsets, keep, ids, codes, centroids, books)
+            got = kernels.refine_maxsim(q, q_mask, sal, rows, valid, offsets, keep, ids, codes, centroids, books,
+                                        block=16, lanes=16)
             want = kernels.refine_maxsim_reference(q, q_mask, sal, rows, valid, offsets, keep, ids, codes, centroids,
                                                    books)
             assert torch.equal(torch.isinf(got), ~valid) and torch.equal(torch.isinf(want), ~valid)
             assert torch.allclose(got[valid], want[valid], rtol=0, atol=1e-6)
             assert float(got[0, 0]) == 0.0 and (keep is None or float(got[0, 1]) == 0.0)
-            assert bool((got[valid] != 0).sum() > valid.sum() // 2)
+            assert torch.equal(got[3][valid[3]], torch.zeros_like(got[3][valid[3]]))  # a query of no real token
+            assert bool((got[:3][valid[:3]] != 0).sum() > valid[:3].sum() // 2)
 
 
 def test_code_shard_decodes_alike_with_and_without_the_kernel(default_index, interpreted, monkeypatch):
