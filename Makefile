@@ -39,7 +39,7 @@ run: install
 	cat $(RUN_DIR)/results.md
 
 test: install
-	$(BIN)/python -m pytest tests -q -n auto
+	$(BIN)/python -m pytest tests -q -n auto --dist loadscope
 
 clean:
 	rm -rf $(VENV) .cache runs build *.egg-info

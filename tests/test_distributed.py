@@ -62,7 +62,8 @@ def ranking(index: Path, **kwargs) -> list:
 
 # what a rank process inherits: nothing of the test process's own set-up (no TRITON_INTERPRET, no OMP_WAIT_POLICY);
 # one OpenMP thread, as torchrun gives each rank by default (a build sets its ranks' torch threads itself)
-KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "IR_DATASETS_HOME", "PYSERINI_ALIGNER_BEIR_DIR")
+KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "IR_DATASETS_HOME", "PYSERINI_ALIGNER_BEIR_DIR",
+            "PYSERINI_ALIGNER_CACHE", "PYSERINI_ALIGNER_QUERY_RUNTIME")
 
 
 def run_env(rank: int | None = None, world: int = 2, port: int = 0, **extra) -> dict:
