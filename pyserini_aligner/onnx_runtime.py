@@ -120,8 +120,10 @@ def quantize(source: Path, path: Path) -> None:
     ``path``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    def advice(record: logging.LogRecord) -> bool:  # its advice to pre-process the graph (which changes nothing here)
-        return "pre-processing" not in record.getMessage()
+    def advice(record: logging.LogRecord) -> bool:
+        """Its notes on every tensor left unquantized (INFO, on the root logger) and its advice to pre-process the
+        graph (which changes nothing here) are dropped."""
+        return record.levelno >= logging.WARNING and "pre-processing" not in record.getMessage()
 
     def write(temporary: str) -> None:
         logging.getLogger().addFilter(advice)
