@@ -9,6 +9,7 @@ without a ``tokenizer.json``, load through it (:func:`load_backbone`, :func:`loa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -16,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -161,6 +163,8 @@ class BertPooler(nn.Module):
 class Bert(nn.Module):
     """BERT's encoder: ``forward(input_ids, attention_mask)`` ([B, L] each) → BackboneOutput ([B, L, hidden])."""
 
+    shared: "SharedLayers | None" = None  # where the lower layers' states come from (:meth:`share`)
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
@@ -169,16 +173,33 @@ class Bert(nn.Module):
         self.pooler = BertPooler(config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> BackboneOutput:
-        hidden = self.embeddings(input_ids)
-        bias = None
-        # Without padding no mask is needed; the check would wait for a GPU (and break CUDA graph capture), so it
-        # is made on the CPU only.
-        if attention_mask is not None and (attention_mask.device.type != "cpu" or not bool(attention_mask.all())):
-            bias = torch.zeros(attention_mask.shape, dtype=hidden.dtype, device=hidden.device)
-            bias = bias.masked_fill_(attention_mask == 0, -math.inf)[:, None, None, :]
-        for layer in self.encoder.layer:
+        shared = self.shared
+        if shared is not None and not self.training and not torch.is_autocast_enabled(input_ids.device.type):
+            hidden = shared.hidden(self, input_ids, attention_mask)
+            layers = self.encoder.layer[shared.depth:]
+        else:
+            hidden, layers = self.embeddings(input_ids), self.encoder.layer
+        bias = attention_bias(attention_mask, hidden.dtype)
+        for layer in layers:
             hidden = layer(hidden, bias)
         return BackboneOutput(hidden)
+
+    def lower(self, input_ids: Tensor, attention_mask: Tensor | None, depth: int) -> Tensor:
+        """[B, L, hidden]: the hidden states after the embeddings and the first ``depth`` layers."""
+        hidden = self.embeddings(input_ids)
+        bias = attention_bias(attention_mask, hidden.dtype)
+        for layer in self.encoder.layer[:depth]:
+            hidden = layer(hidden, bias)
+        return hidden
+
+    def share(self, layers: "SharedLayers | None") -> None:
+        """Take the states after the first ``layers.depth`` layers from ``layers`` (computed there once per text for
+        every backbone attached to it) in inference without autocast; None detaches. ValueError when this
+        backbone's weights there differ from those ``layers`` was made for."""
+        if layers is not None and prefix_digest(self, layers.depth) != layers.digest:
+            raise ValueError(f"this backbone's embeddings and first {layers.depth} layers differ from those the shared "
+                             "layers were made for")
+        self.shared = layers
 
     @classmethod
     def load(cls, folder: Path, config: BertConfig) -> "Bert":
@@ -208,6 +229,71 @@ class Bert(nn.Module):
             raise ValueError(f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         model.load_state_dict(state, strict=False)
         return model.eval()
+
+
+def attention_bias(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """Additive attention bias [B, 1, 1, L] (−inf at padding), or None where nothing is padded. Without padding no
+    mask is needed; the check would wait for a GPU (and break CUDA graph capture), so it is made on the CPU only."""
+    if attention_mask is None or (attention_mask.device.type == "cpu" and bool(attention_mask.all())):
+        return None
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill_(attention_mask == 0, -math.inf)[:, None, None, :]
+
+
+def prefix_digest(backbone: Bert, depth: int) -> str:
+    """sha256 over the embeddings' and the first ``depth`` layers' weights (fp32)."""
+    digest = hashlib.sha256()
+    prefixes = ("embeddings.",) + tuple(f"encoder.layer.{i}." for i in range(depth))
+    for name, tensor in sorted(backbone.state_dict().items()):
+        if name.startswith(prefixes):
+            digest.update(name.encode())
+            digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class SharedLayers:
+    """The hidden states after the embeddings and the first ``depth`` layers of a :class:`Bert`, kept per text (by
+    its token ids) for every backbone with the same weights there: checkpoints fine-tuned above layer ``depth``
+    from one backbone, encoding one corpus each, compute its lower layers once (:meth:`Bert.share`). States are
+    kept in float32 on the CPU up to ``max_bytes``; texts past that are computed each time. Not thread-safe: one
+    encoding at a time."""
+
+    def __init__(self, reference: Bert, depth: int, max_bytes: int = 4 << 30):
+        if not 0 < depth <= len(reference.encoder.layer):
+            raise ValueError(f"depth must be in 1..{len(reference.encoder.layer)}, got {depth}")
+        self.depth = depth
+        self.digest = prefix_digest(reference, depth)
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.computed = self.reused = 0  # texts
+        self._states: dict[bytes, Tensor] = {}
+
+    def hidden(self, backbone: Bert, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """[B, L, hidden] after layer ``depth`` for ``input_ids`` [B, L] padded on the right (zeros at padding):
+        each text's states as kept, the others computed by ``backbone`` (together, padded to the longest of them)
+        and kept."""
+        ids = input_ids.cpu().numpy()
+        lengths = (attention_mask.sum(dim=1).cpu().numpy() if attention_mask is not None
+                   else np.full(len(ids), ids.shape[1]))
+        keys = [ids[row, :length].tobytes() for row, length in enumerate(lengths)]
+        missing = [row for row, key in enumerate(keys) if key not in self._states]
+        fresh = {}
+        if missing:
+            width = int(lengths[missing].max())
+            rows = torch.as_tensor(missing, device=input_ids.device)
+            mask = None if attention_mask is None else attention_mask[rows, :width]
+            computed = backbone.lower(input_ids[rows, :width], mask, self.depth).float().cpu()
+            for i, row in enumerate(missing):
+                fresh[row] = computed[i, :lengths[row]]
+                if keys[row] not in self._states and self.bytes + fresh[row].nbytes <= self.max_bytes:
+                    self._states[keys[row]] = fresh[row].clone()
+                    self.bytes += fresh[row].nbytes
+        self.computed += len(missing)
+        self.reused += len(keys) - len(missing)
+        hidden = torch.zeros(*ids.shape, backbone.config.hidden_size)
+        for row, key in enumerate(keys):
+            hidden[row, :lengths[row]] = fresh[row] if row in fresh else self._states[key]
+        return hidden.to(input_ids.device)
 
 
 class WordPieces:

@@ -108,3 +108,58 @@ def test_the_speed_study_compares_both_backbones_on_cpu(tmp_path):
     assert all(row["docs_s"] > 0 and row["query_eager_ms_p50"] > 0 for row in report["rows"].values())
     assert report["max_abs_diff_query_vectors"] < 1e-4 and report["max_abs_diff_doc_vectors"] < 1e-4
     assert "| plain torch |" in (tmp_path / "backbone_speed.md").read_text()
+
+
+def padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    return (torch.tensor([row + [0] * (width - len(row)) for row in rows]),
+            torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows]))
+
+
+def test_shared_layers_keep_each_texts_lower_states_for_every_backbone_with_those_weights():
+    from pyserini_aligner.backbone import SharedLayers
+
+    base, tuned, other = (load_backbone(SOURCE) for _ in range(3))
+    with torch.no_grad():
+        tuned.encoder.layer[4].output.dense.weight.mul_(1.1)  # fine-tuned above layer 3
+        other.encoder.layer[1].output.dense.weight.mul_(1.1)
+    rows = load_tokenizer(SOURCE).ids(scifact_texts(10), 60)
+    ids, mask = padded(rows)
+    layers = SharedLayers(base, depth=3)
+    with pytest.raises(ValueError, match="first 3 layers differ"):
+        other.share(layers)
+    with torch.inference_mode():
+        expected = {name: model(ids, mask).last_hidden_state for name, model in (("base", base), ("tuned", tuned))}
+        base.share(layers)
+        tuned.share(layers)
+        first = base(ids[:7], mask[:7]).last_hidden_state  # 7 texts computed and kept
+        assert (layers.computed, layers.reused) == (7, 0)
+        ids_b, mask_b = padded(rows[::-1])  # other batches, another padding: the kept states are per text
+        second = tuned(ids_b, mask_b).last_hidden_state.flip(0)
+        assert (layers.computed, layers.reused) == (len(rows), 7)
+        base.share(None)
+        assert torch.equal(base(ids, mask).last_hidden_state, expected["base"])
+    real = mask.bool()
+    torch.testing.assert_close(first[real[:7]], expected["base"][:7][real[:7]], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(second[:, :ids.shape[1]][real], expected["tuned"][real], atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(expected["base"][real], expected["tuned"][real], atol=1e-3)
+    distinct = {tuple(row) for row in rows}  # (two blank texts: one key)
+    assert layers.bytes == sum(map(len, distinct)) * base.config.hidden_size * 4
+
+
+def test_shared_layers_past_their_memory_compute_again_and_leave_training_alone():
+    from pyserini_aligner.backbone import SharedLayers
+
+    model = load_backbone(SOURCE)
+    ids, mask = padded(load_tokenizer(SOURCE).ids(scifact_texts(4), 40))
+    layers = SharedLayers(model, depth=2, max_bytes=0)
+    model.share(layers)
+    with torch.inference_mode():
+        once, twice = (model(ids, mask).last_hidden_state for _ in range(2))
+    assert (layers.computed, layers.reused, layers.bytes) == (2 * len(ids), 0, 0)
+    torch.testing.assert_close(once, twice)
+    model.train()
+    model(ids, mask)
+    assert layers.computed == 2 * len(ids)  # training runs every layer
+    with pytest.raises(ValueError, match="depth"):
+        SharedLayers(model, depth=7)

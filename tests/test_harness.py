@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from harness_support import SYSTEMS, harness_context, harness_run
@@ -268,3 +269,32 @@ def test_cached_runs_are_keyed_on_every_module_that_scores():
     scoring |= {"pyserini_aligner.model", "pyserini_aligner.alignment", "pyserini_aligner.strategy",
                 "pyserini_aligner.kernels", "pyserini_aligner.index.codec", "pyserini_aligner.index.reader"}
     assert scoring <= set(SCORING_MODULES), scoring - set(SCORING_MODULES)
+
+
+def test_dense_vectors_are_those_of_pyserinis_document_encoder():
+    from pyserini.encode import AutoDocumentEncoder
+
+    from conftest import scifact_docs
+    from eval.beir.dense import MAX_LENGTH, encode_mean_pooled, minilm_folder
+
+    texts = [doc["contents"] for doc in scifact_docs(24)] + ["", "a"]  # most past MAX_LENGTH tokens: cut
+    folder = minilm_folder()
+    reference = AutoDocumentEncoder(folder, pooling="mean", l2_norm=True, device="cpu")
+    assert sum(len(ids) > MAX_LENGTH for ids in reference.tokenizer(texts)["input_ids"]) > 5
+    expected = np.concatenate([reference.encode(texts[i:i + 8], max_length=MAX_LENGTH) for i in range(0, 26, 8)])
+    np.testing.assert_allclose(encode_mean_pooled(texts, folder, batch_size=8), expected, atol=1e-5)
+
+
+def test_the_harness_encodes_the_lower_layers_once_with_the_models_own_vectors(harness, scifact_small):
+    """Every shipped checkpoint was fine-tuned above layer 3; the full indexes hold what each model encodes alone."""
+    from pyserini_aligner.index.reader import StoredIndex
+
+    _, cache, _ = harness
+    ctx = harness_context(scifact_small, cache)
+    assert ctx.layers.depth == 3
+    docs = list(Dataset(str(scifact_small)).docs())[:6]
+    for name in SHIPPED:
+        store = StoredIndex(full_index(ctx, name))
+        vectors, mask, _ = store.gather(np.asarray([store.row_of(doc.docid) for doc in docs]))
+        for row, encoded in enumerate(ctx.checkpoint(name).encode([doc.contents for doc in docs], is_query=False)):
+            np.testing.assert_allclose(vectors[row][mask[row]].numpy(), encoded.vectors, atol=2e-3)

@@ -42,8 +42,9 @@ def full_index(ctx: Context, encoder: str | None = None) -> Path:
     if not (target / MANIFEST).is_file():
         log.info("building the AligneR index %s", target)
         docs = ((doc.docid, doc.contents) for doc in ctx.dataset.docs())
-        build_index(docs, target, model, codec="fp16", doc_prune=1.0, progress=ctx.progress, overwrite=True,
-                    model_name=model_name_of(encoder or ctx.encoder))
+        with ctx.sharing(model.backbone):
+            build_index(docs, target, model, codec="fp16", doc_prune=1.0, progress=ctx.progress, overwrite=True,
+                        model_name=model_name_of(encoder or ctx.encoder))
     return target
 
 

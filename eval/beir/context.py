@@ -1,7 +1,9 @@
 """What every system of the harness sees: the dataset, where to keep indexes and shared knobs (``Context``)."""
 from __future__ import annotations
 
+import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -9,6 +11,8 @@ from typing import Callable
 from eval.beir.cache import Hits
 from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
 from pyserini_aligner.data import Dataset
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,6 +64,44 @@ class Context:
         return self._lazy(f"_model {encoder}", lambda: load_model(encoder))
 
     @property
+    def layers(self):
+        """The lower layers of all-MiniLM-L6-v2 that the dense baseline and every checkpoint the run may encode a
+        corpus with (``encoder`` and the ``adapt_checkpoints``) have unchanged, computed once per document
+        (:class:`~pyserini_aligner.backbone.SharedLayers`), or None when they share none."""
+        return self._lazy("_layers", self._shared_layers)
+
+    def _shared_layers(self):
+        from eval.beir.dense import minilm_folder
+        from pyserini_aligner.backbone import Bert, SharedLayers, load_backbone
+        from pyserini_aligner.checkpoints import SHIPPED
+
+        base = load_backbone(minilm_folder())
+        names = dict.fromkeys([self.encoder, *(self.adapt_checkpoints or SHIPPED)])
+        backbones = [self.checkpoint(name).backbone for name in names]
+        if not all(isinstance(b, Bert) for b in (base, *backbones)):
+            return None
+        depth = min(common_depth(base, b) for b in backbones)
+        log.info("the corpus's states after %d of %d backbone layers are computed once for %d models", depth,
+                 len(base.encoder.layer), len(backbones) + 1)
+        return SharedLayers(base, depth) if depth else None
+
+    @contextmanager
+    def sharing(self, backbone):
+        """Documents encoded by ``backbone`` in the block take its lower layers from :attr:`layers` where its
+        weights there are theirs (else they are computed as usual)."""
+        from pyserini_aligner.backbone import Bert, prefix_digest
+
+        layers = self.layers
+        if layers is None or not isinstance(backbone, Bert) or prefix_digest(backbone, layers.depth) != layers.digest:
+            yield
+            return
+        backbone.share(layers)
+        try:
+            yield
+        finally:
+            backbone.share(None)
+
+    @property
     def fingerprint(self) -> str:
         return self._lazy("_fingerprint", self.model.fingerprint)
 
@@ -67,6 +109,23 @@ class Context:
     def strategy(self) -> str:
         """The checkpoint's default strategy: explicit, so that adapting a cached index cannot change the runs."""
         return self.model.config.default_strategy
+
+
+def common_depth(base, backbone) -> int:
+    """How many of ``base``'s leading layers ``backbone`` has with the same weights (0 where its embeddings
+    differ)."""
+    import torch
+
+    theirs = backbone.state_dict()
+
+    def same(prefix: str) -> bool:
+        return all(name in theirs and torch.equal(tensor, theirs[name])
+                   for name, tensor in base.state_dict().items() if name.startswith(prefix))
+
+    if not same("embeddings."):
+        return 0
+    return next((i for i in range(len(base.encoder.layer)) if not same(f"encoder.layer.{i}.")),
+                len(base.encoder.layer))
 
 
 def work_dir(dataset: Dataset, root: str | os.PathLike) -> Path:

@@ -37,31 +37,18 @@ def model_key(folder: str) -> str:
 
 
 def build_dense_index(docs: Iterable[Doc], index_dir: str | os.PathLike, model_dir: str, batch_size: int = 32,
-                      max_length: int = MAX_LENGTH, progress: bool = True) -> Path:
-    """Encode ``docs`` (title + text) with Pyserini's ``AutoDocumentEncoder`` (mean pooling, L2-normalised) and write
-    a Pyserini FAISS folder: ``index`` (IndexFlatIP) and ``docid`` (one id a line). Built aside, then renamed."""
+                      max_length: int = MAX_LENGTH, progress: bool = True, layers=None) -> Path:
+    """Encode ``docs`` (title + text) as Pyserini's ``AutoDocumentEncoder(pooling="mean", l2_norm=True)`` does (the
+    same vectors to float rounding, held in the tests: the model's last hidden states averaged over each text's
+    tokens, L2-normalised) and write a Pyserini FAISS folder: ``index`` (IndexFlatIP) and ``docid`` (one id a
+    line). Built aside, then renamed. ``layers``: a :class:`~pyserini_aligner.backbone.SharedLayers` the backbone
+    takes its lower layers from (checkpoints fine-tuned from it, encoding the same corpus, share them)."""
     import faiss
-    import torch
-    from pyserini.encode import AutoDocumentEncoder
-    from tqdm.auto import tqdm
 
     docs = list(docs)
     if not docs:
         raise DataError("empty corpus: nothing to encode")
-    encoder = AutoDocumentEncoder(model_dir, pooling="mean", l2_norm=True, device="cpu")
-    encoder.model.eval()
-    texts = [doc.contents for doc in docs]
-    lengths = [len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
-    order = np.argsort(lengths, kind="stable")[::-1]  # batches of similar length pad less
-    vectors = None
-    with torch.inference_mode(), tqdm(total=len(texts), desc="dense encode", unit="doc", disable=not progress) as bar:
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            emb = encoder.encode([texts[i] for i in rows], max_length=max_length)
-            if vectors is None:
-                vectors = np.zeros((len(texts), emb.shape[1]), dtype=np.float32)
-            vectors[rows] = emb
-            bar.update(len(rows))
+    vectors = encode_mean_pooled([doc.contents for doc in docs], model_dir, batch_size, max_length, progress, layers)
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
     target = Path(index_dir)
@@ -79,6 +66,39 @@ def build_dense_index(docs: Iterable[Doc], index_dir: str | os.PathLike, model_d
         raise
     log.info("dense index of %d documents written to %s", len(docs), target)
     return target
+
+
+def encode_mean_pooled(texts: list[str], model_dir: str, batch_size: int = 32, max_length: int = MAX_LENGTH,
+                       progress: bool = False, layers=None) -> np.ndarray:
+    """[n, hidden] float32: each text's last hidden states (``max_length`` tokens at most, special tokens included)
+    averaged over its tokens and L2-normalised, in batches of similar length; ``layers`` as in
+    :func:`build_dense_index`."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from pyserini_aligner.backbone import load_backbone, load_tokenizer
+
+    backbone, tokenizer = load_backbone(model_dir).eval(), load_tokenizer(model_dir)
+    ids = tokenizer.ids(texts, max_length=max_length)
+    order = np.argsort([len(row) for row in ids], kind="stable")[::-1]  # batches of similar length pad less
+    vectors = np.zeros((len(texts), backbone.config.hidden_size), dtype=np.float32)
+    if layers is not None:
+        backbone.share(layers)  # ValueError where its lower layers differ
+    with torch.inference_mode(), tqdm(total=len(texts), desc="dense encode", unit="doc", disable=not progress) as bar:
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            width = max(len(ids[i]) for i in rows)
+            input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+            mask = torch.zeros(len(rows), width, dtype=torch.long)
+            for j, i in enumerate(rows):
+                input_ids[j, :len(ids[i])] = torch.tensor(ids[i])
+                mask[j, :len(ids[i])] = 1
+            hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            weights = mask.unsqueeze(-1).float()
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+            vectors[rows] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
+            bar.update(len(rows))
+    return vectors
 
 
 def dense_searcher(index_dir: str | os.PathLike, model_dir: str):

@@ -43,7 +43,7 @@ def dense_searcher(ctx: Context):
     folder = minilm_folder()
     index = ctx.work / f"dense-minilm-{model_key(folder)}"
     if not (index / "index").is_file():
-        build_dense_index(ctx.dataset.docs(), index, folder, progress=ctx.progress)
+        build_dense_index(ctx.dataset.docs(), index, folder, progress=ctx.progress, layers=ctx.layers)
     return open_searcher(index, folder)
 
 
