@@ -380,3 +380,29 @@ def test_live_kept_count_skips_the_deleted_documents_tokens(request, which):
     store = StoredIndex(request.getfixturevalue(which))
     live_tokens = np.repeat(store.live, store.lengths)
     assert not store.live.all() and store.num_live_kept == int(store.kept[live_tokens].sum()) < store.manifest.num_kept
+
+
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+def test_packed_maxsim_refinement_of_fp16_tokens_equals_the_padded_scores(fp16_index, refine_with, monkeypatch):
+    """Top-k:1 refinement of an fp16 index multiplies the candidates' tokens packed one after another (blocks that
+    split documents, here 37 tokens) and takes each document's maximum: the scores of the padded alignment score,
+    over three segments, invalid candidates −inf."""
+    from pyserini_aligner.alignment import alignment_scores
+    from pyserini_aligner.strategy import MAXSIM
+    from pyserini_aligner.search.backends import faiss_cpu
+    from pyserini_aligner.search.backends.base import Scoring
+
+    store = StoredIndex(fp16_index)
+    monkeypatch.setattr(faiss_cpu, "PACKED_TOKENS", 37)
+    backend = FaissFlat(store, Scoring(MAXSIM, refine_with, False, 1.0, int(store.lengths.max())), None, None, 10)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(3, 7, store.manifest.dim, generator=generator), dim=-1)
+    q_mask = torch.arange(7) < torch.tensor([[7], [4], [1]])
+    rows = torch.randint(0, store.num_docs, (3, 10), generator=generator)
+    valid = torch.rand(3, 10, generator=generator) < 0.8
+    scores = backend.refine(q, q_mask, None, rows, valid)
+    assert torch.isneginf(scores[~valid]).all()
+    for b in range(3):
+        d, d_mask, _ = store.gather(rows[b][valid[b]].numpy(), kept_only=refine_with == "kept")
+        expected = alignment_scores(q[b:b + 1], q_mask[b:b + 1], d, d_mask, MAXSIM)[0]
+        torch.testing.assert_close(scores[b][valid[b]], expected, atol=1e-6, rtol=1e-6)

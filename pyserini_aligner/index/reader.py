@@ -8,6 +8,7 @@ import codecs
 import operator
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -145,6 +146,7 @@ class Segment:
             self.vectors = self.salience = None
         else:
             self.vectors = memmap(paths[VECTORS], np.float16, (t, d))
+            self._vector_tensor = None
             self.salience = memmap(paths[SALIENCE], np.float32, (t,))
             self.kept_bool = memmap(paths[KEPT], np.bool_, (t,))
             self.faiss_ids = np.fromfile(paths[FAISS_IDS], dtype=np.int64)
@@ -170,6 +172,18 @@ class Segment:
         _, _, docs, codes = self._files
         starts, counts = self.ivf_offsets[lists], self.ivf_offsets[lists + 1] - self.ivf_offsets[lists]
         return counts, docs.ranges(starts, counts), codes.ranges(starts, counts)
+
+    @property
+    def vector_tensor(self):
+        """The stored float16 vectors [T, d] (fp16 segments) as a torch tensor over the same memory map, made once;
+        never written."""
+        if self._vector_tensor is None:
+            import torch
+
+            with warnings.catch_warnings():  # a read-only map: torch warns that writes would fail
+                warnings.simplefilter("ignore", UserWarning)
+                self._vector_tensor = torch.from_numpy(self.vectors)
+        return self._vector_tensor
 
     @property
     def kept(self) -> np.ndarray:
@@ -465,10 +479,14 @@ class StoredIndex:
         positions = np.asarray(positions, dtype=np.int64)
         if self.codec_spec.compressed:
             return self.codec.decode(*self.token_codes(positions), device=device)
-        out = np.empty((len(positions), self.manifest.dim), dtype=np.float32)
+        out = torch.empty(len(positions), self.manifest.dim)
         for number, local, where in self._by_segment(positions):
-            out[where] = self.segments[number].vectors[local]
-        return torch.from_numpy(out).to(device)
+            part = self.segments[number].vector_tensor.index_select(0, torch.from_numpy(local))
+            if isinstance(where, slice):
+                out[where] = part  # (torch converts float16 several times faster than numpy)
+            else:
+                out[torch.from_numpy(where)] = part.float()
+        return out.to(device)
 
     def token_salience(self, positions: np.ndarray) -> np.ndarray:
         """float32 [t] stored saliences (ones for a compressed index, which stores none)."""

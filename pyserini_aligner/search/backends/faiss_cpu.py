@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.alignment import alignment_scores
+from pyserini_aligner.alignment import alignment_scores, maxsim_mean, packs_maxsim
 from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
@@ -18,6 +18,7 @@ from pyserini_aligner.search.allowed import AllowedRows, allowed_entries, allowe
 from pyserini_aligner.search.flat import search_index
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
+PACKED_TOKENS = 1 << 13  # document tokens multiplied at once by the packed top-k:1 refinement (4 MiB of float32)
 DEFAULT_EF_SEARCH = 128
 LOADED_ENTRIES = 1 << 21  # inverted-list entries handed to FAISS at once (8 + M bytes each, twice while loading)
 
@@ -179,6 +180,8 @@ class FaissFlat(Staged):
         return merge_probes(parts, per_token) if len(parts) > 1 else parts[0]
 
     def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
+        if q_sal is None and packs_maxsim(self.scoring.strategy):
+            return self._refine_packed(q, q_mask, rows, valid)
         out = torch.full(rows.shape, -torch.inf)
         kept_only = self.scoring.refine_with == "kept"
         for b in range(len(rows)):
@@ -189,4 +192,29 @@ class FaissFlat(Staged):
                 out[b, start:start + len(chunk)] = alignment_scores(
                     q[b:b + 1], q_mask[b:b + 1], d, d_mask, self.scoring.strategy,
                     None if q_sal is None else q_sal[b:b + 1], None if q_sal is None else d_sal)[0]
+        return out
+
+    def _refine_packed(self, q, q_mask, rows, valid) -> Tensor:
+        """Top-k:1 scores [B, C] of each query's valid candidate rows [B, C] (−inf elsewhere) without padding: the
+        candidates' tokens one after another, a block of them multiplied by the query's real tokens at once, each
+        query token's best over each document's own tokens (:func:`~pyserini_aligner.alignment.maxsim_mean`: the
+        value the padded scoring gives, to float rounding)."""
+        out = torch.full(rows.shape, -torch.inf)
+        kept_only = self.scoring.refine_with == "kept"
+        for b in range(len(rows)):
+            where = torch.nonzero(valid[b]).squeeze(1)
+            tokens = q[b][q_mask[b]]  # [n, d]
+            positions, owner, _, lengths = self.store.token_layout(rows[b][where].numpy(), kept_only)
+            best = torch.full((len(where), len(tokens)), -torch.inf)
+            ends = np.cumsum(lengths)
+            for start in range(0, len(positions), PACKED_TOKENS):
+                stop = min(start + PACKED_TOKENS, len(positions))
+                sim = (self.store.token_vectors(positions[start:stop]) @ tokens.T).numpy()  # [t, n]
+                docs = np.unique(owner[start:stop])  # the documents with tokens in the block, in order
+                firsts = np.maximum(ends[docs] - lengths[docs], start) - start
+                block = torch.from_numpy(np.maximum.reduceat(sim, firsts, axis=0))
+                best[docs] = torch.maximum(best[docs], block)
+            padded = torch.zeros(len(where), q.shape[1])  # in the query's own positions: the padded sums' order
+            padded[:, q_mask[b]] = best
+            out[b, where] = maxsim_mean(padded, q_mask[b].to(q.dtype))
         return out
