@@ -89,17 +89,20 @@ class Context:
     def sharing(self, backbone):
         """Documents encoded by ``backbone`` in the block take its lower layers from :attr:`layers` where its
         weights there are theirs (else they are computed as usual)."""
-        from pyserini_aligner.backbone import Bert, prefix_digest
+        from pyserini_aligner.backbone import Bert
 
-        layers = self.layers
-        if layers is None or not isinstance(backbone, Bert) or prefix_digest(backbone, layers.depth) != layers.digest:
-            yield
-            return
-        backbone.share(layers)
+        layers, attached = self.layers, False
+        if layers is not None and isinstance(backbone, Bert):
+            try:
+                backbone.share(layers)
+                attached = True
+            except ValueError:  # other weights below layer ``depth``
+                pass
         try:
             yield
         finally:
-            backbone.share(None)
+            if attached:
+                backbone.share(None)
 
     @property
     def fingerprint(self) -> str:
