@@ -81,10 +81,10 @@ def _score(sim: Tensor, q_w: Tensor, d_mask: Tensor, d_w: Tensor | None, strateg
         else:
             w = d_w.unsqueeze(-2).expand(*sim.shape).gather(-1, idx) * kept
             num, den = (vals * w).sum(-1), w.sum(-1)
-    return _weighted_mean(num, den, q_w)
+    return weighted_mean(num, den, q_w)
 
 
-def _weighted_mean(num: Tensor, den: Tensor, q_w: Tensor) -> Tensor:
+def weighted_mean(num: Tensor, den: Tensor, q_w: Tensor) -> Tensor:
     """Σ_i q_w·num / Σ_i q_w·den over the last dim (0 where the denominator is 0)."""
     num, den = (num * q_w).sum(-1), (den * q_w).sum(-1)
     ok = den > 0
@@ -102,7 +102,7 @@ def maxsim_mean(best: Tensor, q_w: Tensor) -> Tensor:
     (−inf for a document without tokens), with query weights q_w [..., n] (0 at padding): the value :func:`_score`
     computes for top-k:1 without document weights, in the same order of operations."""
     kept = torch.isfinite(best)
-    return _weighted_mean(torch.where(kept, best, torch.zeros_like(best)), kept.to(best.dtype), q_w)
+    return weighted_mean(torch.where(kept, best, torch.zeros_like(best)), kept.to(best.dtype), q_w)
 
 
 def _prepare(

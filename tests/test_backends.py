@@ -406,3 +406,40 @@ def test_packed_maxsim_refinement_of_fp16_tokens_equals_the_padded_scores(fp16_i
         d, d_mask, _ = store.gather(rows[b][valid[b]].numpy(), kept_only=refine_with == "kept")
         expected = alignment_scores(q[b:b + 1], q_mask[b:b + 1], d, d_mask, MAXSIM)[0]
         torch.testing.assert_close(scores[b][valid[b]], expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("refine_with", ["all", "kept"])
+@pytest.mark.parametrize("spec", ["top-k:3", "top-k:1000", "top-p:0.3", "top-p:0.001"])
+def test_packed_top_k_and_top_p_refinement_equals_the_padded_scores(fp16_index, refine_with, spec, monkeypatch):
+    """Top-k and top-p refinement of an fp16 index multiplies blocks of whole documents (here about 37 tokens:
+    most blocks one document, some several) laid out only as wide as the block's longest: the padded alignment
+    score's values, over three segments, with k past every document's length and p below one token."""
+    from pyserini_aligner.alignment import alignment_scores
+    from pyserini_aligner.search.backends import faiss_cpu
+    from pyserini_aligner.search.backends.base import Scoring
+    from pyserini_aligner.strategy import parse_strategy
+
+    strategy = parse_strategy(spec)
+    store = StoredIndex(fp16_index)
+    monkeypatch.setattr(faiss_cpu, "PACKED_TOKENS", 37)
+    backend = FaissFlat(store, Scoring(strategy, refine_with, False, 1.0, int(store.lengths.max())), None, None, 10)
+    generator = torch.Generator().manual_seed(1)
+    q = torch.nn.functional.normalize(torch.randn(3, 7, store.manifest.dim, generator=generator), dim=-1)
+    q_mask = torch.arange(7) < torch.tensor([[7], [4], [1]])
+    rows = torch.randint(0, store.num_docs, (3, 12), generator=generator)
+    valid = torch.rand(3, 12, generator=generator) < 0.8
+    scores = backend.refine(q, q_mask, None, rows, valid)
+    assert torch.isneginf(scores[~valid]).all()
+    for b in range(3):
+        d, d_mask, _ = store.gather(rows[b][valid[b]].numpy(), kept_only=refine_with == "kept")
+        expected = alignment_scores(q[b:b + 1], q_mask[b:b + 1], d, d_mask, strategy)[0]
+        torch.testing.assert_close(scores[b][valid[b]], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_document_blocks_hold_whole_documents():
+    from pyserini_aligner.search.backends.faiss_cpu import document_blocks
+
+    lengths = np.array([3, 0, 5, 9, 2, 2, 0])
+    assert document_blocks(lengths, 8) == [(0, 3), (3, 4), (4, 7)]
+    assert document_blocks(lengths, 100) == [(0, 7)]
+    assert document_blocks(np.array([], dtype=int), 8) == []

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyserini_aligner.alignment import alignment_scores, maxsim_mean, packs_maxsim
+from pyserini_aligner.alignment import alignment_scores, maxsim_mean, packs_maxsim, weighted_mean
 from pyserini_aligner.index.reader import StoredIndex, Workspace
 from pyserini_aligner.search.backends.base import Scoring, Staged
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
@@ -18,7 +18,7 @@ from pyserini_aligner.search.allowed import AllowedRows, allowed_entries, allowe
 from pyserini_aligner.search.flat import search_index
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
-PACKED_TOKENS = 1 << 13  # document tokens multiplied at once by the packed top-k:1 refinement (4 MiB of float32)
+PACKED_TOKENS = 1 << 13  # document tokens multiplied at once by the packed refinement (4 MiB of float32)
 DEFAULT_EF_SEARCH = 128
 LOADED_ENTRIES = 1 << 21  # inverted-list entries handed to FAISS at once (8 + M bytes each, twice while loading)
 
@@ -182,6 +182,8 @@ class FaissFlat(Staged):
     def refine(self, q, q_mask, q_sal, rows, valid) -> Tensor:
         if q_sal is None and packs_maxsim(self.scoring.strategy):
             return self._refine_packed(q, q_mask, rows, valid)
+        if q_sal is None and self.scoring.strategy.kind in ("top-k", "top-p"):
+            return self._refine_packed_top(q, q_mask, rows, valid)
         out = torch.full(rows.shape, -torch.inf)
         kept_only = self.scoring.refine_with == "kept"
         for b in range(len(rows)):
@@ -218,3 +220,52 @@ class FaissFlat(Staged):
             padded[:, q_mask[b]] = best
             out[b, where] = maxsim_mean(padded, q_mask[b].to(q.dtype))
         return out
+
+    def _refine_packed_top(self, q, q_mask, rows, valid) -> Tensor:
+        """Top-k and top-p scores [B, C] (as :meth:`_refine_packed`, −inf where not valid) without padding the
+        candidates to the longest of them: documents one after another, about PACKED_TOKENS tokens of whole
+        documents multiplied by the query's real tokens at once and laid out only as wide as the block's longest
+        document for each query token's best min(k, m) (top-p: max(⌊p·m⌋, 1)) similarities; the value
+        :func:`~pyserini_aligner.alignment.alignment_scores` gives, to float rounding."""
+        strategy = self.scoring.strategy
+        out = torch.full(rows.shape, -torch.inf)
+        kept_only = self.scoring.refine_with == "kept"
+        for b in range(len(rows)):
+            where = torch.nonzero(valid[b]).squeeze(1)
+            tokens = q[b][q_mask[b]]  # [n, d]
+            positions, owner, within, lengths = self.store.token_layout(rows[b][where].numpy(), kept_only)
+            counts = torch.from_numpy(lengths)
+            k_doc = (counts.clamp(max=int(strategy.k)) if strategy.kind == "top-k"
+                     else torch.floor(counts.double() * strategy.p + 1e-9).clamp_min(1).long())
+            num = torch.zeros(len(where), q.shape[1])  # in the query's own positions: the padded sums' order
+            den = torch.zeros(len(where), q.shape[1])
+            ends = np.cumsum(lengths)
+            for first, last in document_blocks(lengths, PACKED_TOKENS):
+                lo, hi = int(ends[first] - lengths[first]), int(ends[last - 1])
+                if lo == hi:
+                    continue
+                sim = self.store.token_vectors(positions[lo:hi]) @ tokens.T  # [t, n]
+                width = int(lengths[first:last].max())
+                laid = torch.full((last - first, len(tokens), width), -torch.inf)
+                laid[torch.from_numpy(owner[lo:hi] - first), :, torch.from_numpy(within[lo:hi])] = sim
+                top = min(int(k_doc[first:last].max()), width)
+                vals = laid.topk(top, dim=-1).values if top > 1 else laid.amax(dim=-1, keepdim=True)
+                kept = torch.isfinite(vals) & (torch.arange(top) < k_doc[first:last, None, None])
+                num[first:last, q_mask[b]] = torch.where(kept, vals, torch.zeros_like(vals)).sum(-1)
+                den[first:last, q_mask[b]] = kept.to(num.dtype).sum(-1)
+            out[b, where] = weighted_mean(num, den, q_mask[b].to(q.dtype))
+        return out
+
+
+def document_blocks(lengths: np.ndarray, tokens: int) -> list[tuple[int, int]]:
+    """[first, last) ranges of consecutive documents of ``lengths`` tokens, each block of whole documents holding
+    at most ``tokens`` tokens, or one document longer than that."""
+    blocks, first, total = [], 0, 0
+    for number, length in enumerate(lengths.tolist()):
+        if total and total + length > tokens:
+            blocks.append((first, number))
+            first, total = number, 0
+        total += length
+    if first < len(lengths):
+        blocks.append((first, len(lengths)))
+    return blocks
