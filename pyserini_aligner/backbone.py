@@ -174,7 +174,7 @@ class Bert(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> BackboneOutput:
         shared = self.shared
-        if shared is not None and not self.training and not torch.is_autocast_enabled(input_ids.device.type):
+        if shared is not None and not self.training:
             hidden = shared.hidden(self, input_ids, attention_mask)
             layers = self.encoder.layer[shared.depth:]
         else:
@@ -194,7 +194,7 @@ class Bert(nn.Module):
 
     def share(self, layers: "SharedLayers | None") -> None:
         """Take the states after the first ``layers.depth`` layers from ``layers`` (computed there once per text for
-        every backbone attached to it) in inference without autocast; None detaches. ValueError when this
+        every backbone attached to it) in inference; None detaches. ValueError when this
         backbone's weights there differ from those ``layers`` was made for."""
         if layers is not None and prefix_digest(self, layers.depth) != layers.digest:
             raise ValueError(f"this backbone's embeddings and first {layers.depth} layers differ from those the shared "
@@ -240,6 +240,11 @@ def attention_bias(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor 
     return bias.masked_fill_(attention_mask == 0, -math.inf)[:, None, None, :]
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device_type`` now, or None outside autocast."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def prefix_digest(backbone: Bert, depth: int) -> str:
     """sha256 over the embeddings' and the first ``depth`` layers' weights (fp32)."""
     digest = hashlib.sha256()
@@ -255,7 +260,8 @@ class SharedLayers:
     """The hidden states after the embeddings and the first ``depth`` layers of a :class:`Bert`, kept per text (by
     its token ids) for every backbone with the same weights there: checkpoints fine-tuned above layer ``depth``
     from one backbone, encoding one corpus each, compute its lower layers once (:meth:`Bert.share`). States are
-    kept in float32 on the CPU up to ``max_bytes``; texts past that are computed each time. Not thread-safe: one
+    kept per precision (computed without autocast, or under one autocast dtype: each its own states), as the layers
+    return them, on the CPU up to ``max_bytes``; texts past that are computed each time. Not thread-safe: one
     encoding at a time."""
 
     def __init__(self, reference: Bert, depth: int, max_bytes: int = 4 << 30):
@@ -275,14 +281,15 @@ class SharedLayers:
         ids = input_ids.cpu().numpy()
         lengths = (attention_mask.sum(dim=1).cpu().numpy() if attention_mask is not None
                    else np.full(len(ids), ids.shape[1]))
-        keys = [ids[row, :length].tobytes() for row, length in enumerate(lengths)]
+        precision = str(autocast_dtype(input_ids.device.type)).encode()
+        keys = [precision + ids[row, :length].tobytes() for row, length in enumerate(lengths)]
         missing = [row for row, key in enumerate(keys) if key not in self._states]
         fresh = {}
         if missing:
             width = int(lengths[missing].max())
             rows = torch.as_tensor(missing, device=input_ids.device)
             mask = None if attention_mask is None else attention_mask[rows, :width]
-            computed = backbone.lower(input_ids[rows, :width], mask, self.depth).float().cpu()
+            computed = backbone.lower(input_ids[rows, :width], mask, self.depth).cpu()
             for i, row in enumerate(missing):
                 fresh[row] = computed[i, :lengths[row]]
                 if keys[row] not in self._states and self.bytes + fresh[row].nbytes <= self.max_bytes:
@@ -290,7 +297,8 @@ class SharedLayers:
                     self.bytes += fresh[row].nbytes
         self.computed += len(missing)
         self.reused += len(keys) - len(missing)
-        hidden = torch.zeros(*ids.shape, backbone.config.hidden_size)
+        first = fresh[0] if 0 in fresh else self._states[keys[0]]
+        hidden = torch.zeros(*ids.shape, backbone.config.hidden_size, dtype=first.dtype)
         for row, key in enumerate(keys):
             hidden[row, :lengths[row]] = fresh[row] if row in fresh else self._states[key]
         return hidden.to(input_ids.device)

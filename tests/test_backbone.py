@@ -147,6 +147,36 @@ def test_shared_layers_keep_each_texts_lower_states_for_every_backbone_with_thos
     assert layers.bytes == sum(map(len, distinct)) * base.config.hidden_size * 4
 
 
+def test_shared_layers_keep_the_states_of_each_precision_apart():
+    """Under bf16 autocast the kept states are those the bf16 layers give, never the float32 ones (nor the
+    reverse), and the upper layers continue from them as the plain bf16 forward does."""
+    from pyserini_aligner.backbone import SharedLayers
+
+    model = load_backbone(SOURCE)
+    ids, mask = padded(load_tokenizer(SOURCE).ids(scifact_texts(6), 50))
+    real = mask.bool()
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        with bf16:
+            expected_bf16 = model(ids, mask).last_hidden_state
+        expected = model(ids, mask).last_hidden_state
+        layers = SharedLayers(model, depth=3)
+        model.share(layers)
+        with bf16:
+            first = model(ids, mask).last_hidden_state
+        assert (layers.computed, layers.reused) == (len(ids), 0)
+        plain = model(ids, mask).last_hidden_state  # float32: its own states, computed again
+        assert (layers.computed, layers.reused) == (2 * len(ids), 0)
+        with bf16:
+            again = model(ids[:3], mask[:3]).last_hidden_state
+        assert (layers.computed, layers.reused) == (2 * len(ids), 3)
+        model.share(None)
+    torch.testing.assert_close(first[real], expected_bf16[real], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(again[:, :first.shape[1]][real[:3]], first[:3][real[:3]], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(plain[real], expected[real], atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(first[real], plain[real], atol=1e-3)  # the bf16 states were not the float32 ones
+
+
 def test_shared_layers_past_their_memory_compute_again_and_leave_training_alone():
     from pyserini_aligner.backbone import SharedLayers
 

@@ -247,6 +247,7 @@ def test_build_options_parse_the_codec_and_keep_the_defaults(tmp_path):
     ("seed", "1", "seed must be an integer, got '1'"),
     ("progress", "no", "progress must be True or False, got 'no'"),
     ("codec_from", 3, "codec_from must be an index folder, got 3"),
+    ("dtype", "int8", "dtype must be one of auto, fp32, fp16, bf16, got 'int8'"),
 ])
 def test_build_options_name_the_bad_field(field, value, message):
     with pytest.raises(ValueError) as error:
@@ -588,6 +589,22 @@ def test_cli_builds_and_reports_errors(tmp_path, capsys):
                                                    source.token_vectors(np.arange(20)), dim=-1)
     assert cosine.mean() > 0.8
     assert not (tmp_path / "idx2").exists() and leftovers(tmp_path) == []
+
+
+def test_cli_encodes_in_the_precision_asked_for(tmp_path, capsys):
+    """--dtype bf16 encodes under bf16 autocast: the same tokens, vectors within bf16's rounding of fp32's (not
+    equal to them); a precision the build does not know is a usage error."""
+    corpus = write_jsonl(tmp_path / "docs.jsonl", short_records(4))
+    for dtype in ("fp32", "bf16"):
+        assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / dtype), "--codec", "fp16", "--dtype",
+                         dtype, "--quiet"]) == 0
+    full, half = StoredIndex(tmp_path / "fp32"), StoredIndex(tmp_path / "bf16")
+    assert full.docids == half.docids and np.array_equal(full.lengths, half.lengths)
+    tokens = np.arange(int(full.lengths.sum()))
+    cosine = torch.nn.functional.cosine_similarity(full.token_vectors(tokens), half.token_vectors(tokens), dim=-1)
+    assert cosine.min() > 0.99 and cosine.mean() > 0.999 and cosine.mean() < 1 - 1e-7
+    assert cli.main(["--corpus", str(corpus), "--index", str(tmp_path / "x"), "--dtype", "int8", "--quiet"]) == 2
+    assert "argument --dtype: invalid choice: 'int8'" in capsys.readouterr().err
 
 
 def test_auto_codec_is_sized_from_the_whole_corpus_not_a_slice():

@@ -66,9 +66,9 @@ class ReplayModel(AlignerModel):
         return [[self.rows[text]] for text in texts], [False] * len(texts)
 
     def encode_token_ids(self, ids: list[list[int]], is_query: bool, batch_size: int = 32,
-                         dtype: torch.dtype = torch.float32) -> TokenOutput:
+                         dtype: torch.dtype = torch.float32, compute: str | None = None) -> TokenOutput:
         """The stored tokens of the rows ``ids`` ([[row], ...] from :meth:`tokenize`), padded, on the model's
-        device."""
+        device (``compute`` is ignored: the tokens were encoded already)."""
         if is_query:
             raise ValueError("ReplayModel replays passages only")
         return self.encoded.padded([row for row, in ids], dtype, self.device)

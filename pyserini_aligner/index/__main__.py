@@ -15,7 +15,7 @@ from pyserini_aligner.index.builder import build_index, derive_index
 from pyserini_aligner.index.corpus import read_corpus
 from pyserini_aligner.index.distributed import DEFAULT_TIMEOUT_S, build_distributed, dist_context
 from pyserini_aligner.index.options import (DEFAULT_CODEC, DEFAULT_DOC_PRUNE, DEFAULT_INDEX_TYPE, SCALE_DOC_PRUNE,
-                                            SCALE_DOCS, BuildOptions,
+                                            SCALE_DOCS, DTYPES, BuildOptions,
                                             codec_arg)
 from pyserini_aligner.index.shards import shard_corpus
 from pyserini_aligner.index.commit import set_default_strategy
@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens per document (default: the model's doc_maxlen, 256 for the shipped model)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="documents encoded together")
     parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="precision the documents are encoded in: auto (fp16 on a GPU, fp32 on a CPU), fp32, "
+                             "fp16, or bf16 (about twice as fast on a CPU with AVX512-BF16 or AMX)")
     parser.add_argument("--max-docs", type=positive_int, default=None, help="index only the first N documents")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index of this package (never any other folder)")
@@ -144,7 +147,7 @@ def option_flags(args: argparse.Namespace) -> dict:
                  max_bytes_per_token=args.max_bytes_per_token, max_length=args.max_length, max_docs=args.max_docs,
                  prune_redundancy=args.prune_redundancy)
     fields = {name: None if value == OFF else value for name, value in given.items() if value is not None}
-    return dict(fields, batch_size=args.batch_size, device=args.device, progress=not args.quiet,
+    return dict(fields, batch_size=args.batch_size, device=args.device, dtype=args.dtype, progress=not args.quiet,
                 overwrite=args.overwrite)
 
 
@@ -159,7 +162,7 @@ def live_update(args: argparse.Namespace) -> None:
 
     encoder = None if args.encoder == "aligner" else args.encoder
     index = AlignerIndex(args.index, encoder, device=args.device, batch_size=args.batch_size,
-                         progress=not args.quiet)
+                         progress=not args.quiet, dtype=args.dtype)
     if args.delete:
         path = Path(args.delete)
         try:

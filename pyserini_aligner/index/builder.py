@@ -76,10 +76,11 @@ class EncodedChunk:
 
 
 def encode_chunks(model, items: Iterable[tuple], batch_size: int, maxlen: int | None,
-                  chunk_docs: int | None = None) -> Iterator[EncodedChunk]:
+                  chunk_docs: int | None = None, compute: str | None = None) -> Iterator[EncodedChunk]:
     """Encode (docid, text) or (docid, text, fields) items chunk by chunk (length-sorted batches inside a chunk;
-    fp16 vectors on a GPU); the fields ride along with their documents. The next chunk is read and tokenised in a
-    background thread while the model encodes the current one."""
+    fp16 vectors on a GPU; ``compute``: the autocast precision, as :meth:`AlignerModel.encode_token_ids` takes it);
+    the fields ride along with their documents. The next chunk is read and tokenised in a background thread while
+    the model encodes the current one."""
     dtype = torch.float16 if model.device.type == "cuda" else torch.float32
     chunks = _chunks(items, chunk_docs or batch_size * 16)
 
@@ -96,7 +97,7 @@ def encode_chunks(model, items: Iterable[tuple], batch_size: int, maxlen: int | 
             begin = time.perf_counter()
             chunk, ids, truncated = ready
             model.report_truncation("doc", sum(truncated), len(ids), maxlen)
-            out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype)
+            out = model.encode_token_ids(ids, is_query=False, batch_size=batch_size, dtype=dtype, compute=compute)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
             fields = [item[2] if len(item) > 2 else {} for item in chunk]
@@ -212,14 +213,15 @@ def build_index(corpus: Iterable, index_dir: str | os.PathLike, encoder="aligner
         spill = None
         try:
             if isinstance(codec, CodecSpec) and not codec.compressed:
-                spec, stream = codec, encode_chunks(model, items, opts.batch_size, opts.max_length)
+                spec, stream = codec, encode_chunks(model, items, opts.batch_size, opts.max_length,
+                                                    compute=opts.compute)
             elif trained is None:  # the codec is trained on a sample of the whole corpus
                 spill = spill_corpus(root, items, total, opts)
                 bar.total = spill.count
                 trained, chunks, stream, codec_seconds = sampled_codec(model, spill, codec, spill.count, opts)
                 spec = trained.spec
             else:  # a given codec: the first chunks only size the spec
-                stream = encode_chunks(model, items, opts.batch_size, opts.max_length)
+                stream = encode_chunks(model, items, opts.batch_size, opts.max_length, compute=opts.compute)
                 chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
             if trained is not None:
                 codec_dir = new_name("codec", generation)
@@ -325,12 +327,14 @@ def codec_sample(model, spill: Spill, codec: CodecSpec | AutoCodec, total: int, 
     mean = sum(map(len, probe)) / max(len(probe), 1)  # tokens a document, to size "auto" before encoding
     spec = resolve_codec(codec, dim, int(mean * total), opts.max_bytes_per_token)
     if uniform_is_worth_it(max(opts.train_size, CODEC_POINTS_PER_CENTROID * spec.nlist), int(mean * spill.count)):
-        chunks, spec = sample_for_codec(encode_chunks(model, iter(sample), opts.batch_size, opts.max_length),
+        chunks, spec = sample_for_codec(encode_chunks(model, iter(sample), opts.batch_size, opts.max_length,
+                                                      compute=opts.compute),
                                         codec, dim, total, opts.train_size, opts.max_bytes_per_token)
         log.info("training codec %s on %d documents drawn uniformly from the %d read", spec,
                  sum(len(c.docids) for c in chunks), spill.count)
-        return chunks, spec, [], encode_chunks(model, spill.items(), opts.batch_size, opts.max_length)
-    stream = encode_chunks(model, spill.items(), opts.batch_size, opts.max_length)
+        return chunks, spec, [], encode_chunks(model, spill.items(), opts.batch_size, opts.max_length,
+                                               compute=opts.compute)
+    stream = encode_chunks(model, spill.items(), opts.batch_size, opts.max_length, compute=opts.compute)
     chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size, opts.max_bytes_per_token)
     log.info("training codec %s on the first %d documents", spec, sum(len(c.docids) for c in chunks))
     return chunks, spec, chunks, stream

@@ -203,11 +203,11 @@ def _lead(job: _Job, corpus: str, target: Path, encoder, opts: BuildOptions, tim
             chunks, trained, codec_dir, codec_files, codec_seconds = [], None, None, {}, 0.0
             spec = CodecSpec()
             if isinstance(codec, CodecSpec) and not codec.compressed:
-                stream = encode_chunks(model, checked, opts.batch_size, opts.max_length)
+                stream = encode_chunks(model, checked, opts.batch_size, opts.max_length, compute=opts.compute)
             else:
                 codec_dir = new_name("codec", generation)
                 if source:
-                    stream = encode_chunks(model, checked, opts.batch_size, opts.max_length)
+                    stream = encode_chunks(model, checked, opts.batch_size, opts.max_length, compute=opts.compute)
                     chunks, spec = sample_for_codec(stream, codec, dim, total, opts.train_size,
                                                     opts.max_bytes_per_token)
                     trained = source[0]
@@ -332,7 +332,8 @@ def _follow(job: _Job, corpus: str, encoder, opts: BuildOptions) -> None:
         items, start, end, _ = _slice(corpus, rank, world, opts.max_docs, header["total"])
         opts = opts.sized(header["total"])
         registry = DocidRegistry()
-        stream = encode_chunks(model, checked_items(items, None, registry), opts.batch_size, opts.max_length)
+        stream = encode_chunks(model, checked_items(items, None, registry), opts.batch_size, opts.max_length,
+                               compute=opts.compute)
         trained = header["codec"].to(model.device) if header["codec"] is not None else None
         done = [0]
 

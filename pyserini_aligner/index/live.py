@@ -26,6 +26,7 @@ from pyserini_aligner.index.builder import EncodedChunk, encode_chunks, train_co
 from pyserini_aligner.index.commit import IndexLock, commit, new_name, remove_unreferenced
 from pyserini_aligner.index.corpus import DocidRegistry, checked_items
 from pyserini_aligner.index.format import Manifest, read_manifest
+from pyserini_aligner.index.options import DTYPES
 from pyserini_aligner.index.reader import Segment, StoredIndex
 from pyserini_aligner.index.segment import SegmentWriter, write_codec, write_files
 from pyserini_aligner.resolve import check_index_model, load_model
@@ -42,10 +43,14 @@ class DeleteReport:
 
 class AlignerIndex:
     """Updates of the index at ``index_dir``. encoder: None (the model recorded in the manifest) or a checkpoint
-    folder / AlignerModel, which must be the index's model (same fingerprint)."""
+    folder / AlignerModel, which must be the index's model (same fingerprint). dtype: the precision added documents
+    are encoded in (as :class:`~.options.BuildOptions` takes it)."""
 
     def __init__(self, index_dir: str | os.PathLike, encoder=None, device: str | None = None, batch_size: int = 32,
-                 progress: bool = False):
+                 progress: bool = False, dtype: str = "auto"):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        self.compute = None if dtype == "auto" else dtype
         self.index_dir = Path(index_dir)
         read_manifest(self.index_dir)  # fail early on a missing or foreign folder
         self.encoder, self.device, self.batch_size, self.progress = encoder, device, batch_size, progress
@@ -84,7 +89,7 @@ class AlignerIndex:
                                    manifest.index_type)
             try:
                 for chunk in encode_chunks(model, checked_items(docs, None, registry), self.batch_size,
-                                           manifest.doc_maxlen):
+                                           manifest.doc_maxlen, compute=self.compute):
                     writer.add(chunk.docids, chunk.vectors, chunk.mask, chunk.salience, chunk.truncated,
                                chunk.fields)
                 replaced = [d for d in registry.first if d in live] if upsert else []
