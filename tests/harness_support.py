@@ -21,8 +21,8 @@ def harness_run(tmp_path_factory, folder: Path) -> tuple[Path, Path, dict]:
 
 def harness_context(folder: Path, cache: Path):
     """A Context over the same dataset and cache as :func:`harness_run` (its indexes and runs are reused)."""
-    from eval.beir.context import Context, work_dir
+    from eval.beir.context import Context, harness_dtype, work_dir
     from pyserini_aligner.data import Dataset
 
     dataset = Dataset(str(folder))
-    return Context(dataset=dataset, work=work_dir(dataset, cache), progress=False)
+    return Context(dataset=dataset, work=work_dir(dataset, cache), progress=False, dtype=harness_dtype())

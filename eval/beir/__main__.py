@@ -37,6 +37,9 @@ def main(argv=None) -> int:
                         help="aligner-adapted: smallest mean nDCG@10 gain over the default on a fold (0.005 = 0.5 "
                              "point)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the folds and of the hybrid tuning sample")
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="precision corpora are encoded in (dense and every AligneR index): auto is bf16 on a "
+                             "CPU that computes it natively (AVX512-BF16 or AMX), else fp32")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
     configure_logging(args.quiet)
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
         run_harness(args.dataset, args.systems, args.output, args.cache, hits=args.hits, threads=args.threads,
                     progress=not args.quiet, encoder=args.encoder, candidates=args.candidates,
                     fold_size=args.fold_size, seed=args.seed, alpha=args.adapt_alpha,
-                    min_gain=args.adapt_min_gain, adapt_checkpoints=args.adapt_checkpoints)
+                    min_gain=args.adapt_min_gain, adapt_checkpoints=args.adapt_checkpoints, dtype=args.dtype)
     except (DataError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -30,21 +30,21 @@ def index_key(index_dir: Path) -> dict:
 
 
 def full_index(ctx: Context, encoder: str | None = None) -> Path:
-    """``<work>/aligner-<fingerprint[:8]>``: the corpus encoded with ``encoder`` (default ``ctx.encoder``; a shipped
-    name or a checkpoint folder), built once: exact fp16 vectors, every token indexed (the pruned and compressed
-    variants are derived from it)."""
+    """``<work>/aligner-<fingerprint[:8]>[-bf16]``: the corpus encoded with ``encoder`` (default ``ctx.encoder``; a
+    shipped name or a checkpoint folder) in ``ctx.dtype``, built once: exact fp16 vectors, every token indexed (the
+    pruned and compressed variants are derived from it)."""
     from pyserini_aligner.index import build_index
     from pyserini_aligner.index.builder import model_name_of
     from pyserini_aligner.index.format import MANIFEST
 
     model = ctx.checkpoint(encoder)
-    target = ctx.work / f"aligner-{model.fingerprint()[:8]}"
+    target = ctx.work / f"aligner-{model.fingerprint()[:8]}{ctx.dtype_suffix}"
     if not (target / MANIFEST).is_file():
         log.info("building the AligneR index %s", target)
         docs = ((doc.docid, doc.contents) for doc in ctx.dataset.docs())
         with ctx.sharing(model.backbone):
             build_index(docs, target, model, codec="fp16", doc_prune=1.0, progress=ctx.progress, overwrite=True,
-                        model_name=model_name_of(encoder or ctx.encoder))
+                        model_name=model_name_of(encoder or ctx.encoder), dtype=ctx.dtype)
     return target
 
 

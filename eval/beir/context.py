@@ -25,6 +25,7 @@ class Context:
     threads: int = 2
     progress: bool = True
     encoder: str = "aligner"  # AligneR checkpoint: a shipped name ("aligner", "aligner-mix") or a folder
+    dtype: str = "fp32"  # the precision corpora are encoded in: "fp32" or "bf16" (see harness_dtype)
     candidates: int = 100  # aligner hits rescored per query by aligner-adapted to choose a checkpoint and strategy
     adapt_checkpoints: tuple[str, ...] | None = None  # aligner-adapted: the checkpoints tried (None: every shipped one)
     fold_size: int = 8
@@ -105,6 +106,11 @@ class Context:
                 backbone.share(None)
 
     @property
+    def dtype_suffix(self) -> str:
+        """What names an index encoded in ``dtype`` apart from the float32 one ("" for fp32)."""
+        return "" if self.dtype == "fp32" else f"-{self.dtype}"
+
+    @property
     def fingerprint(self) -> str:
         return self._lazy("_fingerprint", self.model.fingerprint)
 
@@ -112,6 +118,16 @@ class Context:
     def strategy(self) -> str:
         """The checkpoint's default strategy: explicit, so that adapting a cached index cannot change the runs."""
         return self.model.config.default_strategy
+
+
+def harness_dtype(choice: str = "auto") -> str:
+    """The precision the harness encodes corpora in: "fp32" or "bf16" as given; "auto": bf16 where the CPU
+    computes it natively (:func:`~pyserini_aligner.model.native_bf16`: about twice as fast), else fp32."""
+    from pyserini_aligner.model import native_bf16
+
+    if choice not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"dtype must be auto, fp32 or bf16, got {choice!r}")
+    return ("bf16" if native_bf16() else "fp32") if choice == "auto" else choice
 
 
 def common_depth(base, backbone) -> int:

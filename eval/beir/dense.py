@@ -37,18 +37,21 @@ def model_key(folder: str) -> str:
 
 
 def build_dense_index(docs: Iterable[Doc], index_dir: str | os.PathLike, model_dir: str, batch_size: int = 32,
-                      max_length: int = MAX_LENGTH, progress: bool = True, layers=None) -> Path:
+                      max_length: int = MAX_LENGTH, progress: bool = True, layers=None, dtype: str = "fp32") -> Path:
     """Encode ``docs`` (title + text) as Pyserini's ``AutoDocumentEncoder(pooling="mean", l2_norm=True)`` does (the
     same vectors to float rounding, held in the tests: the model's last hidden states averaged over each text's
     tokens, L2-normalised) and write a Pyserini FAISS folder: ``index`` (IndexFlatIP) and ``docid`` (one id a
     line). Built aside, then renamed. ``layers``: a :class:`~pyserini_aligner.backbone.SharedLayers` the backbone
-    takes its lower layers from (checkpoints fine-tuned from it, encoding the same corpus, share them)."""
+    takes its lower layers from (checkpoints fine-tuned from it, encoding the same corpus, share them). ``dtype``:
+    "fp32", or "bf16" for the backbone under bf16 autocast (as Pyserini's encoder runs under fp16 autocast with
+    ``--fp16``)."""
     import faiss
 
     docs = list(docs)
     if not docs:
         raise DataError("empty corpus: nothing to encode")
-    vectors = encode_mean_pooled([doc.contents for doc in docs], model_dir, batch_size, max_length, progress, layers)
+    vectors = encode_mean_pooled([doc.contents for doc in docs], model_dir, batch_size, max_length, progress, layers,
+                                 dtype)
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
     target = Path(index_dir)
@@ -69,10 +72,12 @@ def build_dense_index(docs: Iterable[Doc], index_dir: str | os.PathLike, model_d
 
 
 def encode_mean_pooled(texts: list[str], model_dir: str, batch_size: int = 32, max_length: int = MAX_LENGTH,
-                       progress: bool = False, layers=None) -> np.ndarray:
+                       progress: bool = False, layers=None, dtype: str = "fp32") -> np.ndarray:
     """[n, hidden] float32: each text's last hidden states (``max_length`` tokens at most, special tokens included)
-    averaged over its tokens and L2-normalised, in batches of similar length; ``layers`` as in
+    averaged over its tokens and L2-normalised, in batches of similar length; ``layers`` and ``dtype`` as in
     :func:`build_dense_index`."""
+    import contextlib
+
     import torch
     from tqdm.auto import tqdm
 
@@ -84,7 +89,11 @@ def encode_mean_pooled(texts: list[str], model_dir: str, batch_size: int = 32, m
     vectors = np.zeros((len(texts), backbone.config.hidden_size), dtype=np.float32)
     if layers is not None:
         backbone.share(layers)  # ValueError where its lower layers differ
-    with torch.inference_mode(), tqdm(total=len(texts), desc="dense encode", unit="doc", disable=not progress) as bar:
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"dtype must be fp32 or bf16, got {dtype!r}")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext()
+    with torch.inference_mode(), autocast, \
+            tqdm(total=len(texts), desc="dense encode", unit="doc", disable=not progress) as bar:
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
             width = max(len(ids[i]) for i in rows)
@@ -93,7 +102,7 @@ def encode_mean_pooled(texts: list[str], model_dir: str, batch_size: int = 32, m
             for j, i in enumerate(rows):
                 input_ids[j, :len(ids[i])] = torch.tensor(ids[i])
                 mask[j, :len(ids[i])] = 1
-            hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
             weights = mask.unsqueeze(-1).float()
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             vectors[rows] = torch.nn.functional.normalize(pooled, dim=-1).numpy()

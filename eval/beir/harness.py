@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from eval.beir.context import Context, work_dir
+from eval.beir.context import Context, harness_dtype, work_dir
 from eval.beir.systems import SYSTEMS, require
 from pyserini_aligner.adapt.select import ALPHA, MIN_GAIN
 from pyserini_aligner.metrics import METRICS, evaluate, significance
@@ -32,9 +32,11 @@ BASELINES = ("bm25", "dense")
 def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.PathLike, cache: str | os.PathLike,
                 hits: int = 1000, threads: int = 2, progress: bool = True, encoder: str = "aligner",
                 candidates: int = 100, fold_size: int = 8, seed: int = 0, alpha: float = ALPHA,
-                min_gain: float = MIN_GAIN, adapt_checkpoints: Sequence[str] | None = None) -> dict:
+                min_gain: float = MIN_GAIN, adapt_checkpoints: Sequence[str] | None = None,
+                dtype: str = "auto") -> dict:
     """Run ``systems`` on the dataset; returns the results dict also written to ``<output>/results.json``.
-    ``adapt_checkpoints``: the checkpoints aligner-adapted tries besides ``encoder`` (None: every shipped one)."""
+    ``adapt_checkpoints``: the checkpoints aligner-adapted tries besides ``encoder`` (None: every shipped one).
+    ``dtype``: the precision corpora are encoded in (:func:`~eval.beir.context.harness_dtype`)."""
     unknown = [name for name in systems if name not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
@@ -43,9 +45,9 @@ def run_harness(dataset_spec: str, systems: Sequence[str], output: str | os.Path
     output.mkdir(parents=True, exist_ok=True)
     ctx = Context(dataset=dataset, work=work_dir(dataset, cache), hits=hits, threads=threads, progress=progress,
                   encoder=encoder, candidates=candidates, fold_size=fold_size, seed=seed,
-                  alpha=alpha, min_gain=min_gain,
+                  alpha=alpha, min_gain=min_gain, dtype=harness_dtype(dtype),
                   adapt_checkpoints=None if adapt_checkpoints is None else tuple(adapt_checkpoints))
-    results = {"dataset": dataset.name, "systems": {}}
+    results = {"dataset": dataset.name, "dtype": ctx.dtype, "systems": {}}
     for name in systems:
         start = time.perf_counter()
         require(ctx, name)
@@ -128,8 +130,10 @@ def _p_cell(p: float | None, max_p: float) -> str:
 
 def results_markdown(results: dict) -> str:
     """The results as Markdown: one row per system, then the significance tests against each baseline."""
-    lines = [f"### {results['dataset']}", "", "| system | " + " | ".join(METRICS) + " | notes |",
-             "|---|" + "---:|" * len(METRICS) + "---|"]
+    lines = [f"### {results['dataset']}", ""]
+    if results.get("dtype"):
+        lines += [f"Corpora encoded in {results['dtype']}.", ""]
+    lines += ["| system | " + " | ".join(METRICS) + " | notes |", "|---|" + "---:|" * len(METRICS) + "---|"]
     for name, row in results["systems"].items():
         lines.append(f"| {name} | " + " | ".join(_cell(row, m) for m in METRICS) + f" | {_note(name, row)} |")
     if "aligner-adapted" in results["systems"]:

@@ -36,14 +36,15 @@ def bm25(ctx: Context) -> Hits:
 
 
 def dense_searcher(ctx: Context):
-    """Pyserini ``FaissSearcher`` over ``<work>/dense-minilm-<model hash>`` (all-MiniLM-L6-v2 mean pooling, built
-    once) with ``AutoQueryEncoder``."""
+    """Pyserini ``FaissSearcher`` over ``<work>/dense-minilm-<model hash>[-bf16]`` (all-MiniLM-L6-v2 mean pooling,
+    encoded in ``ctx.dtype``, built once) with ``AutoQueryEncoder``."""
     from eval.beir.dense import build_dense_index, dense_searcher as open_searcher, minilm_folder, model_key
 
     folder = minilm_folder()
-    index = ctx.work / f"dense-minilm-{model_key(folder)}"
+    index = ctx.work / f"dense-minilm-{model_key(folder)}{ctx.dtype_suffix}"
     if not (index / "index").is_file():
-        build_dense_index(ctx.dataset.docs(), index, folder, progress=ctx.progress, layers=ctx.layers)
+        build_dense_index(ctx.dataset.docs(), index, folder, progress=ctx.progress, layers=ctx.layers,
+                          dtype=ctx.dtype)
     return open_searcher(index, folder)
 
 

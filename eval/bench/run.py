@@ -75,7 +75,7 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
               systems: tuple[str, ...] = SYSTEMS, reuse: bool = False) -> dict:
     """Run every measurement (the searches of ``systems`` only; ``reuse``: keep indexes already built in ``cache``);
     writes ``bench.json`` and ``bench.md`` in ``output`` and returns the dict."""
-    from eval.beir.context import Context, work_dir
+    from eval.beir.context import Context, harness_dtype, work_dir
     from eval.beir.systems import dense_searcher, lucene_index
     from pyserini.search.lucene import LuceneSearcher
     from pyserini_aligner.search import AlignerSearcher, ExhaustiveScorer
@@ -83,7 +83,7 @@ def run_bench(dataset_spec: str, output: str | os.PathLike, cache: str | os.Path
     dataset = Dataset(dataset_spec)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    ctx = Context(dataset=dataset, work=work_dir(dataset, cache), threads=threads)
+    ctx = Context(dataset=dataset, work=work_dir(dataset, cache), threads=threads, dtype=harness_dtype())
     queries, qrels = dataset.queries(), dataset.qrels()
     report = {"dataset": dataset.name, "machine": f"{platform.machine()} {os.cpu_count()} cores (CPU)",
               "queries": len(queries), "timed_queries": min(timed_queries, len(queries)), "build": {}, "search": {}}

@@ -113,14 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     from eval.beir.aligner import default_index, full_index
-    from eval.beir.context import Context, work_dir
+    from eval.beir.context import Context, harness_dtype, work_dir
     from pyserini_aligner.data import Dataset
     from pyserini_aligner.index.reader import StoredIndex
     from pyserini_aligner.search import AlignerSearcher
 
     dataset = Dataset(args.dataset)
     ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), threads=args.threads,
-                  progress=not args.quiet)
+                  progress=not args.quiet, dtype=harness_dtype())  # the harness's indexes
     full, index = full_index(ctx), default_index(ctx)
     searcher = AlignerSearcher(index, encoder=ctx.model, strategy=ctx.strategy)
     qrels = ctx.qrels

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from eval.beir.aligner import full_index, pruned_index
-from eval.beir.context import Context, work_dir
+from eval.beir.context import Context, harness_dtype, work_dir
 from pyserini_aligner.hits import drop_query_hits
 from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.salience import DEFAULT_PRUNE_REDUNDANCY
@@ -207,7 +207,7 @@ def run_baselines(dataset_spec: str, output: str | os.PathLike, cache: str | os.
         raise ValueError("--seeds: give at least one seed")
     dataset = Dataset(dataset_spec)
     ctx = Context(dataset=dataset, work=work_dir(dataset, cache), threads=threads, progress=progress,
-                  encoder=encoder, seed=seeds[0])
+                  encoder=encoder, seed=seeds[0], dtype=harness_dtype())  # the harness's indexes
     full = full_index(ctx)
     reference = exhaustive_top10(ctx)
 

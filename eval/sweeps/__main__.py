@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from eval.cli import configure_logging
-from eval.beir.context import Context, work_dir
+from eval.beir.context import Context, harness_dtype, work_dir
 from eval.sweeps.plot import plot_pruning
 from eval.sweeps.run import DOC_PRUNES, PRUNING_HITS, QUERY_PRUNES, alignment_sweep, pruning_sweep, sweeps_markdown
 from pyserini_aligner.data import DataError, Dataset
@@ -29,13 +29,17 @@ def main(argv=None) -> int:
     parser.add_argument("--query-prunes", type=float, nargs="+", default=list(QUERY_PRUNES), metavar="BETA_Q",
                         help="β^q values of the pruning sweep")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="precision the corpus is encoded in, as python -m eval.beir takes it (its indexes are "
+                             "reused)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
     configure_logging(args.quiet)
     try:
         dataset = Dataset(args.dataset)
         ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), hits=args.hits, threads=args.threads,
-                      progress=not args.quiet, encoder=args.encoder, candidates=args.candidates)
+                      progress=not args.quiet, encoder=args.encoder, candidates=args.candidates,
+                      dtype=harness_dtype(args.dtype))
         results = {"dataset": dataset.name, "encoder": args.encoder,
                    "alignment": {"candidates": args.candidates, "ndcg@10": alignment_sweep(ctx)},
                    "pruning_hits": args.pruning_hits,
