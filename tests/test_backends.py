@@ -32,11 +32,11 @@ QUERIES = ["protein folding in cells", "cancer risk and diet", "gene expression 
 GONE = "deleted"  # the docid of a document deleted from the compressed index
 
 
-def segmented_index(folder: Path, model, codec: str) -> Path:
+def segmented_index(folder: Path, model, codec: str, doc_prune: float | None = None) -> Path:
     """The first N_DOCS SciFact documents (8 words each) in three segments (12, 6 and 6 documents) sharing one
     codec, plus one more document in the last segment, deleted."""
     docs = [(r["id"], r["contents"]) for r in short_records(N_DOCS, words=8)]
-    build_index(docs[:12], folder, model, codec=codec, progress=False, model_name="aligner")
+    build_index(docs[:12], folder, model, codec=codec, progress=False, model_name="aligner", doc_prune=doc_prune)
     live = AlignerIndex(folder, encoder=model)
     live.add(docs[12:18])
     live.add(docs[18:] + [(GONE, "protein folding in cells and cancer risk")])
@@ -443,3 +443,27 @@ def test_document_blocks_hold_whole_documents():
     assert document_blocks(lengths, 8) == [(0, 3), (3, 4), (4, 7)]
     assert document_blocks(lengths, 100) == [(0, 7)]
     assert document_blocks(np.array([], dtype=int), 8) == []
+
+
+def test_every_document_of_a_flat_index_of_all_tokens_is_scored(tmp_path, model, monkeypatch):
+    """An fp16 index of every token (β^d = 1) searched with top-k:1 and every query token scores every live
+    document (blocks of about 40 products here, over three segments): the reference ranking at the searcher's own
+    depth, filtered or not; with β^q < 1 it searches through the candidates."""
+    from pyserini_aligner.search.backends import faiss_cpu
+
+    index = segmented_index(tmp_path / "idx", model, "fp16", doc_prune=1.0)
+    monkeypatch.setattr(faiss_cpu, "EXHAUSTIVE_ELEMENTS", 40)
+    searcher = AlignerSearcher(index, encoder=model, backend="faiss", max_candidates=1, query_prune=1.0)
+    assert searcher.engine.scores_every_document
+    store = searcher.store
+    for text, got in zip(QUERIES, searcher.rank(QUERIES, k=5)):
+        want = reference_ranking(store, model, text, 5)
+        assert [d for d, _ in got] == [d for d, _ in want] and GONE not in {d for d, _ in got}
+        assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
+    chosen = half_filter(list(searcher.docids))
+    for text, got in zip(QUERIES, searcher.rank(QUERIES, k=30, filter=chosen)):
+        want = [(d, s) for d, s in reference_ranking(store, model, text, N_DOCS) if d in chosen]
+        assert [d for d, _ in got] == [d for d, _ in want]
+    monkeypatch.setattr(FaissFlat, "exhaustive", lambda *args: pytest.fail("β^q < 1 scored every document"))
+    pruned = AlignerSearcher(index, encoder=model, backend="faiss", query_prune=0.5)
+    assert all(len(hits) == 3 for hits in pruned.rank(QUERIES, k=3))

