@@ -309,3 +309,22 @@ def test_large_codec_on_cpu_assigns_through_the_centroid_search():
     assert error(ids) < 1.02 * error(exact.astype(np.uint16))
     loaded = ResidualCodec(*[torch.from_numpy(t.numpy().copy()) for t in (codec.centroids, codec.codebooks)])
     assert np.array_equal(loaded.encode_centroids(held_out), ids)  # a fresh copy groups its centroids the same
+
+
+@pytest.mark.parametrize("m", [4, 32])
+def test_pq_codes_are_the_nearest_codewords(m):
+    """Each sub-vector's code is its nearest codeword by squared distance (the slow definition), up to float
+    rounding between near-equal codewords."""
+    from pyserini_aligner.index.codec import pq_encode
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(500, 128, generator=generator) * 0.2
+    books = torch.randn(m, 256, 128 // m, generator=generator) * 0.2
+    encoded = pq_encode(x, books)
+    assert encoded.dtype == np.uint8 and encoded.shape == (500, m)
+    codes = torch.from_numpy(encoded).long()
+    parts = x.reshape(len(x), m, -1).double()
+    distances = ((parts.unsqueeze(2) - books.double().unsqueeze(0)) ** 2).sum(-1)  # [n, m, 256]
+    chosen = distances.gather(2, codes.unsqueeze(2)).squeeze(2)
+    assert torch.allclose(chosen, distances.min(2).values, atol=1e-5)
+    assert (codes == distances.argmin(2)).float().mean() > 0.999

@@ -214,7 +214,11 @@ def train_pq(residuals: Tensor, m: int, iters: int = 10, seed: int = 0) -> Tenso
 
 def pq_encode(residuals: Tensor, books: Tensor) -> np.ndarray:
     """uint8 [n, m]: nearest codeword (L2) of each of the m sub-vectors of ``residuals`` [n, d] in ``books``
-    [m, 256, d/m]."""
+    [m, 256, d/m]. On the CPU through FAISS's ``ProductQuantizer`` where FAISS is installed (its nearest-codeword
+    kernels never write the [n, m, 256] distances: about 12 times faster for 4-dim sub-vectors); else, and on a GPU,
+    batched products."""
+    if residuals.device.type == "cpu" and _faiss_kmeans_available():
+        return _faiss_pq_encode(residuals, books)
     m, sub = books.shape[0], books.shape[2]
     parts = residuals.reshape(len(residuals), m, sub).transpose(0, 1)  # [m, n, sub]
     books = books.to(residuals)
@@ -225,6 +229,15 @@ def pq_encode(residuals: Tensor, books: Tensor) -> np.ndarray:
         part = parts[:, start:start + rows]
         codes[:, start:start + rows] = torch.baddbmm(bias, part, books.transpose(1, 2), alpha=-2.0).argmin(-1)
     return codes.T.contiguous().cpu().numpy()
+
+
+def _faiss_pq_encode(residuals: Tensor, books: Tensor) -> np.ndarray:
+    import faiss
+
+    m, sub = books.shape[0], books.shape[2]
+    pq = faiss.ProductQuantizer(m * sub, m, 8)
+    faiss.copy_array_to_vector(np.ascontiguousarray(books.detach().float().numpy().ravel()), pq.centroids)
+    return pq.compute_codes(np.ascontiguousarray(residuals.detach().float().numpy()))
 
 
 def row_norms(x: Tensor) -> Tensor:
