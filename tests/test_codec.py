@@ -311,7 +311,7 @@ def test_large_codec_on_cpu_assigns_through_the_centroid_search():
     assert np.array_equal(loaded.encode_centroids(held_out), ids)  # a fresh copy groups its centroids the same
 
 
-@pytest.mark.parametrize("m", [4, 32])
+@pytest.mark.parametrize("m", [4, 32])  # sub-vectors of 32 dims (batched products) and of 4 (FAISS)
 def test_pq_codes_are_the_nearest_codewords(m):
     """Each sub-vector's code is its nearest codeword by squared distance (the slow definition), up to float
     rounding between near-equal codewords."""
@@ -328,3 +328,11 @@ def test_pq_codes_are_the_nearest_codewords(m):
     chosen = distances.gather(2, codes.unsqueeze(2)).squeeze(2)
     assert torch.allclose(chosen, distances.min(2).values, atol=1e-5)
     assert (codes == distances.argmin(2)).float().mean() > 0.999
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        assert np.array_equal(pq_encode(x, books), encoded)  # the same codes whatever the threads
+    finally:
+        faiss.omp_set_num_threads(threads)
