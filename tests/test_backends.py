@@ -445,7 +445,7 @@ def test_document_blocks_hold_whole_documents():
     assert document_blocks(np.array([], dtype=int), 8) == []
 
 
-def test_every_document_of_a_flat_index_of_all_tokens_is_scored(tmp_path, model, monkeypatch):
+def test_every_document_of_a_flat_index_of_all_tokens_is_scored(tmp_path, model, fp16_index, monkeypatch):
     """An fp16 index of every token (β^d = 1) searched with top-k:1 and every query token scores every live
     document (blocks of about 40 products here, over three segments): the reference ranking at the searcher's own
     depth, filtered or not; with β^q < 1 it searches through the candidates."""
@@ -455,6 +455,7 @@ def test_every_document_of_a_flat_index_of_all_tokens_is_scored(tmp_path, model,
     monkeypatch.setattr(faiss_cpu, "EXHAUSTIVE_ELEMENTS", 40)
     searcher = AlignerSearcher(index, encoder=model, backend="faiss", max_candidates=1, query_prune=1.0)
     assert searcher.engine.scores_every_document
+    assert not AlignerSearcher(fp16_index, encoder=model, backend="faiss").engine.scores_every_document  # β^d < 1
     store = searcher.store
     for text, got in zip(QUERIES, searcher.rank(QUERIES, k=5)):
         want = reference_ranking(store, model, text, 5)

@@ -151,8 +151,8 @@ class FaissFlat(Staged):
         self.index = [(seg.faiss_index(), base) for seg, base in zip(store.segments, store.token_base)]
         self._flat = [flat_vectors(index) for index, _ in self.index]
         self.scores_every_document = packs_maxsim(scoring.strategy) and all(
-            vectors is not None and len(vectors) == seg.info.num_tokens == len(seg.faiss_ids)
-            and (seg.faiss_ids == np.arange(len(vectors))).all() for vectors, seg in zip(self._flat, store.segments))
+            vectors is not None and len(vectors) == seg.info.num_kept == seg.info.num_tokens  # every token, in order
+            for vectors, seg in zip(self._flat, store.segments))
         allowed = allowed_rows(store)
         self._allowed = [allowed_entries(store, number, allowed) for number in range(len(store.segments))]
         self._workspace = Workspace()
