@@ -34,9 +34,10 @@ def memory_now() -> dict[str, int | None]:
     """This process's peak and current resident bytes (``FIELDS``); the peak from ``ru_maxrss`` without /proc."""
     import resource
 
-    from eval.bench_scale.measure import status_bytes
+    from eval.bench_scale.measure import status_fields
 
-    out = {name: status_bytes(field) for name, field in FIELDS.items()}
+    read = status_fields(*FIELDS.values())  # one instant: the peak is at least the current
+    out = {name: read[field] for name, field in FIELDS.items()}
     if out["peak"] is None:  # Linux reports KiB, macOS bytes
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out["peak"] = peak if sys.platform == "darwin" else peak * 1024

@@ -122,12 +122,15 @@ def test_rrf_fuse_matches_the_formula():
 def test_hybrid_fusion_and_tuning_split(tmp_path, scifact_small):
     from pyserini.search.faiss import DenseSearchResult
 
-    dense = {"q": [DenseSearchResult("a", 0.9), DenseSearchResult("b", 0.5), DenseSearchResult("q", 0.4)]}
-    sparse = {"q": [DenseSearchResult("b", 20.0), DenseSearchResult("c", 10.0)]}
+    from eval.beir.hybrid import pairs
+
+    dense = pairs({"q": [DenseSearchResult("a", 0.9), DenseSearchResult("b", 0.5), DenseSearchResult("q", 0.4)]})
+    assert dense == {"q": [("a", 0.9), ("b", 0.5), ("q", 0.4)]}
+    sparse = {"q": [("b", 20.0), ("c", 10.0)]}
     # min-max centred: a = 0.5 - 0.5α, b = -0.1 + 0.5α, c = -0.5 - 0.5α; the query id "q" is dropped
     assert [d for d, _ in fuse(dense, sparse, 0.1, 10)["q"]] == ["a", "b", "c"]
     assert [d for d, _ in fuse(dense, sparse, 4.0, 10)["q"]] == ["b", "a", "c"]
-    single = {"q": [DenseSearchResult("a", 1.0)]}  # one score cannot be min-max normalised
+    single = {"q": [("a", 1.0)]}  # one score cannot be min-max normalised
     assert [d for d, _ in fuse(single, sparse, 0.1, 10)["q"]][0] == "b"
 
     assert tuning_split(Dataset(str(scifact_small))) is None

@@ -89,12 +89,21 @@ def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = 
            hits: int | None = None, strategy: str | None = None, encoder: str | None = None) -> Hits:
     """AlignerSearcher over ``index_dir`` (``strategy``, default ``ctx.strategy``; β^q = ``query_prune``; queries
     encoded by ``encoder``, default ``ctx.encoder``: the index's checkpoint), top ``hits`` (default ``ctx.hits``)
-    per query; the searcher refines max(its default candidate budget, hits) documents. Cached under
-    ``<work>/runs`` (shared by every caller with the same index and knobs); ``desc`` labels the progress bar."""
+    per query without the query's own id (:func:`searched`, then :func:`~pyserini_aligner.hits.drop_query_hits`)."""
+    hits = ctx.hits if hits is None else hits
+    return drop_query_hits(searched(ctx, index_dir, query_prune, desc, hits, strategy, encoder), hits)
+
+
+def searched(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = "aligner",
+             hits: int | None = None, strategy: str | None = None, encoder: str | None = None) -> Hits:
+    """What :func:`search` searches: the top ``hits`` + 1 of every query as the searcher returns them (the query's
+    own id among them, as BEIR's convention searches one more and drops it); the searcher refines max(its default
+    candidate budget, hits + 1) documents. Cached under ``<work>/runs`` (shared by every caller with the same index
+    and knobs); ``desc`` labels the progress bar."""
     hits = ctx.hits if hits is None else hits
     strategy = ctx.strategy if strategy is None else strategy
     key = {"index": index_key(index_dir), "strategy": strategy, "query_prune": query_prune,
-           "k": hits, "queries": queries_hash(ctx.queries)}
+           "k": hits + 1, "queries": queries_hash(ctx.queries)}
 
     def compute() -> Hits:
         from pyserini_aligner.search import AlignerSearcher
@@ -110,7 +119,7 @@ def search(ctx: Context, index_dir: Path, query_prune: float = 1.0, desc: str = 
                                                 threads=ctx.threads)
                 found.update({q: [(h.docid, float(h.score)) for h in results[q]] for q in batch})
                 bar.update(len(batch))
-        return drop_query_hits(found, hits)
+        return found
 
     return cached_hits(ctx.work / "runs", "aligner", key, compute)
 

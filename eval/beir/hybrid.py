@@ -1,6 +1,7 @@
 """Hybrid AligneR + BM25 through Pyserini's ``HybridSearcher``, its weight chosen on train/dev queries (never test).
 
-Pyserini's ``HybridSearcher`` supplies both hit lists; they are fused with its arithmetic, ``alpha · sparse + dense``,
+Pyserini's ``HybridSearcher`` supplies both hit lists (on the test queries, AligneR's are the ``aligner`` system's
+search of the same index: its FaissSearcher is an AlignerSearcher); they are fused with its arithmetic, ``alpha · sparse + dense``,
 by :func:`eval.beir.fusion.hybrid_fuse`. AligneR scores lie in [-1, 1] while BM25 scores are in the tens, so both
 are min-max centred per query first (HybridSearcher's ``normalization=True``); alpha is then BM25's weight
 relative to AligneR's.
@@ -95,25 +96,38 @@ def choose_alpha(ctx: Context, hybrid) -> dict:
 
 
 def component_hits(ctx: Context, hybrid, queries: dict[str, str], label: str) -> tuple[dict, dict]:
-    """The HybridSearcher's dense (AligneR) and sparse (BM25) hit lists, k0 = ctx.hits (+1 for the query id)."""
+    """The HybridSearcher's dense (AligneR) and sparse (BM25) hit lists as (docid, score) pairs, k0 = ctx.hits (+1
+    for the query id)."""
     k0 = ctx.hits + 1
     dense = _batches(ctx, queries, f"{label} (aligner)",
                      lambda texts, ids: hybrid.dense_searcher.batch_search(texts, ids, k0, ctx.threads))
     sparse = hybrid.sparse_searcher.batch_search(list(queries.values()), list(queries), k0, ctx.threads)
-    return dense, sparse
+    return pairs(dense), pairs(sparse)
+
+
+def pairs(hits: dict) -> dict[str, list[tuple[str, float]]]:
+    """Pyserini's hit objects as (docid, score) pairs, best first."""
+    return {qid: [(h.docid, float(h.score)) for h in ranked] for qid, ranked in hits.items()}
 
 
 def fuse(dense: dict, sparse: dict, alpha: float, k: int) -> dict[str, list[tuple[str, float]]]:
-    """:func:`~eval.beir.fusion.hybrid_fuse` of every query's dense and sparse hits (what
+    """:func:`~eval.beir.fusion.hybrid_fuse` of every query's dense and sparse (docid, score) hits (what
     ``HybridSearcher.batch_search`` computes), top k without the query id."""
-    out = {}
-    for qid in dense:
-        pairs = [(h.docid, float(h.score)) for h in dense[qid]]
-        out[qid] = hybrid_fuse(pairs, [(h.docid, float(h.score)) for h in sparse.get(qid, [])], alpha, k + 1,
-                               NORMALIZATION)
+    out = {qid: hybrid_fuse(list(ranked), list(sparse.get(qid, [])), alpha, k + 1, NORMALIZATION)
+           for qid, ranked in dense.items()}
     return drop_query_hits(out, k)
 
 
-def hybrid_search(ctx: Context, hybrid, alpha: float) -> dict[str, list[tuple[str, float]]]:
-    """The test queries through ``hybrid`` at ``alpha`` (k0 = k = ctx.hits)."""
-    return fuse(*component_hits(ctx, hybrid, ctx.queries, "hybrid"), alpha, ctx.hits)
+def hybrid_search(ctx: Context, hybrid, index_dir: Path, alpha: float) -> dict[str, list[tuple[str, float]]]:
+    """The test queries at ``alpha`` (k0 = k = ctx.hits): BM25's hits from the HybridSearcher's LuceneSearcher;
+    AligneR's are the aligner system's search of ``index_dir`` (the HybridSearcher's) with the same defaults
+    (:func:`eval.beir.aligner.searched`, the k0 hits before the query id is dropped): the HybridSearcher's
+    FaissSearcher over an AligneR index is an AlignerSearcher with the same defaults
+    (``tests/test_search.py::test_pyserini_faiss_searcher_opens_aligner_index``)."""
+    from eval.beir.aligner import searched
+    from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
+
+    dense = searched(ctx, index_dir, DEFAULT_QUERY_PRUNE, "hybrid (aligner)")
+    sparse = hybrid.sparse_searcher.batch_search(list(ctx.queries.values()), list(ctx.queries), ctx.hits + 1,
+                                                 ctx.threads)
+    return fuse(dense, pairs(sparse), alpha, ctx.hits)

@@ -28,16 +28,25 @@ def folder_bytes(folder: str | os.PathLike) -> int:
     return total
 
 
-def status_bytes(field: str) -> int | None:
-    """A ``VmRSS``/``VmHWM``/``RssAnon``/``RssFile`` line of /proc/self/status in bytes (None where there is no /proc)."""
+def status_fields(*fields: str) -> dict[str, int | None]:
+    """``VmRSS``/``VmHWM``/``RssAnon``/``RssFile`` lines of /proc/self/status in bytes, read at one instant (one read
+    of the file: VmHWM then holds at least VmRSS); None for each where there is no /proc or no such line."""
+    out: dict[str, int | None] = dict.fromkeys(fields)
     try:
         with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
+            text = status.read()
     except OSError:
-        return None
-    return None
+        return out
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in out:
+            out[name] = int(value.split()[0]) * 1024
+    return out
+
+
+def status_bytes(field: str) -> int | None:
+    """One line of /proc/self/status in bytes (:func:`status_fields`)."""
+    return status_fields(field)[field]
 
 
 def _reset_rss_peak() -> bool:
