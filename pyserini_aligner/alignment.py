@@ -8,6 +8,7 @@ Padded positions are never aligned and never change a score, whatever values the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -153,6 +154,57 @@ def alignment_scores(
     if not out:
         return q.new_zeros(q.shape[0], 0)
     return torch.cat(out, dim=1)
+
+
+def alignment_scores_many(
+    q: Tensor,
+    q_mask: Tensor,
+    d: Tensor,
+    d_mask: Tensor,
+    strategies: Sequence[Strategy],
+    q_sal: Tensor | None = None,
+    d_sal: Tensor | None = None,
+) -> list[Tensor]:
+    """Scores [Bq, Bd] under each of ``strategies``, as :func:`alignment_scores` gives each (arguments as there), with
+    the similarities computed once and the top-k and top-p strategies read from one selection: each query token's
+    K best similarities (K the largest count of any of them), of which a strategy sums its first k (top-p: its
+    document's ⌊p·m⌋) in the order the single selection sums them. ``da`` strategies are scored from the same
+    similarities."""
+    strategies = list(strategies)
+    q, q_w, d, d_mask, d_w = _prepare(q, q_mask, d, d_mask, q_sal, d_sal)
+    per_doc = max(1, q.shape[0] * q.shape[1] * d.shape[1])
+    step = max(1, _CHUNK_ELEMENTS // per_doc)
+    out: list[list[Tensor]] = [[] for _ in strategies]
+    for start in range(0, d.shape[0], step):
+        sl = slice(start, start + step)
+        sim = torch.einsum("qnh,bmh->qbnm", q, d[sl].to(q.dtype))
+        mask = d_mask[sl].unsqueeze(0).expand(*sim.shape[:-2], sim.shape[-1])  # [Bq, b, m]
+        weights = None if d_w is None else d_w[sl].unsqueeze(0)
+        counts = {i: _per_doc_k(mask, s) for i, s in enumerate(strategies) if s.kind != "da"}
+        widest = max((top for _, top in counts.values()), default=0)
+        if widest:
+            cols = mask.unsqueeze(-2).expand_as(sim)
+            masked = sim.masked_fill(~cols, -math.inf)
+            vals, idx = masked.max(dim=-1, keepdim=True) if widest == 1 else masked.topk(widest, dim=-1)
+            real = cols.gather(-1, idx)
+        for i, strategy in enumerate(strategies):
+            if strategy.kind == "da":
+                out[i].append(_score(sim.clone(), q_w.unsqueeze(1), mask, weights, strategy))
+                continue
+            k_doc, top = counts[i]
+            kept = real[..., :top]
+            if k_doc is not None:
+                kept = kept & (torch.arange(top, device=sim.device) < k_doc.unsqueeze(-1).unsqueeze(-1))
+            picked = torch.where(kept, vals[..., :top], torch.zeros((), dtype=sim.dtype, device=sim.device))
+            if weights is None:
+                num, den = picked.sum(-1), kept.to(sim.dtype).sum(-1)
+            else:
+                w = weights.unsqueeze(-2).expand(*sim.shape).gather(-1, idx[..., :top]) * kept
+                num, den = (picked * w).sum(-1), w.sum(-1)
+            out[i].append(weighted_mean(num, den, q_w.unsqueeze(1)))
+    if d.shape[0] == 0:
+        return [q.new_zeros(q.shape[0], 0) for _ in strategies]
+    return [torch.cat(parts, dim=1) for parts in out]
 
 
 def alignment_scores_paired(

@@ -12,6 +12,7 @@ from pyserini_aligner.alignment import (
     Strategy,
     alignment_scores,
     alignment_scores_grouped,
+    alignment_scores_many,
     alignment_scores_paired,
     alignment_weights,
     parse_strategy,
@@ -120,6 +121,28 @@ def test_grouped_matches_loop_reference(spec, with_sal):
     full = _loop_scores(q, qm, d, dm, spec, qs if with_sal else None, ds if with_sal else None)
     assert got.shape == (3, 3)
     torch.testing.assert_close(got, full.gather(1, groups), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("with_sal", [False, True])
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_many_strategies_at_once_match_the_loop_reference_and_each_alone(with_sal, chunk, monkeypatch):
+    """Every strategy from one product and one selection: the loop reference's scores, and in float32 the scores
+    of scoring with each strategy alone (one document per chunk, or all at once)."""
+    q, qm, qs, d, dm, ds = _case(9)
+    qs, ds = (qs, ds) if with_sal else (None, None)
+    if chunk is not None:
+        monkeypatch.setattr(alignment, "_CHUNK_ELEMENTS", chunk)
+    specs = STRATEGIES + [parse_strategy("top-k:40")]  # k past every document's length
+    every = alignment_scores_many(q, qm, d, dm, specs, qs, ds)
+    assert len(every) == len(specs)
+    for spec, got in zip(specs, every):
+        torch.testing.assert_close(got, _loop_scores(q, qm, d, dm, str(spec), qs, ds), rtol=1e-9, atol=1e-9)
+    f32 = [x.float() for x in (q, d)] + [None if x is None else x.float() for x in (qs, ds)]
+    every = alignment_scores_many(f32[0], qm, f32[1], dm, specs, f32[2], f32[3])
+    for spec, got in zip(specs, every):
+        torch.testing.assert_close(got, alignment_scores(f32[0], qm, f32[1], dm, spec, f32[2], f32[3]),
+                                   rtol=2e-7, atol=2e-7)
+    assert [x.shape for x in alignment_scores_many(q, qm, d[:0], dm[:0], specs)] == [(3, 0)] * len(specs)
 
 
 def test_grouped_rejects_mismatched_shapes():

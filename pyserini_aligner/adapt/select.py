@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pyserini_aligner.alignment import Strategy, alignment_scores
+from pyserini_aligner.alignment import Strategy, alignment_scores_many
 from pyserini_aligner.metrics import per_query
 from pyserini_aligner.textio import check_collection
 
@@ -130,9 +130,10 @@ def _rank(model, e, documents, docids: list[str], specs: list[Strategy], runs: d
     q_mask = torch.ones(1, len(e.vectors), dtype=torch.bool)
     q_sal = torch.from_numpy(e.salience)[None]
     use_salience = model.scores_with_salience
-    for spec in specs:
-        scores = alignment_scores(q, q_mask, d, d_mask, spec, q_sal if use_salience else None,
-                                  d_sal if use_salience else None)[0].numpy()
+    every = alignment_scores_many(q, q_mask, d, d_mask, specs, q_sal if use_salience else None,
+                                  d_sal if use_salience else None)
+    for spec, scores in zip(specs, every):
+        scores = scores[0].numpy()
         order = np.lexsort((np.arange(len(docids)), -scores))
         runs[str(spec)][qid] = [(docids[i], float(scores[i])) for i in order]
 
