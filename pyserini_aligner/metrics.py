@@ -5,7 +5,9 @@ nDCG@k and recall@k are small pure functions by ranx's rules, which the tests ho
 averaged over the queries of the qrels; a query missing from the run, or without hits, scores 0, and so does a
 judged query without a relevant document; linear gain and log2 discount for nDCG, as trec_eval; equal scores keep
 the run's order. They load nothing: ranx loads its compiled kernels and types its arrays in every process (seconds
-each). Significance tests and fusion are ranx's own (:func:`significance`, :func:`to_ranx_run`).
+each). The t-test and fusion are ranx's own (:func:`significance`, :func:`to_ranx_run`); Fisher's randomisation
+test is :func:`fisher_randomization` (ranx's definition, seeded here: ranx draws its permutations in parallel
+threads whose random streams its seed does not fix, so its p-values differ from run to run).
 """
 from __future__ import annotations
 
@@ -105,13 +107,15 @@ TESTS = {"student": "two-sided paired Student's t-test", "fisher": "Fisher's ran
 def significance(qrels: Qrels, runs: Mapping[str, Run], baselines: Sequence[str],
                  metrics: Sequence[str] = SIGNIFICANCE_METRICS, n_permutations: int = 10000, max_p: float = 0.05,
                  seed: int = 42) -> dict:
-    """Every run against each of ``baselines`` with ranx ``compare`` (make_comparable=True), both tests of TESTS.
+    """Every run against each of ``baselines``, both tests of TESTS: ranx ``compare``'s t-test (make_comparable=True)
+    and :func:`fisher_randomization` over ranx's per-query scores.
 
     Returns {"tests", "metrics", "max_p", "n_permutations", "pairs": {system: {baseline: {metric: {"delta",
     "p_student", "p_fisher", "win", "tie", "loss"}}}}}; win/tie/loss count queries where the system beats, ties or
     loses to the baseline. Baselines missing from ``runs`` are skipped.
     """
-    from ranx import compare
+    import numpy as np
+    from ranx import compare, evaluate as ranx_evaluate
 
     names = list(runs)
     present = [b for b in baselines if b in runs]
@@ -123,12 +127,12 @@ def significance(qrels: Qrels, runs: Mapping[str, Run], baselines: Sequence[str]
 
     rq = _ranx_object(RQrels, qrels, int)
     rruns = [to_ranx_run(runs[name], name=name) for name in names]  # a query with no hits: 0 (make_comparable)
-    reports = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for test in TESTS:
-            reports[test] = compare(rq, rruns, list(metrics), stat_test=test, n_permutations=n_permutations,
-                                    max_p=max_p, random_seed=seed, make_comparable=True).to_dict()
+        student = compare(rq, rruns, list(metrics), stat_test="student", max_p=max_p,
+                          make_comparable=True).to_dict()
+        per_query = {name: {m: np.asarray(ranx_evaluate(rq, run, [m], return_mean=False, make_comparable=True))
+                            for m in metrics} for name, run in zip(names, rruns)}
     for name in names:
         rows = {}
         for base in present:
@@ -136,15 +140,36 @@ def significance(qrels: Qrels, runs: Mapping[str, Run], baselines: Sequence[str]
                 continue  # a baseline is compared with the baselines listed before it only
             rows[base] = {}
             for metric in metrics:
-                wtl = reports["student"][name]["win_tie_loss"][base][metric]
+                wtl = student[name]["win_tie_loss"][base][metric]
                 rows[base][metric] = {
-                    "delta": round(reports["student"][name]["scores"][metric]
-                                   - reports["student"][base]["scores"][metric], 4),
-                    **{f"p_{test}": _p_value(reports[test][name]["comparisons"][base][metric]) for test in TESTS},
+                    "delta": round(student[name]["scores"][metric] - student[base]["scores"][metric], 4),
+                    "p_student": _p_value(student[name]["comparisons"][base][metric]),
+                    "p_fisher": _p_value(fisher_randomization(per_query[base][metric], per_query[name][metric],
+                                                              n_permutations, seed)),
                     "win": wtl["W"], "tie": wtl["T"], "loss": wtl["L"]}
         if rows:
             out["pairs"][name] = rows
     return out
+
+
+def fisher_randomization(control, treatment, n_permutations: int = 10000, seed: int = 42) -> float:
+    """Two-sided Fisher randomisation test of paired per-query scores (control, treatment: [n] each), as ranx
+    defines it: the share of ``n_permutations`` random relabellings (each query's two scores swapped with
+    probability 1/2, drawn from ``seed``) whose |difference of means| reaches the observed one (to float rounding).
+    The same arguments give the same p on every machine."""
+    import numpy as np
+
+    d = np.asarray(treatment, dtype=np.float64) - np.asarray(control, dtype=np.float64)
+    if d.ndim != 1 or len(d) == 0:
+        raise ValueError(f"per-query scores must be two equal non-empty vectors, got differences of shape {d.shape}")
+    observed = abs(d.sum())
+    slack = 1e-9 * max(1.0, observed)  # float noise must not decide a tie
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, n_permutations, 1024):
+        signs = rng.choice((-1.0, 1.0), size=(min(1024, n_permutations - start), len(d)))
+        hits += int((np.abs(signs @ d) >= observed - slack).sum())
+    return hits / n_permutations
 
 
 def _p_value(value) -> float | None:

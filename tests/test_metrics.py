@@ -91,3 +91,50 @@ def test_ranx_objects_equal_ranx_constructors():
                          (_ranx_object(Run, run, float, name="r"), Run(run, name="r"))):
         assert ours.to_dict() == theirs.to_dict() and ours.sorted and ours.name == theirs.name
     assert DOCID_WIDTHS == tuple(sorted(DOCID_WIDTHS))
+
+
+def exact_fisher(control: list[float], treatment: list[float]) -> float:
+    """Two-sided randomisation p over every one of the 2^n relabellings (each query's scores swapped or not)."""
+    n = len(control)
+    observed = abs(sum(treatment) - sum(control))
+    hits = 0
+    for mask in range(2 ** n):
+        diff = sum((c - t) if mask >> i & 1 else (t - c) for i, (c, t) in enumerate(zip(control, treatment)))
+        hits += abs(diff) >= observed - 1e-12
+    return hits / 2 ** n
+
+
+def test_fisher_randomization_estimates_the_exact_test_and_repeats_itself():
+    from pyserini_aligner.metrics import fisher_randomization
+
+    rng = random.Random(3)
+    control = [rng.random() for _ in range(10)]
+    treatment = [c + rng.gauss(0.1, 0.2) for c in control]
+    p = fisher_randomization(control, treatment, n_permutations=100_000, seed=5)
+    assert abs(p - exact_fisher(control, treatment)) < 0.01  # the estimate's standard error is under 0.002
+    assert fisher_randomization(control, treatment, 5000, 1) == fisher_randomization(control, treatment, 5000, 1)
+    assert fisher_randomization(treatment, control, 5000, 1) == fisher_randomization(control, treatment, 5000, 1)
+    assert fisher_randomization(control, control, 1000) == 1.0  # nothing differs: every relabelling ties
+    with pytest.raises(ValueError, match="per-query scores"):
+        fisher_randomization([], [])
+
+
+def test_significance_gives_the_same_p_values_with_any_number_of_threads(data):
+    import numba
+
+    from pyserini_aligner.metrics import significance
+
+    qrels, run = data
+    other = {q: {d: s * (1.3 if i % 3 else 0.7) for i, (d, s) in enumerate(docs.items())} for q, docs in run.items()}
+    runs = {"a": run, "b": other}
+    before = numba.get_num_threads()
+    try:
+        reports = []
+        for threads in (1, before):
+            numba.set_num_threads(threads)
+            reports.append(significance(qrels, runs, ["a"], n_permutations=2000))
+    finally:
+        numba.set_num_threads(before)
+    assert reports[0] == reports[1]
+    cell = reports[0]["pairs"]["b"]["a"]["ndcg@10"]
+    assert 0.0 <= cell["p_fisher"] <= 1.0 and cell["win"] + cell["tie"] + cell["loss"] == len(qrels)
