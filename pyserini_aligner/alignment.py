@@ -187,6 +187,9 @@ def alignment_scores_many(
             masked = sim.masked_fill(~cols, -math.inf)
             vals, idx = masked.max(dim=-1, keepdim=True) if widest == 1 else masked.topk(widest, dim=-1)
             real = cols.gather(-1, idx)
+        else:  # documents padded to no tokens at all
+            vals = sim[..., :0]
+            idx, real = vals.long(), vals.bool()
         for i, strategy in enumerate(strategies):
             if strategy.kind == "da":
                 out[i].append(_score(sim.clone(), q_w.unsqueeze(1), mask, weights, strategy))

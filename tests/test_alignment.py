@@ -143,6 +143,9 @@ def test_many_strategies_at_once_match_the_loop_reference_and_each_alone(with_sa
         torch.testing.assert_close(got, alignment_scores(f32[0], qm, f32[1], dm, spec, f32[2], f32[3]),
                                    rtol=2e-7, atol=2e-7)
     assert [x.shape for x in alignment_scores_many(q, qm, d[:0], dm[:0], specs)] == [(3, 0)] * len(specs)
+    empty = alignment_scores_many(q, qm, d[:, :0], dm[:, :0], specs)  # documents without tokens score 0
+    assert all(torch.equal(x, torch.zeros(3, 5, dtype=x.dtype)) for x in empty)
+    assert torch.equal(alignment_scores(q, qm, d[:, :0], dm[:, :0], specs[0]), empty[0])
 
 
 def test_grouped_rejects_mismatched_shapes():
