@@ -77,12 +77,19 @@ def _score(sim: Tensor, q_w: Tensor, d_mask: Tensor, d_w: Tensor | None, strateg
         num, den = (lam * sim).sum(-1), lam.sum(-1)
     else:
         vals, idx, kept = _topk_select(sim, d_mask, strategy)
-        if d_w is None:
-            num, den = vals.sum(-1), kept.to(sim.dtype).sum(-1)
-        else:
-            w = d_w.unsqueeze(-2).expand(*sim.shape).gather(-1, idx) * kept
-            num, den = (vals * w).sum(-1), w.sum(-1)
+        num, den = _selected_sums(vals, idx, kept, d_w, sim.shape)
     return weighted_mean(num, den, q_w)
+
+
+def _selected_sums(vals: Tensor, idx: Tensor, kept: Tensor, d_w: Tensor | None,
+                   shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """(Σ S∘A, Σ A) per query token [..., n] of the selected similarities vals [..., n, K] (0 where not kept), their
+    doc positions idx and kept flags [..., n, K], with doc weights d_w [..., m] (None = 1) over similarities of
+    ``shape`` [..., n, m]."""
+    if d_w is None:
+        return vals.sum(-1), kept.to(vals.dtype).sum(-1)
+    w = d_w.unsqueeze(-2).expand(*shape).gather(-1, idx) * kept
+    return (vals * w).sum(-1), w.sum(-1)
 
 
 def weighted_mean(num: Tensor, den: Tensor, q_w: Tensor) -> Tensor:
@@ -199,11 +206,7 @@ def alignment_scores_many(
             if k_doc is not None:
                 kept = kept & (torch.arange(top, device=sim.device) < k_doc.unsqueeze(-1).unsqueeze(-1))
             picked = torch.where(kept, vals[..., :top], torch.zeros((), dtype=sim.dtype, device=sim.device))
-            if weights is None:
-                num, den = picked.sum(-1), kept.to(sim.dtype).sum(-1)
-            else:
-                w = weights.unsqueeze(-2).expand(*sim.shape).gather(-1, idx[..., :top]) * kept
-                num, den = (picked * w).sum(-1), w.sum(-1)
+            num, den = _selected_sums(picked, idx[..., :top], kept, weights, sim.shape)
             out[i].append(weighted_mean(num, den, q_w.unsqueeze(1)))
     if d.shape[0] == 0:
         return [q.new_zeros(q.shape[0], 0) for _ in strategies]
