@@ -157,9 +157,11 @@ def _field(record: dict, name: str, path: Path, number: int) -> str:
 def build_docstore(dataset) -> None:
     """Build the document store of ir_datasets ``dataset`` (if it has one that is built on first use) under a lock
     that every process of this package takes: ir_datasets counts a store as built as soon as its first documents are
-    written, so a process reading while another builds the same store reads a half-written file."""
-    store = dataset.docs_store() if hasattr(dataset, "docs_store") else None
-    if not hasattr(store, "build"):
+    written, so a process reading while another builds the same store reads a half-written file.
+
+    The store is also opened under the lock: opening it runs ir_datasets' version check, which removes a store whose
+    version file is missing or not yet written, that is, one another process is building."""
+    if not hasattr(dataset, "docs_store"):
         return
     import ir_datasets
 
@@ -167,7 +169,9 @@ def build_docstore(dataset) -> None:
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
-        store.build()
+        store = dataset.docs_store()
+        if hasattr(store, "build"):
+            store.build()
 
 
 class Dataset:

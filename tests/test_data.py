@@ -82,6 +82,42 @@ def test_processes_reading_a_corpus_ir_datasets_has_not_stored_yet_all_read_it_w
         assert out.split() == ["5183"]
 
 
+def _blocked_on(lock, pid: int) -> bool:
+    """True once process ``pid`` waits for the flock on file ``lock`` (a ``->`` line of /proc/locks)."""
+    inode = f":{os.stat(lock).st_ino} "
+    return any("->" in line and f" {pid} " in line and inode in line
+               for line in open("/proc/locks").read().splitlines())
+
+
+def test_a_process_waits_for_the_store_another_is_building_before_it_touches_it(tmp_path):
+    """ir_datasets' version check removes a store whose version file is not yet written: a reader must not run it
+    while another process holds the build lock (this state is a builder caught between its two steps)."""
+    import fcntl
+    import time
+
+    home = tmp_path / "home"
+    folder = home / "beir" / "scifact"
+    (folder / "docs.pklz4").mkdir(parents=True)
+    partial = folder / "docs.pklz4" / "bin"
+    partial.write_bytes(b"half")
+    (folder / "irds_version.txt").write_text("")
+    lock = home / ".aligner-docstore.lock"
+    script = ("from pyserini_aligner.data import Dataset; "
+              "print(sum(1 for _ in Dataset('beir/scifact/test').docs()))")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "IR_DATASETS_HOME": str(home)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not _blocked_on(lock, child.pid):
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        assert partial.read_bytes() == b"half"
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err
+    assert out.split() == ["5183"]
+
+
 def _queries_in_a_fresh_process(package_file, env: dict) -> subprocess.CompletedProcess:
     """Count the queries of beir/scifact/test in a new interpreter (ir_datasets reads IR_DATASETS_HOME on import)
     whose pyserini_aligner.data believes it lives at ``package_file``."""
