@@ -214,7 +214,8 @@ class Bert(nn.Module):
             tensors = load_file(str(path))
         else:
             tensors = torch.load(path, map_location="cpu", weights_only=True)
-        model = cls(config)
+        with torch.device("meta"):  # no random initialisation of weights that are read next
+            model = cls(config)
         expected = model.state_dict()
         state = {}
         for name, tensor in tensors.items():
@@ -227,7 +228,10 @@ class Bert(nn.Module):
         missing = sorted(set(expected) - set(state) - {"pooler.dense.weight", "pooler.dense.bias"})
         if missing:
             raise ValueError(f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        model.load_state_dict(state, strict=False)
+        if any(name.startswith("pooler.") for name in set(expected) - set(state)):  # unused; initialised as usual
+            model.pooler = BertPooler(config)
+            state = {name: tensor for name, tensor in state.items() if not name.startswith("pooler.")}
+        model.load_state_dict(state, strict=False, assign=True)
         return model.eval()
 
 

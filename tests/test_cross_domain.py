@@ -23,6 +23,15 @@ def corpus_docs(name: str, n: int) -> list[tuple[str, str, str]]:
     return [(d["_id"], d["title"], f"{d['title']} {d['text']}".strip()) for d in map(json.loads, lines)]
 
 
+@pytest.fixture(autouse=True)
+def torch_queries(monkeypatch):
+    """The experiment loads and trains a dozen models on the CPU: their queries are encoded by torch, not through an
+    ONNX Runtime graph exported for each (that path is tested in tests/test_onnx_runtime.py)."""
+    from pyserini_aligner.onnx_runtime import RUNTIME_ENV, TORCH
+
+    monkeypatch.setenv(RUNTIME_ENV, TORCH)
+
+
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     """Both corpora (8 docs each); two sentences of each document stand in for the labelled queries (6 for
