@@ -70,9 +70,12 @@ class BackboneOutput(NamedTuple):
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        def table(rows: int, **kwargs) -> nn.Embedding:  # uninitialised: Bert.load gives it the file's weights
+            return nn.Embedding(rows, config.hidden_size, _weight=torch.empty(rows, config.hidden_size), **kwargs)
+
+        self.word_embeddings = table(config.vocab_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = table(config.max_position_embeddings)
+        self.token_type_embeddings = table(config.type_vocab_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -214,7 +217,7 @@ class Bert(nn.Module):
             tensors = load_file(str(path))
         else:
             tensors = torch.load(path, map_location="cpu", weights_only=True)
-        with torch.device("meta"):  # no random initialisation of weights that are read next
+        with torch.device("meta"):  # no random initialisation of the weights read next (nor memory for them)
             model = cls(config)
         expected = model.state_dict()
         state = {}

@@ -14,6 +14,7 @@ CPU in float32 takes this path; training, other devices and other precisions use
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import logging
 import os
@@ -43,19 +44,18 @@ def cache_dir() -> Path:
 
 def query_runtime() -> str:
     """The runtime of CPU query encoding: $PYSERINI_ALIGNER_QUERY_RUNTIME ("onnx-int8": ONNX Runtime with 8-bit
-    weights, "onnx": ONNX Runtime in float32, or "torch"; default "onnx-int8" when onnxruntime and onnx import,
-    else "torch"); ValueError naming the variable for another value."""
+    weights, "onnx": ONNX Runtime in float32, or "torch"; default "onnx-int8" when onnxruntime and onnx are
+    installed, else "torch"); ValueError naming the variable for another value. Neither package is imported here
+    (onnx alone takes half a second): a graph already exported needs only onnxruntime, when a query comes."""
     value = os.environ.get(RUNTIME_ENV, "").strip().lower()
     if value and value not in RUNTIMES:
         raise ValueError(f"${RUNTIME_ENV}={os.environ[RUNTIME_ENV]!r}: expected one of {', '.join(RUNTIMES)}")
     if value == TORCH:
         return TORCH
-    try:
-        import onnx  # noqa: F401  (torch's exporter writes through it)
-        import onnxruntime  # noqa: F401
-    except ImportError:
+    # onnx: torch's exporter writes through it
+    if any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxruntime")):
         if value:
-            raise ValueError(f"${RUNTIME_ENV}={value} needs the onnx and onnxruntime packages") from None
+            raise ValueError(f"${RUNTIME_ENV}={value} needs the onnx and onnxruntime packages")
         return TORCH
     return value or INT8
 
