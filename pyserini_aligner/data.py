@@ -28,6 +28,7 @@ from pyserini_aligner.textio import InputError, json_records, text_lines
 from pyserini_aligner.topics import FILE_SUFFIXES, Qrels, Topics, check_qid, read_qrels_file, read_topics_file
 
 BEIR_DIR_ENV = "PYSERINI_ALIGNER_BEIR_DIR"
+DOCSTORE_LOCK = ".aligner-docstore.lock"  # in the ir_datasets home: held while a document store is opened or built
 log = logging.getLogger(__name__)
 
 
@@ -165,7 +166,7 @@ def build_docstore(dataset) -> None:
         return
     import ir_datasets
 
-    lock = Path(ir_datasets.util.home_path()) / ".aligner-docstore.lock"
+    lock = Path(ir_datasets.util.home_path()) / DOCSTORE_LOCK
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes

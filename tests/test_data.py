@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pyserini_aligner.data import BEIR_DIR_ENV, DataError, Dataset, iter_corpus
+from pyserini_aligner.data import BEIR_DIR_ENV, DOCSTORE_LOCK, DataError, Dataset, iter_corpus
 
 
 def test_ir_datasets_scifact_test():
@@ -101,7 +101,7 @@ def test_a_process_waits_for_the_store_another_is_building_before_it_touches_it(
     partial = folder / "docs.pklz4" / "bin"
     partial.write_bytes(b"half")
     (folder / "irds_version.txt").write_text("")
-    lock = home / ".aligner-docstore.lock"
+    lock = home / DOCSTORE_LOCK
     script = ("from pyserini_aligner.data import Dataset; "
               "print(sum(1 for _ in Dataset('beir/scifact/test').docs()))")
     with open(lock, "a") as handle:
