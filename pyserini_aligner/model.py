@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from pyserini_aligner.backbone import load_backbone, load_tokenizer
 from pyserini_aligner.checkpoints import SHIPPED, checkpoint_folder
+from pyserini_aligner.digests import cached_digest
 from pyserini_aligner.onnx_runtime import OnnxQueryTower, QueryTower
 from pyserini_aligner.textio import check_collection
 
@@ -450,15 +451,19 @@ class AlignerModel(nn.Module):
         return {name: t for name, t in self.state_dict().items() if not name.startswith("backbone.")}
 
     def fingerprint(self) -> str:
-        """sha256 over the config (without description) and every weight (backbone included), as fp32."""
-        h = hashlib.sha256()
-        config = {k: v for k, v in self.config.to_dict().items() if k != "description"}
-        h.update(json.dumps(config, sort_keys=True).encode())
-        for name, tensor in sorted(self.state_dict().items()):
-            data = tensor.detach().to("cpu", torch.float32).contiguous()
-            h.update(f"{name}:{list(data.shape)}".encode())
-            h.update(data.numpy().tobytes())
-        return h.hexdigest()
+        """sha256 over the config (without description) and every weight (backbone included), as fp32; computed
+        once while the weights stay as they are (:func:`~pyserini_aligner.digests.cached_digest`)."""
+        config = json.dumps({k: v for k, v in self.config.to_dict().items() if k != "description"}, sort_keys=True)
+
+        def compute() -> str:
+            h = hashlib.sha256(config.encode())
+            for name, tensor in sorted(self.state_dict().items()):
+                data = tensor.detach().to("cpu", torch.float32).contiguous()
+                h.update(f"{name}:{list(data.shape)}".encode())
+                h.update(data.numpy().tobytes())
+            return h.hexdigest()
+
+        return cached_digest(self, "fingerprint " + config, compute)
 
     def backbone_delta(self) -> dict[str, Tensor]:
         """Backbone tensors that differ from the base backbone weights (empty for an untouched backbone)."""

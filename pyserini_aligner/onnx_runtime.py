@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pyserini_aligner.digests import cached_digest
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "PYSERINI_ALIGNER_CACHE"
@@ -61,13 +63,17 @@ def query_runtime() -> str:
 
 
 def weights_digest(module: nn.Module) -> str:
-    """sha256 of a module's parameter and buffer names, shapes and float32 values."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        data = tensor.detach().to("cpu", torch.float32).contiguous()
-        h.update(f"{name}:{list(data.shape)}".encode())
-        h.update(data.numpy().tobytes())
-    return h.hexdigest()
+    """sha256 of a module's parameter and buffer names, shapes and float32 values; computed once while the
+    weights stay as they are (:func:`~pyserini_aligner.digests.cached_digest`)."""
+    def compute() -> str:
+        h = hashlib.sha256()
+        for name, tensor in sorted(module.state_dict().items()):
+            data = tensor.detach().to("cpu", torch.float32).contiguous()
+            h.update(f"{name}:{list(data.shape)}".encode())
+            h.update(data.numpy().tobytes())
+        return h.hexdigest()
+
+    return cached_digest(module, "weights", compute)
 
 
 class QueryTower(nn.Module):
