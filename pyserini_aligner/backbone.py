@@ -263,6 +263,32 @@ def prefix_digest(backbone: Bert, depth: int) -> str:
     return digest.hexdigest()
 
 
+def part_digests(backbone: Bert) -> list[str]:
+    """[embeddings, layer 0, ..., layer L−1]: sha256 over each part's weight names and fp32 values."""
+    parts = [hashlib.sha256() for _ in range(len(backbone.encoder.layer) + 1)]
+    for name, tensor in sorted(backbone.state_dict().items()):
+        if name.startswith("embeddings."):
+            part = 0
+        elif name.startswith("encoder.layer."):
+            part = int(name.split(".")[2]) + 1
+        else:
+            continue
+        parts[part].update(name.encode())
+        parts[part].update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return [part.hexdigest() for part in parts]
+
+
+def shared_depth(digests: list[list[str]]) -> int:
+    """How many leading layers backbones with these :func:`part_digests` all have the same weights in (0 where their
+    embeddings differ, or for fewer than two backbones)."""
+    if len(digests) < 2 or len({d[0] for d in digests}) > 1:
+        return 0
+    depth = 0
+    while all(len(d) > depth + 1 for d in digests) and len({d[depth + 1] for d in digests}) == 1:
+        depth += 1
+    return depth
+
+
 class SharedLayers:
     """The hidden states after the embeddings and the first ``depth`` layers of a :class:`Bert`, kept per text (by
     its token ids) for every backbone with the same weights there: checkpoints fine-tuned above layer ``depth``

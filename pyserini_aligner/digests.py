@@ -14,7 +14,7 @@ import weakref
 from collections import OrderedDict
 from typing import Callable
 
-from torch import nn
+from torch import Tensor, nn
 
 MAX_KEPT = 16  # digests kept (least recently used dropped first)
 
@@ -22,12 +22,17 @@ _lock = threading.Lock()
 _kept: OrderedDict[tuple, tuple[list[weakref.ref], str]] = OrderedDict()
 
 
+def version(tensor: Tensor) -> int:
+    """torch's in-place version counter of ``tensor`` (RuntimeError for an inference tensor, which keeps none)."""
+    return tensor._version
+
+
 def cached_digest(module: nn.Module, salt: str, compute: Callable[[], str]) -> str:
     """``compute()``, or the value it returned for ``salt`` (what else the digest covers, such as a config) and the
     same tensors of ``module`` (names, identity, version, storage) unchanged since."""
     tensors = list(module.state_dict(keep_vars=True).items())
     try:
-        key = (salt, tuple((name, id(t), t._version, t.data_ptr(), tuple(t.shape), t.dtype) for name, t in tensors))
+        key = (salt, tuple((name, id(t), version(t), t.data_ptr(), tuple(t.shape), t.dtype) for name, t in tensors))
     except RuntimeError:  # inference tensors (made under torch.inference_mode) keep no version counter
         return compute()
     with _lock:

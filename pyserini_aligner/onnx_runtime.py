@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pyserini_aligner.digests import cached_digest
+from pyserini_aligner.digests import cached_digest, version
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class OnnxQueryTower:
     @staticmethod
     def stamp(tower: QueryTower) -> tuple:
         """What changes when the weights do: each tensor's identity and in-place version counter."""
-        return tuple((id(t), t._version) for t in itertools.chain(tower.parameters(), tower.buffers()))
+        return tuple((id(t), version(t)) for t in itertools.chain(tower.parameters(), tower.buffers()))
 
     def session(self, threads: int):
         with self._lock:

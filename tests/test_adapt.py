@@ -346,6 +346,38 @@ def test_rescore_texts_matches_the_reranker_and_the_stored_vectors(adapt_index, 
         rescore_texts(model, {"x": "a query"}, {"x": ["nowhere"]}, texts, [parse_strategy("top-k:1")])
 
 
+def test_checkpoints_share_the_lower_layers_they_have_unchanged(labelled, caplog):
+    """The shipped checkpoints and the untrained initialisation have MiniLM's embeddings and first three layers:
+    rescoring computes those once per candidate and scores as each checkpoint does on its own."""
+    import logging
+
+    from pyserini_aligner.adapt.checkpoints import rescore_checkpoints, shared_lower_layers
+    from pyserini_aligner.backbone import part_digests, shared_depth
+    from pyserini_aligner.resolve import load_model
+
+    assert shared_depth([["e", "a", "b"], ["e", "a", "c"]]) == 1
+    assert shared_depth([["e", "a"], ["f", "a"]]) == shared_depth([["e", "a"]]) == 0
+    assert shared_depth([["e", "a", "b"], ["e", "a", "b"]]) == 2
+    sources = ["untrained", "aligner", "aligner-mix"]
+    assert shared_depth([part_digests(load_model(s).backbone) for s in sources]) == 3
+    assert shared_lower_layers(sources, "cpu").depth == 3 and shared_lower_layers(sources[:1]) is None
+    queries = dict(line.split("\t", 1) for line in labelled[0].read_text().splitlines()[:2])
+    docids = [doc.docid for doc in Dataset(str(labelled[2])).docs()]
+    candidates = {q: docids[2 * i:2 * i + 4] for i, q in enumerate(queries)}  # overlapping lists
+    texts = {doc.docid: doc.contents for doc in Dataset(str(labelled[2])).docs()}
+    strategies = [parse_strategy("top-k:1"), parse_strategy("top-k:2")]
+    with caplog.at_level(logging.INFO, logger="pyserini_aligner.adapt.checkpoints"):
+        shared = rescore_checkpoints([(s, s) for s in sources[1:]], queries, candidates, texts, strategies,
+                                     batch_size=4)
+    assert "states after 3 of 6 backbone layers are computed once for 2 checkpoints" in caplog.text
+    for result, source in zip(shared, sources[1:]):
+        alone, encoded = rescore_texts(load_model(source), queries, candidates, texts, strategies, batch_size=4)
+        assert result.encoded == encoded == 6
+        for spec, run in alone.items():
+            for q, hits in run.items():
+                assert dict(result.runs[spec][q]) == pytest.approx(dict(hits), abs=1e-5), (source, spec, q)
+
+
 def table_rows(out: str) -> dict[tuple[str, str], dict]:
     """The CLI's table: (checkpoint, strategy) -> {"ndcg", "gain", "t", "p", "marks"} (gain, t and p None on the
     baseline's row)."""

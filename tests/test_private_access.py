@@ -15,7 +15,7 @@ CONVENTIONAL = {"_replace", "_asdict", "_fields", "_make", "_exit"}
 # in-place version counter of a tensor (no public equivalent)
 ALLOWED = {("pyserini_aligner/data.py", "_pyserini_aligner_quiet"),
            ("pyserini_aligner/serve/served.py", "_hybrid_results"),
-           ("pyserini_aligner/onnx_runtime.py", "_version")}
+           ("pyserini_aligner/digests.py", "_version")}
 
 
 def _private(name: str) -> bool:

@@ -73,7 +73,7 @@ class Context:
 
     def _shared_layers(self):
         from eval.beir.dense import minilm_folder
-        from pyserini_aligner.backbone import Bert, SharedLayers, load_backbone
+        from pyserini_aligner.backbone import Bert, SharedLayers, load_backbone, part_digests, shared_depth
         from pyserini_aligner.checkpoints import SHIPPED
 
         base = load_backbone(minilm_folder())
@@ -81,7 +81,7 @@ class Context:
         backbones = [self.checkpoint(name).backbone for name in names]
         if not all(isinstance(b, Bert) for b in (base, *backbones)):
             return None
-        depth = min(common_depth(base, b) for b in backbones)
+        depth = shared_depth([part_digests(b) for b in (base, *backbones)])
         log.info("the corpus's states after %d of %d backbone layers are computed once for %d models", depth,
                  len(base.encoder.layer), len(backbones) + 1)
         return SharedLayers(base, depth) if depth else None
@@ -128,23 +128,6 @@ def harness_dtype(choice: str = "auto") -> str:
     if choice not in ("auto", "fp32", "bf16"):
         raise ValueError(f"dtype must be auto, fp32 or bf16, got {choice!r}")
     return ("bf16" if native_bf16() else "fp32") if choice == "auto" else choice
-
-
-def common_depth(base, backbone) -> int:
-    """How many of ``base``'s leading layers ``backbone`` has with the same weights (0 where its embeddings
-    differ)."""
-    import torch
-
-    theirs = backbone.state_dict()
-
-    def same(prefix: str) -> bool:
-        return all(name in theirs and torch.equal(tensor, theirs[name])
-                   for name, tensor in base.state_dict().items() if name.startswith(prefix))
-
-    if not same("embeddings."):
-        return 0
-    return next((i for i in range(len(base.encoder.layer)) if not same(f"encoder.layer.{i}.")),
-                len(base.encoder.layer))
 
 
 def work_dir(dataset: Dataset, root: str | os.PathLike) -> Path:

@@ -98,10 +98,13 @@ def rescore_checkpoints(checkpoints: Sequence, queries: Mapping[str, str], candi
 
     checkpoints: (label, source) pairs, source as ``load_model`` takes it (a name, a folder or a loaded model); a
     checkpoint with the same weights (fingerprint) as an earlier one is skipped. maxlen: tokens per document (the
-    index's, so that every checkpoint sees the text the index saw; default each model's doc_maxlen).
+    index's, so that every checkpoint sees the text the index saw; default each model's doc_maxlen). On a CPU, the
+    lower layers that every checkpoint's backbone has unchanged (fine-tuned from one backbone above a layer) are
+    computed once per candidate (:func:`shared_lower_layers`).
     """
     from pyserini_aligner.resolve import load_model
 
+    layers = shared_lower_layers([source for _, source in checkpoints], device)
     seen, rescored = set(), []
     for label, source in checkpoints:
         model = load_model(source, device)
@@ -110,10 +113,52 @@ def rescore_checkpoints(checkpoints: Sequence, queries: Mapping[str, str], candi
             log.info("checkpoint %s has the weights of one compared already; skipped", label)
             continue
         seen.add(fingerprint)
-        runs, encoded = rescore_texts(model, queries, candidates, texts, strategies, batch_size, maxlen, progress)
+        attached = layers is not None and _attach(model.backbone, layers)
+        try:
+            runs, encoded = rescore_texts(model, queries, candidates, texts, strategies, batch_size, maxlen,
+                                          progress)
+        finally:
+            if attached:
+                model.backbone.share(None)
         rescored.append(Rescored(label, runs, encoded, model.config.default_strategy, model.scores_with_salience))
         del model
     return rescored
+
+
+def shared_lower_layers(sources: Sequence, device: str | None = None):
+    """A :class:`~pyserini_aligner.backbone.SharedLayers` over the embeddings and leading layers that the backbones
+    of ``sources`` (as ``load_model`` takes them, each loaded and let go in turn) all have the same weights in, or
+    None: on a GPU (where the lower layers cost less than keeping their states), for fewer than two sources, a
+    backbone of another kind, or none of the layers shared."""
+    from pyserini_aligner.backbone import Bert, SharedLayers, part_digests, shared_depth
+    from pyserini_aligner.resolve import load_model
+
+    if len(sources) < 2 or (device is not None and not str(device).startswith("cpu")):
+        return None
+    digests, reference = [], None
+    for source in sources:
+        model = load_model(source, device)
+        if not isinstance(model.backbone, Bert) or model.device.type != "cpu":
+            return None
+        digests.append(part_digests(model.backbone))
+        if reference is None:
+            reference = model.backbone
+        del model
+    depth = shared_depth(digests)
+    if depth == 0:
+        return None
+    log.info("the candidates' states after %d of %d backbone layers are computed once for %d checkpoints", depth,
+             len(reference.encoder.layer), len(sources))
+    return SharedLayers(reference, depth)
+
+
+def _attach(backbone, layers) -> bool:
+    """Whether ``backbone`` now takes its lower layers from ``layers`` (False where its weights there differ)."""
+    try:
+        backbone.share(layers)
+    except (AttributeError, ValueError):  # not a Bert, or other weights below the shared depth
+        return False
+    return True
 
 
 def candidate_runs(rescored: Sequence[Rescored]) -> dict[Candidate, Hits]:
