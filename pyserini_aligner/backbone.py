@@ -177,7 +177,7 @@ class Bert(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> BackboneOutput:
         shared = self.shared
-        if shared is not None and not self.training:
+        if shared is not None and not self.training and not torch.jit.is_tracing():  # a traced graph has every layer
             hidden = shared.hidden(self, input_ids, attention_mask)
             layers = self.encoder.layer[shared.depth:]
         else:

@@ -119,3 +119,23 @@ def test_an_unwritable_cache_leaves_queries_in_torch(tmp_path, monkeypatch):
     assert model._onnx is None and model._onnx_stamp is None
     assert len(warned) == 1 and warned[0].startswith("queries are encoded by torch: the ONNX Runtime export failed")
     assert torch.equal(got.vectors, torch_encoding(model, QUERIES).vectors)
+
+
+def test_a_backbone_sharing_its_lower_layers_exports_every_layer(cache, monkeypatch):
+    """A backbone that takes its lower layers' states from a shared store (as adaptation's checkpoints do) exports
+    a graph of all its layers: queries of other lengths and batch sizes than any stored encode as torch does."""
+    from pyserini_aligner.backbone import SharedLayers
+
+    monkeypatch.setenv(onnx_runtime.RUNTIME_ENV, "onnx")
+    model = load_model("aligner", device="cpu")
+    layers = SharedLayers(model.backbone, 3)
+    model.backbone.share(layers)
+    try:
+        model.encode_padded(QUERIES[:2], is_query=False, batch_size=2)  # states stored for two texts
+        got = model.encode_padded(QUERIES, is_query=True, batch_size=3)
+        assert model._onnx is not None
+        want = torch_encoding(model, QUERIES)
+    finally:
+        model.backbone.share(None)
+    assert torch.equal(got.mask, want.mask)
+    assert torch.allclose(got.vectors, want.vectors, rtol=0, atol=1e-5)
