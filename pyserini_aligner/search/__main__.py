@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nprobe", type=positive_int, default=None,
                         help="inverted lists probed per kept query token (compressed indexes; default by device)")
     parser.add_argument("--interaction-candidates", type=int, default=None,
-                        help="documents narrowed by centroid interaction before refinement (torch backend; 0: off; "
-                             "default by device)")
+                        help="documents narrowed by centroid interaction before refinement (compressed indexes; 0: "
+                             "off; default by device)")
     parser.add_argument("--query-prune", type=fraction, default=DEFAULT_QUERY_PRUNE,
                         help="β^q: fraction of the query's tokens probed (refinement uses all)")
     parser.add_argument("--max-candidates", type=positive_int, default=None,
