@@ -7,7 +7,8 @@ from typing import Callable
 
 from pyserini_aligner.cli import configure_logging, positive_int
 
-__all__ = ["configure_logging", "corpus_size", "positive_int", "positive_ints", "run_report", "string_list"]
+__all__ = ["configure_logging", "corpus_size", "positive_int", "positive_ints", "run_report", "string_list",
+           "write_report"]
 
 
 def corpus_size(text: str) -> int:
@@ -55,3 +56,15 @@ def run_report(run: Callable[[], object], report: Path) -> int:
         return 1
     print(report.read_text(encoding="utf-8"), end="")
     return 0
+
+
+def write_report(folder: Path | str, stem: str, report: dict, markdown: str) -> None:
+    """``<stem>.json`` (``report``, indented) and ``<stem>.md`` (``markdown``) in ``folder`` (made if missing), then
+    the markdown printed."""
+    import json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (folder / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    print(markdown)

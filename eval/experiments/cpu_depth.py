@@ -14,16 +14,14 @@ cpu_depth.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 from eval.beir.aligner import default_index, full_index, search
 from eval.beir.context import Context, harness_dtype, work_dir
 from eval.bench.measure import per_query_latency, percentiles_ms
-from eval.cli import configure_logging
+from eval.cli import configure_logging, write_report
 from eval.experiments.refine_bytes import overlap_at
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.hits import drop_query_hits
@@ -142,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), threads=args.threads,
                   progress=not args.quiet, dtype=harness_dtype(args.dtype))
     report = measure(ctx, args.settings, args.hits, args.timed_queries, args.batch_size)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu_depth.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (out / "cpu_depth.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(args.output, "cpu_depth", report, markdown(report))
     return 0
 
 

@@ -12,14 +12,13 @@ index under ``--cache``; ``--dtype`` as ``eval.beir``. Writes refine_bytes.json 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from eval.beir.aligner import full_index, search
 from eval.beir.context import Context, harness_dtype, work_dir
-from eval.cli import configure_logging, positive_ints
+from eval.cli import configure_logging, positive_ints, write_report
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.metrics import evaluate
 
@@ -109,11 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), hits=HITS, progress=not args.quiet,
                   dtype=harness_dtype(args.dtype))
     report = measure(ctx, args.refine)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "refine_bytes.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (out / "refine_bytes.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(args.output, "refine_bytes", report, markdown(report))
     return 0
 
 
