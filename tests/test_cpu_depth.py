@@ -67,4 +67,4 @@ def test_bad_flags_exit_with_a_message(capsys):
     assert "C must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--dataset", "beir/scifact/train", "--output", "x", "--hits", "0"])
-    assert "--hits must be >= 1" in capsys.readouterr().err
+    assert "argument --hits: expected an integer >= 1" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from eval.beir.aligner import default_index, full_index, search
 from eval.beir.context import Context, harness_dtype, work_dir
 from eval.bench.measure import per_query_latency, percentiles_ms
-from eval.cli import configure_logging, write_report
+from eval.cli import configure_logging, positive_int, write_report
 from eval.experiments.refine_bytes import overlap_at
 from pyserini_aligner.data import Dataset
 from pyserini_aligner.hits import drop_query_hits
@@ -84,12 +84,8 @@ def measure(ctx: Context, settings: list[Setting], hits: int, timed_queries: int
         searcher = AlignerSearcher(index, device="cpu", query_prune=DEFAULT_QUERY_PRUNE,
                                    max_candidates=setting.refined, interaction_candidates=setting.interaction,
                                    batch_size=batch_size)
-        found = {}
         start = time.perf_counter()
-        for first in range(0, len(qids), batch_size):
-            batch = qids[first:first + batch_size]
-            found.update(searcher.batch_search(texts[first:first + batch_size], batch, k=hits + 1,
-                                               threads=ctx.threads))
+        found = searcher.batch_search(texts, qids, k=hits + 1, threads=ctx.threads)  # batch_size queries at a time
         batch_s = time.perf_counter() - start
         run = {q: [(h.docid, float(h.score)) for h in ranked] for q, ranked in drop_query_hits(found, hits).items()}
         times = per_query_latency(lambda text: searcher.search(text, k=hits), texts[:timed_queries])
@@ -124,17 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", type=settings_list, default=[DEFAULT_SETTING, Setting(256, 0), Setting(64, 512),
                                                                    Setting(128, 512), Setting(96, 1024)],
                         help=f"comma-separated C/W pairs (default {DEFAULT_SETTING},256/0,64/512,128/512,96/1024)")
-    parser.add_argument("--hits", type=int, default=10, help="hits a query (default 10)")
-    parser.add_argument("--timed-queries", type=int, default=100, help="queries timed one at a time (default 100)")
-    parser.add_argument("--batch-size", type=int, default=32, help="queries a batch (default 32)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--hits", type=positive_int, default=10, help="hits a query (default 10)")
+    parser.add_argument("--timed-queries", type=positive_int, default=100,
+                        help="queries timed one at a time (default 100)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="queries a batch (default 32)")
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--cache", default=".cache/indexes", help="folder of the harness's indexes")
     parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
     args = parser.parse_args(argv)
-    for name in ("hits", "timed_queries", "batch_size", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     configure_logging(args.quiet)
     dataset = Dataset(args.dataset)
     ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), threads=args.threads,
