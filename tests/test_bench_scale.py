@@ -200,7 +200,7 @@ def test_multi_gpu_harness_on_cpu_processes(tmp_path, capsys, monkeypatch):
     assert multi.main([*common, "--phase", "build", "--batch-size", "16", "--output", str(out), "--quiet"]) == 0
     assert not out.exists() and (work / "build.json").is_file()
     assert multi.main([*common, "--phase", "search", "--max-queries", "5", "--search-batch", "4", "--passes", "1",
-                       "--output", str(out), "--quiet"]) == 0
+                       "--exact", "--output", str(out), "--quiet"]) == 0
     report = json.loads((out / "multi.json").read_text())
     assert report["segments"] == 2 and report["auto_placement"] == "shard" and report["build"]["seconds"] > 0
     assert report["bytes_per_passage"] > 0 and report["codec"].startswith("IVF")
@@ -215,6 +215,7 @@ def test_multi_gpu_harness_on_cpu_processes(tmp_path, capsys, monkeypatch):
         spent = row["workers_ms_b4"]  # a batch in the searcher, in its slowest worker, in a worker on average
         assert 0 < spent["mean"] <= spent["slowest"] <= spent["wall"]
     assert set(report["targets_met"]) == {"replicated q/s", "replicated p50", "sharded q/s"}
+    assert 0 < search["overlap@10_exact"] <= 1 and search["exact_s"] > 0
     assert StoredIndex(work / "index").num_docs == 60
     assert capsys.readouterr().out.endswith((out / "multi.md").read_text())
     assert multi.main(["--beir-zip", str(archive), "--size", "60", "--gpus", "2", "--device", "cpu",
@@ -231,6 +232,37 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     assert cli.main(["--beir-zip", str(tmp_path / "missing.zip"), "--sizes", "5k", "--output", str(tmp_path / "o"),
                      "--device", "cpu"]) == 1
     assert "BEIR zip not found" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_the_exact_reference_streams_the_corpus_and_merges_parts(tmp_path, monkeypatch):
+    """exact_ranking encodes and scores the passages a step at a time: the same top 10 as exhaustive scoring of
+    every token held at once (exact_top), and so do two halves of the corpus ranked apart and merged."""
+    from eval.bench_scale import exact
+    from pyserini_aligner.resolve import load_model
+
+    corpus = SyntheticCorpus(read_beir_zip(_tiny_zip(tmp_path / "scifact.zip")))
+    passages = list(corpus.passages(40))
+    queries = list(corpus.source.queries.values())[:4]
+    model = load_model("aligner", device="cpu")
+    held = exact.encode_tokens(model, [text for _, text in passages], batch_size=16)
+    reference = exact.exact_top(model, queries, held[0], held[2], [docid for docid, _ in passages])
+    monkeypatch.setattr(exact, "ENCODE_STEP", 16)  # three steps: 16, 16 and 8 passages
+    streamed = exact.exact_ranking(iter(passages), queries, "aligner", "cpu", batch_size=16)
+    halves = exact.merged_rankings([exact.exact_ranking(part, queries, "aligner", "cpu", batch_size=16)
+                                    for part in (passages[:23], passages[23:])])
+    for ranking in (streamed, halves):
+        assert [[d for d, _ in hits] for hits in ranking] == [[d for d, _ in hits] for hits in reference]
+        assert [s for hits in ranking for _, s in hits] == pytest.approx([s for hits in reference for _, s in hits],
+                                                                         abs=1e-5)
+
+
+def test_merged_rankings_keep_the_best_of_every_part_and_the_earlier_part_on_ties():
+    from eval.bench_scale.exact import merged_rankings
+
+    first = [[("a", 0.9), ("b", 0.5)], [("c", 0.4)]]
+    second = [[("d", 0.7), ("e", 0.5)], [("f", 0.8), ("g", 0.1)]]
+    assert merged_rankings([first, second], k=3) == [[("a", 0.9), ("d", 0.7), ("b", 0.5)],
+                                                     [("f", 0.8), ("c", 0.4), ("g", 0.1)]]
 
 
 def test_exact_reference_against_a_loop():

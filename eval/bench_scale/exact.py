@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -36,13 +37,6 @@ def encode_tokens(model, texts: Sequence[str], batch_size: int, progress: bool =
     return torch.cat(parts), torch.cat(saliences), torch.cat(lengths).long()
 
 
-def encode_corpus(model, texts: Sequence[str], batch_size: int, progress: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [T, d] float16, lengths [N] int64) of every text's stored tokens, on the model's device."""
-    tokens, _, lengths = encode_tokens(model, texts, batch_size, progress)
-    return tokens, lengths
-
-
 def exhaustive_top(q: torch.Tensor, q_mask: torch.Tensor, tokens, lengths: torch.Tensor, k: int,
                    decode: Callable[[int, int], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores [B, k], rows [B, k]) of top-k:1 alignment (mean over a query's tokens of its best document token)
@@ -70,15 +64,39 @@ def exhaustive_top(q: torch.Tensor, q_mask: torch.Tensor, tokens, lengths: torch
     return best_s, best_r
 
 
-def exact_ranking(passages: Sequence[tuple[str, str]], queries: Sequence[str], encoder: str, device: str,
-                  batch_size: int, k: int = 10, progress: bool = False) -> list[list[tuple[str, float]]]:
-    """Per query, the top-k (docid, score) of exhaustive top-k:1 scoring with exact token vectors."""
+def exact_ranking(passages: Iterable[tuple[str, str]], queries: Sequence[str], encoder: str, device: str,
+                  batch_size: int, k: int = 10, progress: bool = False,
+                  total: int | None = None) -> list[list[tuple[str, float]]]:
+    """Per query, the top-k (docid, score) of exhaustive top-k:1 scoring with exact token vectors. The passages are
+    encoded ENCODE_STEP at a time, scored against every query and dropped: memory for one step's tokens and the
+    queries' k best, whatever the corpus's size (8.8M passages hold 162 GB of float16 tokens). ``total``: the
+    passages' count, for the progress bar."""
     from pyserini_aligner.resolve import load_model
 
     with float32_products():
         model = load_model(encoder, device=device)
-        tokens, lengths = encode_corpus(model, [text for _, text in passages], batch_size, progress)
-        return exact_top(model, queries, tokens, lengths, [docid for docid, _ in passages], k)
+        out = model.encode_padded(list(queries), is_query=True, batch_size=64)
+        q, q_mask = out.vectors.float(), out.mask
+        best_s = torch.full((len(q), 0), -torch.inf, device=q.device)
+        best_r = torch.zeros((len(q), 0), dtype=torch.long, device=q.device)
+        docids: list[str] = []
+        texts = iter(passages)
+        with tqdm(total=total, desc="exact", unit="passage", disable=not progress) as bar:
+            while step := list(islice(texts, ENCODE_STEP)):
+                tokens, _, lengths = encode_tokens(model, [text for _, text in step], batch_size)
+                scores, rows = exhaustive_top(q, q_mask, tokens, lengths, k)
+                both_s, both_r = torch.cat([best_s, scores], 1), torch.cat([best_r, rows + len(docids)], 1)
+                top = both_s.topk(min(k, both_s.shape[1]), dim=1)
+                best_s, best_r = top.values, both_r.gather(1, top.indices)
+                docids += [docid for docid, _ in step]
+                bar.update(len(step))
+    return [[(docids[r], s) for r, s in zip(rr, ss)] for rr, ss in zip(best_r.tolist(), best_s.tolist())]
+
+
+def merged_rankings(parts: Sequence[list[list[tuple[str, float]]]], k: int = 10) -> list[list[tuple[str, float]]]:
+    """Per query, the k best (docid, score) of several rankings of the same queries over disjoint passages (a
+    score tie keeps the earlier part's passage first, as one pass over the parts in order ranks it)."""
+    return [sorted((hit for part in hits for hit in part), key=lambda hit: -hit[1])[:k] for hits in zip(*parts)]
 
 
 def exact_top(model, queries: Sequence[str], tokens: torch.Tensor, lengths: torch.Tensor, docids: Sequence[str],

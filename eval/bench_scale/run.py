@@ -231,8 +231,8 @@ def run_bench(beir_zip: Path, sizes: Sequence[int], output: Path, device: str, c
             exact = None
             if exact_max_docs is not None and n <= exact_max_docs:
                 start = time.perf_counter()
-                exact = exact_ranking(list(corpus.passages(n)), list(queries.values()), encoder, device,
-                                      batch_size, progress=not quiet)
+                exact = exact_ranking(corpus.passages(n), list(queries.values()), encoder, device, batch_size,
+                                      progress=not quiet, total=n)
                 release_memory(device)
                 log.info("exact reference of %s: %.1f s", size_label(n), time.perf_counter() - start)
             index_dir, row = build(corpus, n, work / size_label(n), device, batch_size, codec, encoder, quiet)

@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     exact = None
     if args.exact:
         start = time.perf_counter()
-        exact = exact_ranking(list(corpus.passages(args.size)), texts, "aligner", args.device, args.batch_size,
-                              progress=not args.quiet)
+        exact = exact_ranking(corpus.passages(args.size), texts, "aligner", args.device, args.batch_size,
+                              progress=not args.quiet, total=args.size)
         report["exact_s"] = round(time.perf_counter() - start, 2)
         report["overlap@10_exhaustive_exact"] = round(overlap_at_k(best, exact, 10), 4)
     for k, nprobe, limit, wide in args.settings:
