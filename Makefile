@@ -16,17 +16,14 @@ export IR_DATASETS_HOME ?= $(abspath .cache/ir_datasets)
 install: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
-	@echo "==> [1/5] virtualenv $(VENV)"
+	@echo "==> [1/4] virtualenv $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	@echo "==> [2/5] torch 2.13.0 (CPU build)"
+	@echo "==> [2/4] torch 2.13.0 (CPU build)"
 	$(BIN)/python -m pip install torch==2.13.0
-	@echo "==> [3/5] pyserini-aligner and its dependencies (Pyserini, FAISS, transformers, ranx, ...)"
+	@echo "==> [3/4] pyserini-aligner and its dependencies (Pyserini, FAISS, transformers, ranx, ...)"
 	$(BIN)/python -m pip install -e ".[test]"
-	@echo "==> [4/5] compiling ranx's numba kernels"
-	# ranx compiles its numba kernels on first use and caches them in the virtualenv: once here, not in every process
-	$(BIN)/python -c "from pyserini_aligner.metrics import warm_up; warm_up()"
-	@echo "==> [5/5] saving Pyserini's --help pages"
+	@echo "==> [4/4] saving Pyserini's --help pages"
 	# Pyserini's faiss and hybrid --help print from a copy the first call saves (seconds of JVM start-up): save it now
 	$(BIN)/python -m pyserini.search.faiss --help > /dev/null
 	$(BIN)/python -m pyserini.search.hybrid --help > /dev/null
@@ -38,7 +35,15 @@ run: install
 	$(BIN)/python -m eval.sweeps --dataset $(DATASET) --output $(RUN_DIR)/sweeps
 	cat $(RUN_DIR)/results.md
 
-test: install
+# ranx compiles its numba kernels on first use and caches them in the virtualenv. `make run` compiles the few it uses
+# in its one process; the test workers would compile the same kernels at once, and numba's cache index is not safe
+# for processes writing it at once, so every kernel the tests use is compiled here first, in one process.
+$(VENV)/.ranx-compiled: $(VENV)/.installed
+	@echo "==> compiling ranx's numba kernels"
+	$(BIN)/python -c "from pyserini_aligner.metrics import warm_up; warm_up()"
+	touch $@
+
+test: $(VENV)/.ranx-compiled
 	$(BIN)/python -m pytest tests -q -n auto --dist loadscope
 
 clean:

@@ -180,10 +180,10 @@ def _p_value(value) -> float | None:
 
 def warm_up(widths: Sequence[int] = (8, 16, 32)) -> None:
     """Compile ranx's numba kernels (numba caches them in the environment, so later processes load them instead of
-    compiling; ``make install`` runs this): for docids held at ``widths`` (DOCID_WIDTHS) characters both
-    significance tests (and the metrics they compute) and RRF and min-max fusion; TREC file reading, evaluation,
-    fusion and writing (the README's and the fusion recipe's ranx lines) for docids of FILE_DOCID_WIDTHS
-    characters."""
+    compiling; ``make test`` runs this before its test workers start): for docids held at ``widths``
+    (DOCID_WIDTHS) characters both significance tests (and the metrics they compute) and RRF and min-max fusion;
+    TREC file reading, evaluation, fusion and writing (the README's and the fusion recipe's ranx lines) for docids of
+    FILE_DOCID_WIDTHS characters."""
     import tempfile
 
     from ranx import Qrels as RQrels, Run as RRun, evaluate as ranx_evaluate, fuse

@@ -93,10 +93,16 @@ def test_make_install_announces_each_step(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line and not line.startswith("#")]
     steps = [number for number, line in enumerate(lines) if line.startswith('echo "==> [')]
-    assert len(steps) >= 5 and steps[0] == 0
+    assert len(steps) >= 4 and steps[0] == 0
     commands = [line for line in lines if not line.startswith("echo")]
     big = [line for line in commands if "pip install" in line and "--upgrade pip" not in line]
     assert len(big) == 2 and not any(" -q" in line for line in big), big
     for number, line in enumerate(lines):  # every command after the first step comes after an announcement
         if not line.startswith("echo") and not line.startswith("touch"):
             assert any(step < number for step in steps), line
+    assert "warm_up" not in done.stdout  # make run compiles only the ranx kernels it uses, in its one process
+    test = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert test.returncode == 0, test.stderr
+    order = [line for line in test.stdout.splitlines() if "warm_up()" in line or "-m pytest" in line]
+    assert len(order) == 2 and "warm_up()" in order[0], order  # compiled once before the test workers start
