@@ -12,8 +12,8 @@ ranking (same docids in order; same docids and scores), and the ratios against t
 on one GPU (build throughput against the G-GPU build). ``--exact`` also ranks every passage exhaustively with its exact
 float16 tokens (the fidelity reference, encoded again a step at a time and never held whole: 8.8M passages hold 162 GB
 of them; one process a GPU scores a run of the corpus's part files) and reports the one-GPU ranking's overlap@10 with
-it. Writes multi.json and multi.md under ``--output``; ``--device
-cpu`` runs the same steps with CPU processes (a quick check of the harness, not a measurement).
+it. Writes multi.json and multi.md under ``--output``; ``--device cpu`` runs the same steps with CPU processes (a quick
+check of the harness, not a measurement).
 
 ``--phase build`` only writes the corpus and builds the index in ``--work`` (its figures saved there in build.json);
 ``--phase search`` then measures that index (a build and a search that do not fit in one command's time limit).
