@@ -1,6 +1,8 @@
 """What every system of the harness sees: the dataset, where to keep indexes and shared knobs (``Context``)."""
 from __future__ import annotations
 
+import argparse
+
 import logging
 import os
 from contextlib import contextmanager
@@ -128,6 +130,22 @@ def harness_dtype(choice: str = "auto") -> str:
     if choice not in ("auto", "fp32", "bf16"):
         raise ValueError(f"dtype must be auto, fp32 or bf16, got {choice!r}")
     return ("bf16" if native_bf16() else "fp32") if choice == "auto" else choice
+
+
+def add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--cache``, ``--dtype`` and ``--quiet`` flags of a study that reuses the harness's indexes."""
+    parser.add_argument("--cache", default=".cache/indexes", help="folder of the harness's indexes")
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
+
+
+def study_context(args: argparse.Namespace, **fields) -> Context:
+    """The harness's context over ``args.dataset`` in its index folder under ``args.cache``, encoding in
+    ``args.dtype``, with progress bars unless ``args.quiet`` (:func:`add_study_arguments`); ``fields``: the
+    context's other fields."""
+    dataset = Dataset(args.dataset)
+    return Context(dataset=dataset, work=work_dir(dataset, args.cache), progress=not args.quiet,
+                   dtype=harness_dtype(args.dtype), **fields)
 
 
 def work_dir(dataset: Dataset, root: str | os.PathLike) -> Path:

@@ -19,11 +19,10 @@ import time
 from typing import NamedTuple
 
 from eval.beir.aligner import default_index, full_index, search
-from eval.beir.context import Context, harness_dtype, work_dir
+from eval.beir.context import Context, add_study_arguments, study_context
 from eval.bench.measure import per_query_latency, percentiles_ms
 from eval.cli import configure_logging, positive_int, write_report
 from eval.experiments.refine_bytes import overlap_at
-from pyserini_aligner.data import Dataset
 from pyserini_aligner.hits import drop_query_hits
 from pyserini_aligner.metrics import evaluate
 from pyserini_aligner.search.defaults import DEFAULT_QUERY_PRUNE
@@ -125,14 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="queries timed one at a time (default 100)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="queries a batch (default 32)")
     parser.add_argument("--threads", type=positive_int, default=2)
-    parser.add_argument("--cache", default=".cache/indexes", help="folder of the harness's indexes")
-    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
+    add_study_arguments(parser)
     args = parser.parse_args(argv)
     configure_logging(args.quiet)
-    dataset = Dataset(args.dataset)
-    ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), threads=args.threads,
-                  progress=not args.quiet, dtype=harness_dtype(args.dtype))
+    ctx = study_context(args, threads=args.threads)
     report = measure(ctx, args.settings, args.hits, args.timed_queries, args.batch_size)
     write_report(args.output, "cpu_depth", report, markdown(report))
     return 0

@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 from eval.beir.aligner import full_index, search
-from eval.beir.context import Context, harness_dtype, work_dir
+from eval.beir.context import Context, add_study_arguments, study_context
 from eval.cli import configure_logging, positive_ints, write_report
-from pyserini_aligner.data import Dataset
 from pyserini_aligner.metrics import evaluate
 
 HITS = 1000
@@ -99,14 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refine", type=positive_ints, default=[32, 64],
                         help="comma-separated residual bytes a token (default 32,64)")
     parser.add_argument("--output", required=True, help="folder for refine_bytes.json and refine_bytes.md")
-    parser.add_argument("--cache", default=".cache/indexes", help="folder of the harness's indexes")
-    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or info logging")
+    add_study_arguments(parser)
     args = parser.parse_args(argv)
     configure_logging(args.quiet)
-    dataset = Dataset(args.dataset)
-    ctx = Context(dataset=dataset, work=work_dir(dataset, args.cache), hits=HITS, progress=not args.quiet,
-                  dtype=harness_dtype(args.dtype))
+    ctx = study_context(args, hits=HITS)
     report = measure(ctx, args.refine)
     write_report(args.output, "refine_bytes", report, markdown(report))
     return 0
