@@ -8,7 +8,9 @@
 - the command lines, each run ``--cli-repeats`` times (wall time from start to exit): ``python -m
   pyserini_aligner.search --help``, ``python -m pyserini.search.faiss --index <AligneR index> --help``, and a
   5-query search of the quick-start index (``examples/quickstart``: its first five topics, 10 hits) through
-  ``python -m pyserini_aligner.search`` and through ``python -m pyserini.search.faiss --encoder aligner``.
+  ``python -m pyserini_aligner.search`` and through ``python -m pyserini.search.faiss --encoder aligner``, and the
+  same 5 queries through Pyserini's BM25 command line (``python -m pyserini.search.lucene --bm25``) over a Lucene
+  index of the quick-start corpus (built in the temporary folder first).
   ``--index`` is the quick-start index (``python -m pyserini_aligner.index --corpus corpus --index idx`` in
   ``examples/quickstart``); without it one is built in a temporary folder first. Each command's CPU seconds (user
   and system, all threads) are reported beside its wall time.
@@ -72,8 +74,9 @@ def hook_costs(repeats: int) -> dict:
             "interpreter_startup_ms_median": round(statistics.median(wall_ms), 2), "repeats": repeats}
 
 
-def command_costs(index: Path, work: Path, repeats: int) -> dict:
-    """Median wall seconds (and every run's) of each command line measured, in ``work``."""
+def command_costs(index: Path, lucene: Path, work: Path, repeats: int) -> dict:
+    """Median wall seconds (and every run's) of each command line measured, in ``work``; ``lucene``: a Lucene index
+    of the same corpus."""
     topics = work / "topics5.tsv"
     lines = (QUICKSTART / "topics.tsv").read_text(encoding="utf-8").splitlines()
     topics.write_text("\n".join(lines[:QUERIES]) + "\n", encoding="utf-8")
@@ -86,6 +89,9 @@ def command_costs(index: Path, work: Path, repeats: int) -> dict:
                                                         str(work / "run.trec"), "--quiet"],
         f"pyserini.search.faiss --encoder aligner, {QUERIES} queries": [
             "-m", "pyserini.search.faiss", *search, "--encoder", "aligner", "--output", str(work / "faiss.trec")],
+        f"pyserini.search.lucene --bm25, {QUERIES} queries": [
+            "-m", "pyserini.search.lucene", "--index", str(lucene), "--topics", str(topics), "--hits", "10", "--bm25",
+            "--output", str(work / "bm25.trec")],
     }
     results = {}
     for name, args in commands.items():
@@ -112,8 +118,11 @@ def main() -> None:
                 index = work / "idx"
                 timed(["-m", "pyserini_aligner.index", "--corpus", str(QUICKSTART / "corpus"), "--index",
                               str(index), "--quiet"])
+            lucene = work / "lucene"
+            timed(["-m", "pyserini.index.lucene", "--collection", "JsonCollection", "--input",
+                   str(QUICKSTART / "corpus"), "--index", str(lucene), "--storeRaw"])
             load = os.getloadavg()[0]
-            report["commands"] = command_costs(index.resolve(), work, args.cli_repeats)
+            report["commands"] = command_costs(index.resolve(), lucene, work, args.cli_repeats)
             report["load_average_1min"] = [round(load, 2), round(os.getloadavg()[0], 2)]  # before, after
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -65,6 +65,27 @@ def test_a_search_from_the_plugin_cli_starts_no_jvm(tmp_path, model):
     assert_same_run(tmp_path / "faiss.trec", tmp_path / "run.trec")  # scores of two processes: to rounding
 
 
+def test_pyserinis_bm25_command_line_imports_no_encoder_it_does_not_use(tmp_path, fielded_lucene):
+    """Pyserini's own BM25 search from its command line imports Pyserini's encoder base classes only (none of its
+    encoder modules, transformers' model classes nor the OpenAI client) and writes the run LuceneSearcher gives."""
+    from pyserini.search.lucene import LuceneSearcher
+
+    topics = tmp_path / "topics.tsv"
+    topics.write_text("".join(QUICKSTART.joinpath("topics.tsv").read_text().splitlines(keepends=True)[:3]))
+    output = tmp_path / "bm25.trec"
+    loaded = imported_modules(["-m", "pyserini.search.lucene", "--index", str(fielded_lucene), "--topics",
+                               str(topics), "--output", str(output), "--hits", "5", "--bm25"])
+    assert "pyserini.encode" in loaded and "pyserini.encode._base" in loaded
+    assert not {m for m in loaded if m.startswith("pyserini.encode._") and m != "pyserini.encode._base"}
+    assert not roots(loaded) & {"openai", "ir_datasets", "ranx"}
+    assert "transformers.models.bert.modeling_bert" not in loaded
+    searcher = LuceneSearcher(str(fielded_lucene))
+    want = [f"{qid} Q0 {hit.docid} {rank} {hit.score:.6f} Anserini"
+            for qid, text in (line.split("\t", 1) for line in topics.read_text().splitlines())
+            for rank, hit in enumerate(searcher.search(text, k=5), start=1)]
+    assert output.read_text().splitlines() == want
+
+
 @pytest.mark.parametrize("output_format, max_passage", [("trec", False), ("msmarco", False), ("trec", True),
                                                         ("msmarco", True)])
 def test_run_lines_are_pyserini_writers_lines(tmp_path, output_format, max_passage):

@@ -6,8 +6,8 @@ module name:
 
 - ``jnius`` (before it starts the JVM): pick a Java >= 21 and drop JVM options the runtime lacks;
 - ``pyserini.encode._openai``: let it import when ``OPENAI_API_KEY`` is unset;
-- ``pyserini.encode``: in a command line with AligneR in it, Pyserini's encoder modules are imported when first
-  used (:mod:`.deferred`); after it, register the ``aligner`` encoders in Pyserini's encoder maps;
+- ``pyserini.encode``: in a command line of Pyserini or of the plugin, Pyserini's encoder modules are imported when
+  first used (:mod:`.deferred`); after it, register the ``aligner`` encoders in Pyserini's encoder maps;
 - ``pyserini.search`` (before), run by ``python -m pyserini.search.faiss`` or ``hybrid`` with ``--help``: the help
   saved by an earlier ``--help`` is printed before Pyserini loads (:mod:`.help_cache`);
 - ``pyserini.search.faiss._searcher`` (after): ``FaissSearcher(<aligner index>, ...)`` gives an ``AlignerSearcher``;

@@ -1,6 +1,7 @@
-"""Pyserini's encoder package with its encoders imported when first used, for a command line that searches with
-AligneR: ``pyserini.encode`` imports some twenty encoder modules, and through them transformers' model classes,
-scikit-learn and the OpenAI client, seconds of start-up that an AligneR search never uses.
+"""Pyserini's encoder package with its encoders imported when first used, for a command line of Pyserini or of the
+plugin: ``pyserini.encode`` imports some twenty encoder modules, and through them transformers' model classes,
+scikit-learn and the OpenAI client, seconds of start-up that a BM25 or an AligneR search, a server or an index
+build never uses (a command that uses an encoder imports its module then).
 
 The package's own code runs as published, with one change: ``from .module import Name`` (a submodule other than
 :data:`EAGER`) binds a stand-in class for ``Name`` instead of importing the submodule. A stand-in imports its

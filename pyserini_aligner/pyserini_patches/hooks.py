@@ -582,7 +582,7 @@ def exec_hooked(name: str, inner, module: ModuleType) -> None:
 
         exec_server_module(name, inner, module)
         return
-    if name == "pyserini.encode" and running_a_command() and _argv_uses_aligner():
+    if name == "pyserini.encode" and running_a_command():
         from pyserini_aligner.pyserini_patches.deferred import exec_deferring
 
         exec_deferring(inner, module)
