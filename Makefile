@@ -18,11 +18,13 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
 	@echo "==> [1/4] virtualenv $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip uv
 	@echo "==> [2/4] torch 2.13.0 (CPU build)"
 	$(BIN)/python -m pip install torch==2.13.0
 	@echo "==> [3/4] pyserini-aligner and its dependencies (Pyserini, FAISS, transformers, ranx, ...)"
-	$(BIN)/python -m pip install -e ".[test]"
+	# uv resolves the same releases as pip and downloads and unpacks them in parallel (a minute faster on 2 cores);
+	# torch comes from pip above, which finds the CPU build on disk, and uv keeps it
+	UV_LINK_MODE=copy $(BIN)/python -m uv pip install --python $(BIN)/python -e ".[test]"
 	@echo "==> [4/4] saving Pyserini's --help pages"
 	# Pyserini's faiss and hybrid --help print from a copy the first call saves (seconds of JVM start-up): save it now
 	$(BIN)/python -m pyserini.search.faiss --help > /dev/null
