@@ -1,0 +1,105 @@
+"""What does a CPU refinement cost as the residual codes grow? Each index's refinement step timed two ways on the
+same candidates, one query at a time (the searcher's own 128 candidates of each query at 10 hits, its query
+vectors):
+
+- ``adc``: the searcher's way (:meth:`~pyserini_aligner.search.codes.CodeShard.similarity`): a query-centroid table
+  and R look-up tables, then one ``embedding_bag`` sum of 1 + R rows a token;
+- ``decode+product``: each token decoded once (:meth:`~pyserini_aligner.search.codes.CodeShard.decode`: centroid
+  plus R codewords, at unit length) and one product with the query's tokens.
+
+    python -m eval.experiments.cpu_refine --dataset beir/scifact/test --index IDX_32 IDX_64 --output DIR
+
+Medians over the queries of the best of ``--repeats`` timings each (2 threads unless ``--threads``), and the largest
+difference between the two similarity tensors. Writes cpu_refine.json and cpu_refine.md.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from eval.cli import configure_logging, positive_int, write_report
+
+CANDIDATES = 128  # the CPU's refined candidates at 10 hits
+
+
+def best_of(repeats: int, step) -> float:
+    """The shortest of ``repeats`` wall times of ``step()``, in ms."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+def measure(index: Path, texts: list[str], repeats: int) -> dict:
+    """{"codec", "tokens_per_query", "adc_ms", "decode_ms", "decode_product_ms", "max_abs_diff"} of ``index``."""
+    import torch
+
+    from pyserini_aligner.search import AlignerSearcher
+    from pyserini_aligner.search.codes import CodeShard
+
+    searcher = AlignerSearcher(index, device="cpu")
+    shard = CodeShard(searcher.store, [0], "cpu")
+    rows_of = {row: r for r, row in enumerate(searcher.store.docids)}
+    adc, decode, both, tokens, diff = [], [], [], [], 0.0
+    for text in texts:
+        encoded = searcher.model.encode_padded([text], is_query=True)
+        q = encoded.vectors.float()[:, :int(encoded.mask.sum())]  # [1, n, d]: the query's real tokens
+        ranked = searcher.rank([text], k=CANDIDATES)[0]
+        rows = torch.tensor([[rows_of[docid] for docid, _ in ranked]])
+        lengths = shard.lengths[rows].long()
+        span = torch.arange(int(lengths.max()))
+        positions = (shard.offsets[rows].unsqueeze(-1) + span).clamp_max(len(shard.token_ids) - 1)
+        mask = span < lengths.unsqueeze(-1)
+
+        def product():
+            return torch.einsum("bnd,bcld->bcnl", q, shard.decode(positions, mask))
+
+        adc.append(best_of(repeats, lambda: shard.similarity(q, positions, mask)))
+        decode.append(best_of(repeats, lambda: shard.decode(positions, mask)))
+        both.append(best_of(repeats, product))
+        tokens.append(int(lengths.sum()))
+        diff = max(diff, float((shard.similarity(q, positions, mask) - product()).abs()
+                               .masked_fill(~mask.unsqueeze(-2), 0).max()))
+    return {"index": str(index), "codec": str(searcher.manifest.codec), "queries": len(texts),
+            "tokens_per_query": round(statistics.median(tokens)), "adc_ms": round(statistics.median(adc), 2),
+            "decode_ms": round(statistics.median(decode), 2),
+            "decode_product_ms": round(statistics.median(both), 2), "max_abs_diff": diff}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.experiments.cpu_refine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="ir_datasets id or BEIR folder whose queries are searched")
+    parser.add_argument("--index", type=Path, nargs="+", required=True, help="compressed indexes of the corpus")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--queries", type=positive_int, default=50, help="the first this many queries")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timings of each step a query (best kept)")
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    configure_logging(args.quiet)
+    import torch
+
+    from pyserini_aligner.data import Dataset
+
+    torch.set_num_threads(args.threads)
+    texts = list(Dataset(args.dataset).queries().values())[:args.queries]
+    rows = [measure(index, texts, args.repeats) for index in args.index]
+    report = {"dataset": args.dataset, "threads": args.threads, "candidates": CANDIDATES, "rows": rows}
+    lines = [f"{args.dataset}, first {len(texts)} queries, {CANDIDATES} candidates each (the searcher's at 10 hits), "
+             f"{args.threads} threads; medians of each query's best of {args.repeats}.", "",
+             "| codec | candidate tokens a query | adc ms | decode ms | decode + product ms | max abs difference |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| `{r['codec']}` | {r['tokens_per_query']:,} | {r['adc_ms']} | {r['decode_ms']} | "
+              f"{r['decode_product_ms']} | {r['max_abs_diff']:.1e} |" for r in rows]
+    write_report(args.output, "cpu_refine", report, "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
