@@ -9,8 +9,8 @@ vectors):
 
     python -m eval.experiments.cpu_refine --dataset beir/scifact/test --index IDX_32 IDX_64 --output DIR
 
-Medians over the queries of the best of ``--repeats`` timings each (2 threads unless ``--threads``), and the largest
-difference between the two similarity tensors. Writes cpu_refine.json and cpu_refine.md.
+The indexes are timed in turn on each query; medians over the queries of the best of ``--repeats`` timings each (2
+threads unless ``--threads``), and the largest difference between the two similarity tensors. Writes cpu_refine.json and cpu_refine.md.
 """
 from __future__ import annotations
 
@@ -35,22 +35,28 @@ def best_of(repeats: int, step) -> float:
     return 1000 * min(times)
 
 
-def measure(index: Path, texts: list[str], repeats: int) -> dict:
-    """{"codec", "tokens_per_query", "adc_ms", "decode_ms", "decode_product_ms", "max_abs_diff"} of ``index``."""
-    import torch
+class Subject:
+    """One index's searcher and code shard, and its timings so far."""
 
-    from pyserini_aligner.search import AlignerSearcher
-    from pyserini_aligner.search.codes import CodeShard
+    def __init__(self, index: Path):
+        from pyserini_aligner.search import AlignerSearcher
+        from pyserini_aligner.search.codes import CodeShard
 
-    searcher = AlignerSearcher(index, device="cpu")
-    shard = CodeShard(searcher.store, [0], "cpu")
-    rows_of = {row: r for r, row in enumerate(searcher.store.docids)}
-    adc, decode, both, tokens, diff = [], [], [], [], 0.0
-    for text in texts:
-        encoded = searcher.model.encode_padded([text], is_query=True)
+        self.index = index
+        self.searcher = AlignerSearcher(index, device="cpu")
+        self.shard = CodeShard(self.searcher.store, [0], "cpu")
+        self.rows_of = {row: r for r, row in enumerate(self.searcher.store.docids)}
+        self.adc, self.decode, self.both, self.tokens, self.diff = [], [], [], [], 0.0
+
+    def time_query(self, text: str, repeats: int) -> None:
+        """Both ways on ``text``'s candidates."""
+        import torch
+
+        shard = self.shard
+        encoded = self.searcher.model.encode_padded([text], is_query=True)
         q = encoded.vectors.float()[:, :int(encoded.mask.sum())]  # [1, n, d]: the query's real tokens
-        ranked = searcher.rank([text], k=CANDIDATES)[0]
-        rows = torch.tensor([[rows_of[docid] for docid, _ in ranked]])
+        ranked = self.searcher.rank([text], k=CANDIDATES)[0]
+        rows = torch.tensor([[self.rows_of[docid] for docid, _ in ranked]])
         lengths = shard.lengths[rows].long()
         span = torch.arange(int(lengths.max()))
         positions = (shard.offsets[rows].unsqueeze(-1) + span).clamp_max(len(shard.token_ids) - 1)
@@ -59,16 +65,30 @@ def measure(index: Path, texts: list[str], repeats: int) -> dict:
         def product():
             return torch.einsum("bnd,bcld->bcnl", q, shard.decode(positions, mask))
 
-        adc.append(best_of(repeats, lambda: shard.similarity(q, positions, mask)))
-        decode.append(best_of(repeats, lambda: shard.decode(positions, mask)))
-        both.append(best_of(repeats, product))
-        tokens.append(int(lengths.sum()))
-        diff = max(diff, float((shard.similarity(q, positions, mask) - product()).abs()
-                               .masked_fill(~mask.unsqueeze(-2), 0).max()))
-    return {"index": str(index), "codec": str(searcher.manifest.codec), "queries": len(texts),
-            "tokens_per_query": round(statistics.median(tokens)), "adc_ms": round(statistics.median(adc), 2),
-            "decode_ms": round(statistics.median(decode), 2),
-            "decode_product_ms": round(statistics.median(both), 2), "max_abs_diff": diff}
+        self.adc.append(best_of(repeats, lambda: shard.similarity(q, positions, mask)))
+        self.decode.append(best_of(repeats, lambda: shard.decode(positions, mask)))
+        self.both.append(best_of(repeats, product))
+        self.tokens.append(int(lengths.sum()))
+        self.diff = max(self.diff, float((shard.similarity(q, positions, mask) - product()).abs()
+                                         .masked_fill(~mask.unsqueeze(-2), 0).max()))
+
+    def row(self) -> dict:
+        """{"index", "codec", "queries", "tokens_per_query", "adc_ms", "decode_ms", "decode_product_ms",
+        "max_abs_diff"}: medians over the queries."""
+        return {"index": self.index.name, "codec": str(self.searcher.manifest.codec), "queries": len(self.adc),
+                "tokens_per_query": round(statistics.median(self.tokens)),
+                "adc_ms": round(statistics.median(self.adc), 2), "decode_ms": round(statistics.median(self.decode), 2),
+                "decode_product_ms": round(statistics.median(self.both), 2), "max_abs_diff": self.diff}
+
+
+def measure(indexes: list[Path], texts: list[str], repeats: int) -> list[dict]:
+    """One row (:meth:`Subject.row`) an index, the indexes timed in turn on each query (so that they share the
+    machine's state)."""
+    subjects = [Subject(index) for index in indexes]
+    for text in texts:
+        for subject in subjects:
+            subject.time_query(text, repeats)
+    return [subject.row() for subject in subjects]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     texts = list(Dataset(args.dataset).queries().values())[:args.queries]
-    rows = [measure(index, texts, args.repeats) for index in args.index]
+    rows = measure(args.index, texts, args.repeats)
     report = {"dataset": args.dataset, "threads": args.threads, "candidates": CANDIDATES, "rows": rows}
     lines = [f"{args.dataset}, first {len(texts)} queries, {CANDIDATES} candidates each (the searcher's at 10 hits), "
              f"{args.threads} threads; medians of each query's best of {args.repeats}.", "",
