@@ -1,6 +1,6 @@
 """What does a CPU refinement cost as the residual codes grow? Each index's refinement step timed two ways on the
-same candidates, one query at a time (the searcher's own 128 candidates of each query at 10 hits, its query
-vectors):
+same candidates, one query at a time (each query's top 128 from the searcher, as many documents as it refines
+for 10 hits, and its query vectors):
 
 - ``adc``: the searcher's way (:meth:`~pyserini_aligner.search.codes.CodeShard.similarity`): a query-centroid table
   and R look-up tables, then one ``embedding_bag`` sum of 1 + R rows a token;
@@ -10,7 +10,8 @@ vectors):
     python -m eval.experiments.cpu_refine --dataset beir/scifact/test --index IDX_32 IDX_64 --output DIR
 
 The indexes are timed in turn on each query; medians over the queries of the best of ``--repeats`` timings each (2
-threads unless ``--threads``), and the largest difference between the two similarity tensors. Writes cpu_refine.json and cpu_refine.md.
+threads unless ``--threads``), and the largest difference between the two similarity tensors. Writes cpu_refine.json
+and cpu_refine.md.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import time
 from pathlib import Path
 
 from eval.cli import configure_logging, positive_int, write_report
+from pyserini_aligner.search.options import DEPTH_DEFAULTS
 
-CANDIDATES = 128  # the CPU's refined candidates at 10 hits
+CANDIDATES = DEPTH_DEFAULTS["cpu"][2]  # the CPU's refined candidates at 10 hits
 
 
 def best_of(repeats: int, step) -> float:
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     texts = list(Dataset(args.dataset).queries().values())[:args.queries]
     rows = measure(args.index, texts, args.repeats)
     report = {"dataset": args.dataset, "threads": args.threads, "candidates": CANDIDATES, "rows": rows}
-    lines = [f"{args.dataset}, first {len(texts)} queries, {CANDIDATES} candidates each (the searcher's at 10 hits), "
+    lines = [f"{args.dataset}, first {len(texts)} queries, {CANDIDATES} candidates each (its top {CANDIDATES}: "
+             f"as many as the searcher refines for 10 hits), "
              f"{args.threads} threads; medians of each query's best of {args.repeats}.", "",
              "| codec | candidate tokens a query | adc ms | decode ms | decode + product ms | max abs difference |",
              "|---|---:|---:|---:|---:|---:|"]
