@@ -23,8 +23,12 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml pyserini_aligner.pth
 	$(BIN)/python -m pip install torch==2.13.0
 	@echo "==> [3/4] pyserini-aligner and its dependencies (Pyserini, FAISS, transformers, ranx, ...)"
 	# uv resolves the same releases as pip and downloads and unpacks them in parallel (52 s faster than pip on 2 cores);
-	# torch comes from pip above, which finds the CPU build on disk, and uv keeps it
-	UV_LINK_MODE=copy $(BIN)/python -m uv pip install --python $(BIN)/python -e ".[test]"
+	# torch comes from pip above, which finds the CPU build on disk, and uv keeps it. Both write the bytecode of what
+	# they install (pip by default, uv with --compile-bytecode), and the project's own modules are compiled after:
+	# where Python may not write it (PYTHONDONTWRITEBYTECODE), every process would otherwise compile Pyserini,
+	# transformers, SciPy and pandas from source as it imports them (seconds a process)
+	UV_LINK_MODE=copy $(BIN)/python -m uv pip install --python $(BIN)/python --compile-bytecode -e ".[test]"
+	$(BIN)/python -m compileall -q -j 0 pyserini_aligner eval tests > /dev/null
 	@echo "==> [4/4] saving Pyserini's --help pages"
 	# Pyserini's faiss and hybrid --help print from a copy the first call saves (seconds of JVM start-up): save it now
 	$(BIN)/python -m pyserini.search.faiss --help > /dev/null

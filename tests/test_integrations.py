@@ -4,9 +4,7 @@ The recipes run under bash with ``PYTHON`` naming a recorder, and the Python com
 process, in order, through the same start-up hook (a real child process of each of those CLIs, the hybrid one
 included: tests/test_readme.py, tests/test_cli.py, tests/test_distributed.py).
 """
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,18 +12,13 @@ import pytest
 
 from pyserini_aligner.bm25 import bm25_search, build_lucene_index
 from pyserini_aligner.data import Dataset, write_json_collection
+from pyserini_aligner.metrics import FILE_DOCID_WIDTHS
 from pyserini_aligner.trec import read_run, write_run
 
 from conftest import run_module
+from recorder import record, replay, write_recorder
 
 RECIPES = Path(__file__).resolve().parents[1] / "integrations"
-RECORDER = """\
-import json, os, sys
-
-stdin = sys.stdin.read() if sys.argv[1:2] == ["-"] else None
-with open(os.environ["RECORDED_COMMANDS"], "a", encoding="utf-8") as out:
-    out.write(json.dumps({"argv": sys.argv[1:], "stdin": stdin}) + "\\n")
-"""
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +35,7 @@ def setup(tmp_path_factory):
     out = root / "out"
     out.mkdir()
     write_run(bm25_search(root / "lucene", queries), out / "run.bm25.trec", tag="bm25")
-    recorder = root / "bin" / "python"
-    recorder.parent.mkdir()
-    recorder.write_text(f"#!{sys.executable} -S\n{RECORDER}")
-    recorder.chmod(0o755)
+    recorder = write_recorder(root / "bin")
     env = dict(os.environ, PYTHON=sys.executable, CORPUS=str(root / "collection"), INDEX=str(root / "index"),
                LUCENE_INDEX=str(root / "lucene"), TOPICS=str(topics), OUT=str(out),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -61,30 +51,13 @@ def faiss_run(setup) -> Path:
     return out / "run.aligner.trec"
 
 
-def recipe(env: dict, name: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(["bash", str(RECIPES / name)], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    return result
-
-
 def recipe_in_process(env: dict, recorder: Path, name: str) -> None:
-    """Run recipe ``name`` with ``$PYTHON`` the recorder, then each recorded command (``-m MODULE ARGS`` or ``-``
-    with the script on its standard input) in this process; each must exit 0."""
-    log = recorder.parent / f"{name}.commands"
-    recipe({**env, "PYTHON": str(recorder), "RECORDED_COMMANDS": str(log)}, name)
-    commands = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    """Run recipe ``name`` with ``$PYTHON`` the recorder, then each recorded command in this process; each must
+    exit 0."""
+    commands = record(["bash", str(RECIPES / name)], recorder, recorder.parent / f"{name}.commands", env)
     assert commands, f"{name} ran no Python command"
     for command in commands:
-        argv = command["argv"]
-        if argv[0] == "-m":
-            assert run_module(argv[1], *argv[2:]) == 0, (name, argv)
-        else:
-            assert argv[0] == "-" and command["stdin"], (name, argv)
-            saved, sys.argv = sys.argv, argv
-            try:
-                exec(compile(command["stdin"], f"{name} (standard input)", "exec"), {"__name__": "__main__"})
-            finally:
-                sys.argv = saved
+        replay(command, name)
 
 
 def check_run(path: Path, queries: dict, remove_query: bool = False) -> dict:
@@ -139,6 +112,8 @@ def test_plugin_cli_with_knobs(setup):
 
 def test_fusion_pyserini_and_ranx(setup, faiss_run):
     env, queries, out, recorder = setup
+    for name in ("run.aligner.trec", "run.bm25.trec"):  # ranx's file kernels for these widths: metrics.warm_up
+        assert max(len(docid) for hits in read_run(out / name).values() for docid in hits) in FILE_DOCID_WIDTHS
     recipe_in_process(env, recorder, "fusion.sh")
     for name in ("run.pyserini-rrf.trec", "run.ranx-rrf.trec"):
         fused = read_run(out / name)
