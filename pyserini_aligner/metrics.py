@@ -38,8 +38,8 @@ def as_run(run: Run) -> dict[str, dict[str, float]]:
 
 
 # numba types ranx's docid arrays by their width in characters and compiles its kernels again for every new width;
-# ranx sizes them to the longest docid, so docids are held at the next of these widths instead (the first three
-# compiled at install)
+# ranx sizes them to the longest docid, so docids are held at the next of these widths instead (warm_up compiles the
+# first two, the widths of the tests' docids)
 DOCID_WIDTHS = (8, 16, 32, 64, 128, 256)
 # ranx's TREC file readers keep exact docid widths: warm_up compiles those of the TREC files that the tests read with
 # ranx (the longest docid of the quick start's run and qrels has 7 characters, of the fusion recipe's runs 6)
@@ -179,7 +179,7 @@ def _p_value(value) -> float | None:
     return None if math.isnan(value) else round(value, 4)
 
 
-def warm_up(widths: Sequence[int] = (8, 16, 32)) -> None:
+def warm_up(widths: Sequence[int] = (8, 16)) -> None:
     """Compile ranx's numba kernels (numba caches them in the environment, so later processes load them instead of
     compiling; ``make test`` runs this before its test workers start): for docids held at ``widths``
     (DOCID_WIDTHS) characters both significance tests (and the metrics they compute) and RRF and min-max fusion;

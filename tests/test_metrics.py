@@ -86,7 +86,7 @@ def test_ranx_objects_equal_ranx_constructors():
     from pyserini_aligner.metrics import DOCID_WIDTHS, _ranx_object
 
     qrels = {"q1": {"MED-10": 2, "MED-3": 0}, "q2": {"x": 1}}
-    run = {"q1": {"MED-3": 0.5, "MED-10": 0.9, "long-" + "y" * 27: 0.1}, "q2": {"x": 1.0}}  # longest: 32 characters
+    run = {"q1": {"MED-3": 0.5, "MED-10": 0.9, "long-" + "y" * 11: 0.1}, "q2": {"x": 1.0}}  # longest: 16 characters
     for ours, theirs in ((_ranx_object(Qrels, qrels, int), Qrels(qrels)),
                          (_ranx_object(Run, run, float, name="r"), Run(run, name="r"))):
         assert ours.to_dict() == theirs.to_dict() and ours.sorted and ours.name == theirs.name
